@@ -1,0 +1,45 @@
+//! Runtime configuration.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{CapacityOverrides, Limits};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuntimeConfig {
+    /// Default /var/lib/grove.
+    pub state_dir: PathBuf,
+    /// Default /run/grove (mountpoints, sockets).
+    pub run_dir: PathBuf,
+    /// Path of grove-init on the host.
+    pub init_binary: PathBuf,
+    /// Cgroup dirs are /sys/fs/cgroup/<ctrl>/<cgroup_root>/<id>.
+    pub cgroup_root: String,
+    pub capacity: CapacityOverrides,
+    pub defaults: Limits,
+}
+
+impl RuntimeConfig {
+    pub fn default_paths() -> Self {
+        let init_binary = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("grove-init")))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("/usr/local/bin/grove-init"));
+        RuntimeConfig {
+            state_dir: PathBuf::from("/var/lib/grove"),
+            run_dir: PathBuf::from("/run/grove"),
+            init_binary,
+            cgroup_root: "grove".into(),
+            capacity: CapacityOverrides::default(),
+            defaults: Limits::default(),
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self::default_paths()
+    }
+}

@@ -1,0 +1,203 @@
+//! How a sandbox root is provided: the `RootProvider` seam, plus `OverlayRoot` (kernel overlayfs over
+//! `<state_dir>/images/<name>`). Disk quotas are NOT enforced by `OverlayRoot` (nodefs enforces them).
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::SandboxId;
+
+/// Mounts sandbox roots.
+pub trait RootProvider: Send + Sync {
+    /// Mounts a writable view of `image` at `target` (an existing empty directory).
+    fn mount_root(
+        &self,
+        id: &SandboxId,
+        image: &str,
+        target: &Path,
+        disk: &DiskQuota,
+    ) -> Result<Box<dyn RootMount>, RootError>;
+    fn image_exists(&self, image: &str) -> bool;
+}
+
+/// A mounted sandbox root.
+pub trait RootMount: Send + Sync {
+    fn usage(&self) -> DiskUsage;
+    /// Idempotent; also drops the upper (writable) layer.
+    fn unmount(&self) -> Result<(), RootError>;
+    /// Lets groved/snapshotter reach the concrete type (e.g. nodefs::Mount for commit).
+    fn as_any(&self) -> &dyn Any;
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskQuota {
+    pub bytes: Option<u64>,
+    pub inodes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// A root provider failure: a message and an optional cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct RootError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl RootError {
+    pub fn new(message: impl Into<String>) -> Self {
+        RootError {
+            message: message.into(),
+            source: None,
+        }
+    }
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        RootError {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+/// Kernel overlayfs over `<state_dir>/images/<name>`; upper/work dirs live next to the mountpoint
+/// (`<target>/../upper`, `<target>/../work`) and are removed on unmount.
+#[derive(Debug, Clone)]
+pub struct OverlayRoot {
+    images_dir: PathBuf,
+}
+
+impl OverlayRoot {
+    /// `state_dir` holds `images/<name>`.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        OverlayRoot {
+            images_dir: state_dir.into().join("images"),
+        }
+    }
+
+    pub fn image_dir(&self, image: &str) -> Option<PathBuf> {
+        let ok = !image.is_empty()
+            && image != "."
+            && image != ".."
+            && image
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        ok.then(|| self.images_dir.join(image))
+    }
+}
+
+impl RootProvider for OverlayRoot {
+    fn mount_root(
+        &self,
+        _id: &SandboxId,
+        image: &str,
+        target: &Path,
+        _disk: &DiskQuota,
+    ) -> Result<Box<dyn RootMount>, RootError> {
+        let lower = self
+            .image_dir(image)
+            .filter(|d| d.is_dir())
+            .ok_or_else(|| RootError::new(format!("image {image:?} not found")))?;
+        let base = target
+            .parent()
+            .ok_or_else(|| RootError::new(format!("{} has no parent", target.display())))?;
+        let upper = base.join("upper");
+        let work = base.join("work");
+        for d in [&upper, &work] {
+            std::fs::create_dir(d)
+                .map_err(|e| RootError::with_source(format!("mkdir {}", d.display()), e))?;
+        }
+        let data = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let res = nix::mount::mount(
+            Some("grove-overlay"),
+            target,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(data.as_str()),
+        );
+        let mount = OverlayMount {
+            target: target.to_path_buf(),
+            upper,
+            work,
+        };
+        if let Err(e) = res {
+            let _ = mount.remove_layers();
+            return Err(RootError::with_source(
+                format!("mount overlay at {}", target.display()),
+                e,
+            ));
+        }
+        Ok(Box::new(mount))
+    }
+
+    fn image_exists(&self, image: &str) -> bool {
+        self.image_dir(image).is_some_and(|d| d.is_dir())
+    }
+}
+
+/// A mounted overlayfs root.
+#[derive(Debug)]
+pub struct OverlayMount {
+    target: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+}
+
+impl OverlayMount {
+    fn remove_layers(&self) -> Result<(), RootError> {
+        for d in [&self.upper, &self.work] {
+            match std::fs::remove_dir_all(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(RootError::with_source(format!("remove {}", d.display()), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RootMount for OverlayMount {
+    fn usage(&self) -> DiskUsage {
+        let mut u = DiskUsage::default();
+        let mut stack = vec![self.upper.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let Ok(md) = e.metadata() else { continue };
+                u.inodes += 1;
+                if md.is_dir() {
+                    stack.push(e.path());
+                } else {
+                    u.bytes += md.len();
+                }
+            }
+        }
+        u
+    }
+
+    fn unmount(&self) -> Result<(), RootError> {
+        crate::mounts::unmount_if_mounted(&self.target)
+            .map_err(|e| RootError::with_source(format!("unmount {}", self.target.display()), e))?;
+        self.remove_layers()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,307 @@
+//! Public data types of the runtime API (see RUNTIME-API.md).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Sandbox identity: "sb-" + 12 lowercase hex chars.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// A fresh random id.
+    pub fn generate() -> Self {
+        let n: u64 = rand::random::<u64>() & 0xffff_ffff_ffff;
+        SandboxId(format!("sb-{n:012x}"))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The 12 hex chars (used for link names and cgroup dirs).
+    pub fn short(&self) -> &str {
+        &self.0[3..]
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for SandboxId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let ok = s.len() == 15
+            && s.starts_with("sb-")
+            && s[3..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if ok {
+            Ok(SandboxId(s.to_string()))
+        } else {
+            Err(Error::InvalidSpec {
+                field: "id".into(),
+                reason: format!("{s:?} is not sb- followed by 12 lowercase hex chars"),
+            })
+        }
+    }
+}
+
+impl Serialize for SandboxId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SandboxId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu_millis: u32,
+    pub memory_mb: u64,
+    pub pids: u32,
+    pub open_files: u32,
+    pub disk_mb: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpu_millis: 1000,
+            memory_mb: 512,
+            pids: 256,
+            open_files: 1024,
+            disk_mb: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum NetworkPolicy {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Outbound traffic to the listed CIDRs/ports only.
+    Egress { allow: Vec<EgressRule> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRule {
+    pub cidr: String,
+    /// Empty = all ports.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortMapping {
+    pub host_port: u16,
+    pub sandbox_port: u16,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxSpec {
+    pub image: String,
+    pub limits: Option<Limits>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub hostname: Option<String>,
+    pub network: NetworkPolicy,
+    pub ports: Vec<PortMapping>,
+    pub ttl_secs: Option<u64>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl SandboxSpec {
+    /// A spec with defaults for everything but the image.
+    pub fn from_image(image: impl Into<String>) -> Self {
+        SandboxSpec {
+            image: image.into(),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Paused,
+    Destroying,
+    Destroyed,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: SandboxId,
+    pub state: SandboxState,
+    pub spec: SandboxSpec,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    pub init_pid: Option<i32>,
+    pub hostname: String,
+    /// Sandbox address on the egress network, if any.
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExecRequest {
+    /// Exactly one of `argv` / `shell`.
+    pub argv: Vec<String>,
+    /// Run as `/bin/sh -c <shell>`.
+    pub shell: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub stdin: Option<Vec<u8>>,
+    /// On expiry the whole command tree is killed and `timed_out` is set.
+    pub timeout_ms: Option<u64>,
+    /// Return at once with the pid; output goes to a log file in the sandbox.
+    pub background: bool,
+}
+
+impl ExecRequest {
+    pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
+    }
+    pub fn shell(cmd: impl Into<String>) -> Self {
+        ExecRequest {
+            shell: Some(cmd.into()),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub duration_ms: u64,
+    pub pid: Option<i32>,
+    /// For background execs: the log file inside the sandbox.
+    #[serde(default)]
+    pub log_path: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputChunk {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub running: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    /// "file" | "dir" | "symlink" | "other"
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_usec: u64,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    pub disk_bytes: u64,
+    pub disk_inodes: u64,
+    pub net_rx_bytes: u64,
+    pub net_tx_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpu_millis: u64,
+    pub memory_mb: u64,
+    pub pids: u64,
+    pub open_files: u64,
+    pub disk_mb: u64,
+    pub sandboxes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub total: Resources,
+    pub allocated: Resources,
+    pub allocatable: Resources,
+}
+
+/// Optional overrides of the detected node capacity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CapacityOverrides {
+    pub cpu_millis: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+    pub open_files: Option<u64>,
+    pub disk_mb: Option<u64>,
+    pub sandboxes: Option<u64>,
+    /// Memory kept back for the host (MiB); default 1024.
+    pub memory_reserve_mb: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResidueReport {
+    pub items: Vec<ResidueItem>,
+}
+
+impl ResidueReport {
+    pub fn is_clean(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResidueItem {
+    /// mount | cgroup | netns | link | nft | process | file
+    pub kind: String,
+    pub what: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    Created,
+    Destroyed,
+    Failed,
+    Paused,
+    Resumed,
+    Expired,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub at_ms: u64,
+    pub sandbox: SandboxId,
+    pub kind: EventKind,
+    pub reason: Option<String>,
+}
