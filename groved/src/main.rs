@@ -1,1 +1,33 @@
-fn main() {}
+//! groved: serves the Grove API on a unix socket (and TCP when configured).
+
+use clap::Parser;
+use groved::config::{Config, Overrides};
+
+#[derive(Parser)]
+#[command(name = "groved", version, about = "The Grove node daemon")]
+struct Args {
+    #[command(flatten)]
+    overrides: Overrides,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("groved: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let config = Config::load(&args.overrides)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let backend = groved::wiring::build(&config)?;
+    let app = groved::app::App::new(config, backend.runtime, backend.images, backend.snapshots);
+    rt.block_on(groved::server::serve(app))
+}

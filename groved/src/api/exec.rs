@@ -1,0 +1,168 @@
+//! Commands in a sandbox: one-shot, streamed (SSE), and background processes.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine as _;
+use grove_runtime::{ExecRequest, OutputChunk};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{sandbox_id, timed};
+use crate::app::{blocking, App};
+use crate::error::{ApiError, ApiResult};
+use crate::jsonx::ApiJson;
+use crate::metrics::Op;
+use crate::wire::{encode, Encoding, ExecRequestWire, ExecResultWire, Process, ProcessList, SignalRequest, StartedProcess};
+
+/// Longest timeout one command may ask for.
+const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, Encoding)> {
+    let argv = w.argv.unwrap_or_default();
+    match (argv.is_empty(), &w.shell) {
+        (true, None) => return Err(ApiError::invalid("argv", "give argv (non-empty) or shell")),
+        (false, Some(_)) => return Err(ApiError::invalid("shell", "give argv or shell, not both")),
+        _ => {}
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::invalid("argv", "arguments may not contain NUL"));
+    }
+    match w.timeout_ms {
+        Some(0) => return Err(ApiError::invalid("timeout_ms", "must be at least 1")),
+        Some(t) if t > MAX_TIMEOUT_MS => {
+            return Err(ApiError::invalid("timeout_ms", format!("at most {MAX_TIMEOUT_MS} (24 h)")))
+        }
+        Some(_) if background => return Err(ApiError::invalid("timeout_ms", "background processes take no timeout")),
+        _ => {}
+    }
+    if let Some(cwd) = &w.cwd {
+        if !cwd.starts_with('/') {
+            return Err(ApiError::invalid("cwd", format!("{cwd:?} is not absolute")));
+        }
+    }
+    for k in w.env.keys() {
+        if k.is_empty() || k.contains('=') {
+            return Err(ApiError::invalid(&format!("env.{k}"), "names are non-empty, without '='"));
+        }
+    }
+    let stdin = match &w.stdin {
+        Some(s) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .map_err(|e| ApiError::invalid("stdin", format!("not base64: {e}")))?,
+        ),
+        None => None,
+    };
+    let req = ExecRequest { argv, shell: w.shell, env: w.env, cwd: w.cwd, stdin, timeout_ms: w.timeout_ms, background };
+    Ok((req, w.encoding.unwrap_or_default()))
+}
+
+/// POST /v1/sandboxes/{id}/exec: runs to completion (or timeout) and returns the output.
+pub async fn exec(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    ApiJson(w): ApiJson<ExecRequestWire>,
+) -> ApiResult<Json<ExecResultWire>> {
+    let id = sandbox_id(&id)?;
+    let (req, enc) = to_runtime(w, false)?;
+    let rt = app.runtime.clone();
+    let r = timed(&app, Op::Exec, blocking(move || rt.exec(&id, req).map_err(ApiError::from))).await?;
+    Ok(Json(ExecResultWire::from_result(&r, enc)))
+}
+
+/// POST /v1/sandboxes/{id}/exec/stream: output as SSE `stdout`/`stderr` events (`{"data": ...}`), then one
+/// `exit` event with the result (empty stdout/stderr) or one `error` event.
+pub async fn exec_stream(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    ApiJson(w): ApiJson<ExecRequestWire>,
+) -> ApiResult<impl IntoResponse> {
+    let id = sandbox_id(&id)?;
+    let (req, enc) = to_runtime(w, false)?;
+    let rt = app.runtime.clone();
+    {
+        let (rt, id) = (rt.clone(), id.clone());
+        blocking(move || rt.get(&id).map_err(ApiError::from)).await?;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
+    let app2 = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let t = std::time::Instant::now();
+        let mut on_output = |c: OutputChunk| {
+            let (name, data) = match c {
+                OutputChunk::Stdout(d) => ("stdout", d),
+                OutputChunk::Stderr(d) => ("stderr", d),
+            };
+            let ev = Event::default().event(name).json_data(serde_json::json!({ "data": encode(&data, enc) }));
+            if let Ok(ev) = ev {
+                let _ = tx.blocking_send(Ok(ev));
+            }
+        };
+        let res = rt.exec_stream(&id, req, &mut on_output);
+        let ev = match res {
+            Ok(mut r) => {
+                app2.metrics.observe(Op::Exec, t.elapsed());
+                r.stdout.clear();
+                r.stderr.clear();
+                Event::default().event("exit").json_data(ExecResultWire::from_result(&r, enc))
+            }
+            Err(e) => {
+                let e = ApiError::from(e);
+                app2.metrics.failure("exec", &e.code);
+                Event::default().event("error").json_data(e.body())
+            }
+        };
+        if let Ok(ev) = ev {
+            let _ = tx.blocking_send(Ok(ev));
+        }
+    });
+    Ok(Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
+
+/// POST /v1/sandboxes/{id}/processes: starts a background process.
+pub async fn start(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    ApiJson(w): ApiJson<ExecRequestWire>,
+) -> ApiResult<(StatusCode, Json<StartedProcess>)> {
+    let id = sandbox_id(&id)?;
+    if w.encoding.is_some() {
+        return Err(ApiError::invalid("encoding", "background processes return no output"));
+    }
+    let (req, _) = to_runtime(w, true)?;
+    let rt = app.runtime.clone();
+    let r = blocking(move || rt.exec(&id, req).map_err(ApiError::from)).await?;
+    let pid = r.pid.ok_or_else(|| ApiError::internal("the runtime returned no pid for a background process"))?;
+    Ok((StatusCode::CREATED, Json(StartedProcess { pid, log_path: r.log_path })))
+}
+
+pub async fn processes(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<ProcessList>> {
+    let id = sandbox_id(&id)?;
+    let rt = app.runtime.clone();
+    let list = blocking(move || rt.processes(&id).map_err(ApiError::from)).await?;
+    let items = list.into_iter().map(|p| Process { pid: p.pid, argv: p.argv, running: p.running }).collect();
+    Ok(Json(ProcessList { items }))
+}
+
+pub async fn signal(
+    State(app): State<Arc<App>>,
+    Path((id, pid)): Path<(String, String)>,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let pid: i32 = match pid.parse() {
+        Ok(p) if p > 0 => p,
+        _ => return Err(ApiError::bad_request("invalid_pid", "pid", format!("{pid:?} is not a pid"))),
+    };
+    if !(1..=64).contains(&req.signal) {
+        return Err(ApiError::invalid("signal", format!("{} is not a signal number (1-64)", req.signal)));
+    }
+    let rt = app.runtime.clone();
+    blocking(move || rt.signal(&id, pid, req.signal).map_err(ApiError::from)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,99 @@
+//! Files in a sandbox: raw read/write by path, directory listings, tar upload/download.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{sandbox_id, sandbox_path};
+use crate::app::{blocking, App};
+use crate::error::{ApiError, ApiResult};
+use crate::jsonx::{query_one, query_pairs};
+use crate::pipe::{ChanReader, ChanWriter};
+use crate::wire::{FileEntry, FileList};
+
+fn path_of(q: &Option<String>) -> ApiResult<(String, Vec<(String, String)>)> {
+    let pairs = query_pairs(q.as_deref())?;
+    Ok((sandbox_path(query_one(&pairs, "path"))?, pairs))
+}
+
+pub async fn read(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let id = sandbox_id(&id)?;
+    let (path, _) = path_of(&q)?;
+    let rt = app.runtime.clone();
+    let data = blocking(move || rt.read_file(&id, &path).map_err(ApiError::from)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+/// PUT ?path=/x[&mode=644] with the raw bytes as body.
+pub async fn write(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let (path, pairs) = path_of(&q)?;
+    let mode = match query_one(&pairs, "mode") {
+        None => None,
+        Some(m) => match u32::from_str_radix(m, 8) {
+            Ok(v) if v <= 0o7777 => Some(v),
+            _ => return Err(ApiError::bad_request("invalid_query", "mode", format!("{m:?} is not an octal mode"))),
+        },
+    };
+    let rt = app.runtime.clone();
+    blocking(move || rt.write_file(&id, &path, &body, mode).map_err(ApiError::from)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn list(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Json<FileList>> {
+    let id = sandbox_id(&id)?;
+    let (path, _) = path_of(&q)?;
+    let rt = app.runtime.clone();
+    let p = path.clone();
+    let entries = blocking(move || rt.list_dir(&id, &p).map_err(ApiError::from)).await?;
+    let entries = entries
+        .into_iter()
+        .map(|e| FileEntry { name: e.name, kind: e.kind, size: e.size, mode: e.mode })
+        .collect();
+    Ok(Json(FileList { path, entries }))
+}
+
+/// GET ?path=/dir: the directory as a tar stream.
+pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let id = sandbox_id(&id)?;
+    let (path, _) = path_of(&q)?;
+    let rt = app.runtime.clone();
+    {
+        // Fail with a proper status before the body starts.
+        let (rt, id, path) = (rt.clone(), id.clone(), path.clone());
+        blocking(move || rt.list_dir(&id, &path).map_err(ApiError::from)).await?;
+    }
+    let (mut w, body) = ChanWriter::new();
+    tokio::task::spawn_blocking(move || {
+        let r = rt.download_tar(&id, &path, &mut w);
+        match r.map_err(|e| crate::error::chain(&e)).and_then(|()| std::io::Write::flush(&mut w).map_err(|e| e.to_string())) {
+            Ok(()) => {}
+            Err(e) => w.fail(e),
+        }
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+}
+
+/// PUT ?path=/dir with a tar body: unpacked under the directory.
+pub async fn upload(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    let id = sandbox_id(&id)?;
+    let (path, _) = path_of(&q)?;
+    let rt = app.runtime.clone();
+    let mut reader = ChanReader::spawn(body);
+    blocking(move || rt.upload_tar(&id, &path, &mut reader).map_err(ApiError::from)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,62 @@
+//! Images: import (host directory, OCI layout, tar upload), list, delete.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+
+use crate::app::{blocking, App};
+use crate::backend::{check_host_dir, check_name};
+use crate::error::{ApiError, ApiResult};
+use crate::jsonx::ApiJson;
+use crate::pipe::ChanReader;
+use crate::wire::{Image, ImageImportRequest, ImageList};
+
+pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<ImageList>> {
+    let images = app.images.clone();
+    Ok(Json(ImageList { items: blocking(move || images.list()).await? }))
+}
+
+/// POST /v1/images: import from a path on the node (`source`: "dir" or "oci").
+pub async fn import(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<ImageImportRequest>,
+) -> ApiResult<(StatusCode, Json<Image>)> {
+    check_name("name", &req.name)?;
+    if !matches!(req.source.as_str(), "dir" | "oci") {
+        return Err(ApiError::invalid("source", format!("{:?} is not \"dir\" or \"oci\"", req.source)));
+    }
+    if req.reference.is_some() && req.source != "oci" {
+        return Err(ApiError::invalid("reference", "only for source \"oci\""));
+    }
+    let dir = check_host_dir("path", &req.path)?;
+    let images = app.images.clone();
+    let img = blocking(move || match req.source.as_str() {
+        "oci" => images.import_oci(&req.name, &dir, req.reference.as_deref()),
+        _ => images.import_dir(&req.name, &dir),
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(img)))
+}
+
+/// PUT /v1/images/{name}/tar: the body is a tar of the root filesystem.
+pub async fn import_tar(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Image>)> {
+    check_name("name", &name)?;
+    let images = app.images.clone();
+    let mut reader = ChanReader::spawn(body);
+    let img = blocking(move || images.import_tar(&name, &mut reader)).await?;
+    Ok((StatusCode::CREATED, Json(img)))
+}
+
+pub async fn delete(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    check_name("name", &name)?;
+    let images = app.images.clone();
+    blocking(move || images.delete(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

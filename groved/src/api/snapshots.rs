@@ -1,0 +1,106 @@
+//! Snapshots: create from a sandbox, list, get, delete, fork, export, import.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::sandboxes::{batch_response, check_labels, MAX_BATCH};
+use super::{sandbox_id, timed};
+use crate::app::{blocking, App};
+use crate::backend::check_name;
+use crate::error::{ApiError, ApiResult};
+use crate::events::own;
+use crate::jsonx::ApiJson;
+use crate::metrics::Op;
+use crate::pipe::{ChanReader, ChanWriter};
+use crate::wire::{ForkRequest, Snapshot, SnapshotList, SnapshotRequest};
+
+pub async fn create(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SnapshotRequest>,
+) -> ApiResult<(StatusCode, Json<Snapshot>)> {
+    let id = sandbox_id(&id)?;
+    if let Some(n) = &req.name {
+        check_name("name", n)?;
+    }
+    let snaps = app.snapshots()?;
+    let sid = id.clone();
+    let snap = timed(&app, Op::Snapshot, blocking(move || snaps.snapshot(&sid, &req))).await?;
+    app.emit(own("snapshot_created", Some(id.to_string()), Some(snap.name.clone()), None));
+    Ok((StatusCode::CREATED, Json(snap)))
+}
+
+pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<SnapshotList>> {
+    let snaps = app.snapshots()?;
+    let items = blocking(move || snaps.list()).await?;
+    Ok(Json(SnapshotList { items }))
+}
+
+pub async fn get(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<Json<Snapshot>> {
+    check_name("name", &name)?;
+    let snaps = app.snapshots()?;
+    Ok(Json(blocking(move || snaps.get(&name)).await?))
+}
+
+pub async fn delete(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    check_name("name", &name)?;
+    let snaps = app.snapshots()?;
+    let n = name.clone();
+    blocking(move || snaps.delete(&n)).await?;
+    app.emit(own("snapshot_deleted", None, Some(name), None));
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn fork(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<ForkRequest>,
+) -> ApiResult<Response> {
+    check_name("name", &name)?;
+    if req.count == 0 || req.count > MAX_BATCH {
+        return Err(ApiError::invalid("count", format!("must be 1..={MAX_BATCH}, got {}", req.count)));
+    }
+    if req.ttl_secs == Some(0) {
+        return Err(ApiError::invalid("ttl_secs", "must be at least 1"));
+    }
+    check_labels("labels", &req.labels)?;
+    let snaps = app.snapshots()?;
+    let n = name.clone();
+    let results = timed(&app, Op::Fork, blocking(move || snaps.fork(&n, &req))).await?;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let reason = (failed > 0).then(|| format!("{failed} of {} branches failed", results.len()));
+    app.emit(own("forked", None, Some(name), reason));
+    batch_response(results)
+}
+
+pub async fn export(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<Response> {
+    check_name("name", &name)?;
+    let snaps = app.snapshots()?;
+    {
+        let (snaps, name) = (snaps.clone(), name.clone());
+        blocking(move || snaps.get(&name)).await?;
+    }
+    let (mut w, body) = ChanWriter::new();
+    tokio::task::spawn_blocking(move || {
+        let r = snaps.export(&name, &mut w).and_then(|()| {
+            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(e.to_string()))
+        });
+        if let Err(e) = r {
+            w.fail(e.message);
+        }
+    });
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+pub async fn import(State(app): State<Arc<App>>, body: Body) -> ApiResult<(StatusCode, Json<Snapshot>)> {
+    let snaps = app.snapshots()?;
+    let mut reader = ChanReader::spawn(body);
+    let snap = blocking(move || snaps.import(&mut reader)).await?;
+    app.emit(own("snapshot_imported", None, Some(snap.name.clone()), None));
+    Ok((StatusCode::CREATED, Json(snap)))
+}

@@ -1,0 +1,83 @@
+//! Shared daemon state handed to every handler.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use grove_runtime::Runtime;
+use tokio::sync::watch;
+
+use crate::backend::{Images, Snapshots};
+use crate::config::Config;
+use crate::error::{ApiError, ApiResult};
+use crate::events::EventTx;
+use crate::idempotency::Idempotency;
+use crate::metrics::Metrics;
+
+pub struct App {
+    pub config: Config,
+    pub runtime: Arc<Runtime>,
+    pub images: Arc<dyn Images>,
+    pub snapshots: Option<Arc<dyn Snapshots>>,
+    pub metrics: Metrics,
+    pub idempotency: Idempotency,
+    pub events: EventTx,
+    draining: AtomicBool,
+    /// Flips to true on shutdown; long-lived streams watch it and end.
+    pub shutdown: watch::Sender<bool>,
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        runtime: Arc<Runtime>,
+        images: Arc<dyn Images>,
+        snapshots: Option<Arc<dyn Snapshots>>,
+    ) -> Arc<App> {
+        let events = crate::events::channel();
+        crate::events::bridge(&runtime, events.clone());
+        Arc::new(App {
+            config,
+            runtime,
+            images,
+            snapshots,
+            metrics: Metrics::default(),
+            idempotency: Idempotency::default(),
+            events,
+            draining: AtomicBool::new(false),
+            shutdown: watch::channel(false).0,
+        })
+    }
+
+    pub fn snapshots(&self) -> ApiResult<Arc<dyn Snapshots>> {
+        self.snapshots.clone().ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::NOT_IMPLEMENTED,
+                "unsupported",
+                "snapshots need the nodefs root provider and CRIU on this node",
+            )
+        })
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Stops taking new work: new requests get 503, streams end.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        let _ = self.shutdown.send(true);
+    }
+
+    pub fn emit(&self, e: crate::wire::EventWire) {
+        let _ = self.events.send(e);
+    }
+}
+
+/// Runs blocking runtime work off the async threads.
+pub async fn blocking<T, F>(f: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> ApiResult<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker task failed: {e}")))?
+}

@@ -1,0 +1,203 @@
+//! groved's configuration: `/etc/grove/groved.toml` overlaid with command-line flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use grove_runtime::{CapacityOverrides, Limits, RuntimeConfig};
+use serde::Deserialize;
+
+use crate::wire::LimitsRequest;
+
+pub const DEFAULT_CONFIG: &str = "/etc/grove/groved.toml";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/grove";
+pub const DEFAULT_RUN_DIR: &str = "/run/grove";
+pub const DEFAULT_CRIU: &str = "/var/lib/grove/criu/criu";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}")]
+    Read { path: PathBuf, #[source] source: std::io::Error },
+    #[error("parsing {path}")]
+    Parse { path: PathBuf, #[source] source: toml::de::Error },
+    #[error("listen address {addr:?} is not host:port")]
+    Listen { addr: String },
+    #[error("TCP listeners need an API key: set api_key_file")]
+    NoApiKey,
+    #[error("api key file {path} is empty")]
+    EmptyKey { path: PathBuf },
+    #[error("root_provider {0:?} is not \"nodefs\" or \"overlay\"")]
+    RootProvider(String),
+    #[error("grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)")]
+    NoInit,
+}
+
+/// The file's shape; every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    pub state_dir: Option<PathBuf>,
+    pub run_dir: Option<PathBuf>,
+    /// The API's unix socket (default `<run_dir>/groved.sock`).
+    pub socket: Option<PathBuf>,
+    /// TCP addresses (`host:port`) to serve on as well; needs `api_key_file`.
+    pub listen: Vec<String>,
+    pub api_key_file: Option<PathBuf>,
+    pub init_binary: Option<PathBuf>,
+    pub criu: Option<PathBuf>,
+    /// "nodefs" (default) or "overlay".
+    pub root_provider: Option<String>,
+    pub capacity: CapacityOverrides,
+    pub defaults: LimitsRequest,
+    /// Node labels reported by GET /v1/node.
+    pub labels: BTreeMap<String, String>,
+    pub reap_interval_ms: Option<u64>,
+}
+
+/// Command-line overrides.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct Overrides {
+    /// Config file (default /etc/grove/groved.toml; a missing default file is fine).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Unix socket of the API.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// TCP address to serve on as well (repeatable); needs --api-key-file.
+    #[arg(long)]
+    pub listen: Vec<String>,
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// "nodefs" or "overlay".
+    #[arg(long)]
+    pub root_provider: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootKind {
+    Nodefs,
+    Overlay,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub socket: PathBuf,
+    pub listen: Vec<SocketAddr>,
+    pub api_key: Option<String>,
+    pub init_binary: PathBuf,
+    pub criu: Option<PathBuf>,
+    pub root: RootKind,
+    pub capacity: CapacityOverrides,
+    pub defaults: Limits,
+    pub labels: BTreeMap<String, String>,
+    pub reap_interval: Duration,
+}
+
+impl Config {
+    pub fn load(o: &Overrides) -> Result<Config, ConfigError> {
+        let path = o.config.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        let file = match std::fs::read_to_string(&path) {
+            Ok(s) => toml::from_str(&s).map_err(|source| ConfigError::Parse { path: path.clone(), source })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && o.config.is_none() => FileConfig::default(),
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        Self::resolve(file, o)
+    }
+
+    pub fn resolve(f: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
+        let state_dir = o.state_dir.clone().or(f.state_dir).unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+        let run_dir = o.run_dir.clone().or(f.run_dir).unwrap_or_else(|| DEFAULT_RUN_DIR.into());
+        let socket = o.socket.clone().or(f.socket).unwrap_or_else(|| run_dir.join("groved.sock"));
+        let listen_src = if o.listen.is_empty() { f.listen } else { o.listen.clone() };
+        let listen = listen_src
+            .iter()
+            .map(|a| a.parse().map_err(|_| ConfigError::Listen { addr: a.clone() }))
+            .collect::<Result<Vec<SocketAddr>, _>>()?;
+        let key_file = o.api_key_file.clone().or(f.api_key_file);
+        let api_key = match key_file {
+            Some(p) => {
+                let k = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+                let k = k.trim().to_string();
+                if k.is_empty() {
+                    return Err(ConfigError::EmptyKey { path: p });
+                }
+                Some(k)
+            }
+            None => None,
+        };
+        if !listen.is_empty() && api_key.is_none() {
+            return Err(ConfigError::NoApiKey);
+        }
+        let root = match o.root_provider.clone().or(f.root_provider).as_deref() {
+            None | Some("nodefs") => RootKind::Nodefs,
+            Some("overlay") => RootKind::Overlay,
+            Some(other) => return Err(ConfigError::RootProvider(other.into())),
+        };
+        let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
+        let criu = f.criu.or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
+        Ok(Config {
+            state_dir,
+            run_dir,
+            socket,
+            listen,
+            api_key,
+            init_binary,
+            criu,
+            root,
+            capacity: f.capacity,
+            defaults: f.defaults.fill(&Limits::default()),
+            labels: f.labels,
+            reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
+        })
+    }
+
+    pub fn runtime_config(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            state_dir: self.state_dir.clone(),
+            run_dir: self.run_dir.clone(),
+            init_binary: self.init_binary.clone(),
+            cgroup_root: "grove".into(),
+            capacity: self.capacity.clone(),
+            defaults: self.defaults,
+        }
+    }
+}
+
+/// `GROVE_INIT_BINARY`, then the config, then `grove-init` next to the running executable.
+fn find_init(configured: Option<PathBuf>) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GROVE_INIT_BINARY").map(PathBuf::from) {
+        return Some(p);
+    }
+    if configured.is_some() {
+        return configured;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("grove-init"), dir.join("../grove-init")].into_iter().find(|p| Path::new(p).exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_tcp_needs_a_key() {
+        std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
+        let f: FileConfig = toml::from_str("state_dir = \"/a\"\nlisten = [\"127.0.0.1:7000\"]\n").unwrap();
+        assert!(matches!(Config::resolve(f, &Overrides::default()), Err(ConfigError::NoApiKey)));
+        let f: FileConfig = toml::from_str("state_dir = \"/a\"\n[defaults]\nmemory_mb = 64\n").unwrap();
+        let o = Overrides { run_dir: Some("/r".into()), ..Default::default() };
+        let c = Config::resolve(f, &o).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/a"));
+        assert_eq!(c.socket, PathBuf::from("/r/groved.sock"));
+        assert_eq!(c.defaults.memory_mb, 64);
+        assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());
+    }
+}

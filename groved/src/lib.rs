@@ -1,0 +1,19 @@
+//! groved: the Grove node daemon's HTTP API, and the `grove` command-line tool.
+
+pub mod api;
+pub mod app;
+pub mod backend;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod doctor;
+pub mod error;
+pub mod events;
+pub mod idempotency;
+pub mod jsonx;
+pub mod metrics;
+pub mod nodefs_backend;
+pub mod pipe;
+pub mod server;
+pub mod wire;
+pub mod wiring;

@@ -1,0 +1,92 @@
+//! Listeners, the TTL reaper, and orderly shutdown: on SIGTERM/SIGINT stop accepting, let in-flight requests
+//! finish, end event streams, then destroy every sandbox.
+
+use std::future::IntoFuture as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use crate::app::App;
+
+/// How long in-flight requests get to finish after a shutdown signal.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Binds the unix socket, refusing to steal one a live daemon is serving.
+pub fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("{} is in use: another groved is running", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    Ok(l)
+}
+
+/// Serves until a shutdown signal, then drains and shuts the runtime down.
+pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
+    let uds = bind_unix(&app.config.socket)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    let router = crate::api::router(app.clone(), None);
+    servers.spawn(axum::serve(uds, router).with_graceful_shutdown(stopped(stop_rx.clone())).into_future());
+    for addr in &app.config.listen {
+        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let router = crate::api::router(app.clone(), app.config.api_key.clone());
+        servers.spawn(axum::serve(tcp, router).with_graceful_shutdown(stopped(stop_rx.clone())).into_future());
+    }
+    tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
+    let reaper = tokio::spawn(reap(app.clone()));
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+        r = servers.join_next() => tracing::error!("a listener stopped: {r:?}"),
+    }
+    app.start_draining();
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; shutting down anyway");
+        servers.abort_all();
+    }
+    reaper.abort();
+    let _ = std::fs::remove_file(&app.config.socket);
+    let rt = app.runtime.clone();
+    tokio::task::spawn_blocking(move || rt.shutdown()).await?;
+    tracing::info!("groved stopped");
+    Ok(())
+}
+
+/// Destroys sandboxes past their time-to-live (the runtime emits their `expired` events).
+async fn reap(app: Arc<App>) {
+    let mut tick = tokio::time::interval(app.config.reap_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let rt = app.runtime.clone();
+        match tokio::task::spawn_blocking(move || rt.reap_expired()).await {
+            Ok(ids) if !ids.is_empty() => tracing::info!(count = ids.len(), "reaped expired sandboxes"),
+            Ok(_) => {}
+            Err(e) => tracing::error!("reaper: {e}"),
+        }
+    }
+}

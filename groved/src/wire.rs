@@ -1,0 +1,413 @@
+//! The API's JSON shapes. Kept apart from the runtime's types so the HTTP contract (openapi.yaml) only changes
+//! when we mean it to.
+
+use std::collections::BTreeMap;
+
+use grove_runtime::{
+    EgressRule, ExecResult, Limits, NetworkPolicy, PortMapping, SandboxInfo, SandboxState,
+};
+use serde::{Deserialize, Serialize};
+
+/// Limits as a client gives them: any field left out takes the node's default.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    pub cpu_millis: Option<u32>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u32>,
+    pub open_files: Option<u32>,
+    pub disk_mb: Option<u64>,
+}
+
+impl LimitsRequest {
+    pub fn fill(&self, d: &Limits) -> Limits {
+        Limits {
+            cpu_millis: self.cpu_millis.unwrap_or(d.cpu_millis),
+            memory_mb: self.memory_mb.unwrap_or(d.memory_mb),
+            pids: self.pids.unwrap_or(d.pids),
+            open_files: self.open_files.unwrap_or(d.open_files),
+            disk_mb: self.disk_mb.unwrap_or(d.disk_mb),
+        }
+    }
+}
+
+/// Network policy on the wire: `{"mode": "none"}` or `{"mode": "egress", "allow": [{cidr, ports}]}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    pub mode: String,
+    #[serde(default)]
+    pub allow: Vec<EgressRuleRequest>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EgressRuleRequest {
+    pub cidr: String,
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortRequest {
+    pub host_port: u16,
+    pub sandbox_port: u16,
+}
+
+/// POST /v1/sandboxes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    pub image: Option<String>,
+    pub snapshot: Option<String>,
+    /// A batch: the response is a list of results, one per sandbox.
+    pub count: Option<u32>,
+    pub limits: Option<LimitsRequest>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub hostname: Option<String>,
+    pub network: Option<NetworkRequest>,
+    #[serde(default)]
+    pub ports: Vec<PortRequest>,
+    pub ttl_secs: Option<u64>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub id: String,
+    pub state: SandboxState,
+    pub image: String,
+    pub limits: Option<Limits>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub hostname: String,
+    pub network: NetworkRequest,
+    pub ports: Vec<PortRequest>,
+    pub labels: BTreeMap<String, String>,
+    pub ttl_secs: Option<u64>,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    pub init_pid: Option<i32>,
+    pub address: Option<String>,
+}
+
+impl From<&SandboxInfo> for Sandbox {
+    fn from(i: &SandboxInfo) -> Self {
+        Sandbox {
+            id: i.id.to_string(),
+            state: i.state,
+            image: i.spec.image.clone(),
+            limits: i.spec.limits,
+            env: i.spec.env.clone(),
+            workdir: i.spec.workdir.clone(),
+            hostname: i.hostname.clone(),
+            network: network_to_wire(&i.spec.network),
+            ports: i.spec.ports.iter().map(|p| PortRequest { host_port: p.host_port, sandbox_port: p.sandbox_port }).collect(),
+            labels: i.spec.labels.clone(),
+            ttl_secs: i.spec.ttl_secs,
+            created_at_ms: i.created_at_ms,
+            expires_at_ms: i.expires_at_ms,
+            init_pid: i.init_pid,
+            address: i.address.clone(),
+        }
+    }
+}
+
+pub fn network_to_wire(n: &NetworkPolicy) -> NetworkRequest {
+    match n {
+        NetworkPolicy::None => NetworkRequest { mode: "none".into(), allow: vec![] },
+        NetworkPolicy::Egress { allow } => NetworkRequest {
+            mode: "egress".into(),
+            allow: allow.iter().map(|r| EgressRuleRequest { cidr: r.cidr.clone(), ports: r.ports.clone() }).collect(),
+        },
+    }
+}
+
+pub fn network_from_wire(n: &NetworkRequest) -> Result<NetworkPolicy, (String, String)> {
+    match n.mode.as_str() {
+        "none" if n.allow.is_empty() => Ok(NetworkPolicy::None),
+        "none" => Err(("network.allow".into(), "mode \"none\" takes no allow rules".into())),
+        "egress" => {
+            let mut allow = Vec::new();
+            for (i, r) in n.allow.iter().enumerate() {
+                check_cidr(&r.cidr).map_err(|why| (format!("network.allow[{i}].cidr"), why))?;
+                if r.ports.contains(&0) {
+                    return Err((format!("network.allow[{i}].ports"), "port 0 is not a port".into()));
+                }
+                allow.push(EgressRule { cidr: r.cidr.clone(), ports: r.ports.clone() });
+            }
+            Ok(NetworkPolicy::Egress { allow })
+        }
+        other => Err(("network.mode".into(), format!("{other:?} is not \"none\" or \"egress\""))),
+    }
+}
+
+/// Accepts `ADDR/PREFIX` (IPv4 or IPv6) or a bare address.
+pub fn check_cidr(s: &str) -> Result<(), String> {
+    let (addr, prefix) = match s.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (s, None),
+    };
+    let ip: std::net::IpAddr = addr.parse().map_err(|_| format!("{s:?} is not an IP network (a.b.c.d/n)"))?;
+    if let Some(p) = prefix {
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        match p.parse::<u8>() {
+            Ok(n) if n <= max => {}
+            _ => return Err(format!("{s:?}: prefix must be 0..={max}")),
+        }
+    }
+    Ok(())
+}
+
+pub fn ports_from_wire(p: &[PortRequest]) -> Vec<PortMapping> {
+    p.iter().map(|p| PortMapping { host_port: p.host_port, sandbox_port: p.sandbox_port }).collect()
+}
+
+/// One entry of a batch (create with `count`, fork, batch delete).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchItem {
+    pub sandbox: Option<Sandbox>,
+    pub error: Option<crate::error::ErrorBody>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub results: Vec<BatchItem>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxList {
+    pub items: Vec<Sandbox>,
+    pub next_page_token: Option<String>,
+}
+
+/// POST /v1/sandboxes/delete.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchDeleteRequest {
+    #[serde(default)]
+    pub ids: Vec<String>,
+    /// Also delete every sandbox carrying all of these labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteResult {
+    pub id: String,
+    pub deleted: bool,
+    pub error: Option<crate::error::ErrorBody>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchDeleteResponse {
+    pub results: Vec<DeleteResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtlRequest {
+    pub ttl_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// POST /v1/sandboxes/{id}/exec (and /exec/stream, /processes).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequestWire {
+    pub argv: Option<Vec<String>>,
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    /// Standard input, base64.
+    pub stdin: Option<String>,
+    pub timeout_ms: Option<u64>,
+    /// How stdout/stderr are returned: "utf8" (lossy, default) or "base64".
+    pub encoding: Option<Encoding>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResultWire {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub encoding: Encoding,
+    pub duration_ms: u64,
+}
+
+pub fn encode(data: &[u8], enc: Encoding) -> String {
+    use base64::Engine as _;
+    match enc {
+        Encoding::Utf8 => String::from_utf8_lossy(data).into_owned(),
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(data),
+    }
+}
+
+impl ExecResultWire {
+    pub fn from_result(r: &ExecResult, enc: Encoding) -> Self {
+        ExecResultWire {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            stdout: encode(&r.stdout, enc),
+            stderr: encode(&r.stderr, enc),
+            encoding: enc,
+            duration_ms: r.duration_ms,
+        }
+    }
+}
+
+/// A background process started by POST /v1/sandboxes/{id}/processes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartedProcess {
+    pub pid: i32,
+    pub log_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub running: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessList {
+    pub items: Vec<Process>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileList {
+    pub path: String,
+    pub entries: Vec<FileEntry>,
+}
+
+/// POST /v1/sandboxes/{id}/snapshot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    pub name: Option<String>,
+    /// Destroy the sandbox once the snapshot is committed.
+    #[serde(default)]
+    pub stop: bool,
+}
+
+/// A snapshot as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Snapshot {
+    pub name: String,
+    pub source_sandbox: Option<String>,
+    pub image: Option<String>,
+    pub created_at_ms: u64,
+    pub size_bytes: Option<u64>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotList {
+    pub items: Vec<Snapshot>,
+}
+
+/// POST /v1/snapshots/{name}/fork.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    pub count: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub ttl_secs: Option<u64>,
+    pub hostname_prefix: Option<String>,
+}
+
+/// POST /v1/images: import from a path on the node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageImportRequest {
+    pub name: String,
+    /// "dir" (a root directory) or "oci" (an OCI image layout directory).
+    pub source: String,
+    pub path: String,
+    /// For "oci": the tag or digest inside the layout (default: the only image).
+    pub reference: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Image {
+    pub name: String,
+    pub root: Option<String>,
+    pub size_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageList {
+    pub items: Vec<Image>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Node {
+    pub version: String,
+    pub hostname: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: grove_runtime::Capacity,
+    pub sandboxes: u64,
+    pub snapshots_enabled: bool,
+    pub root_provider: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub draining: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResidueWire {
+    pub clean: bool,
+    pub items: Vec<grove_runtime::ResidueItem>,
+}
+
+/// Store maintenance results (gc, fsck) are the store's own report, passed through.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MaintenanceReport {
+    pub ok: bool,
+    pub report: serde_json::Value,
+}
+
+/// One lifecycle event on /v1/events.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventWire {
+    pub at_ms: u64,
+    pub kind: String,
+    pub sandbox: Option<String>,
+    pub snapshot: Option<String>,
+    pub reason: Option<String>,
+}
