@@ -1,1 +1,3 @@
-//! Placeholder; filled by its issue.
+//! Grove snapshotter: CRIU checkpoint/restore of whole sandboxes into the content-addressed store.
+
+pub mod criu;

@@ -1,0 +1,195 @@
+//! CRIU command lines, built from typed options (pure, so it is unit-tested).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Name of the log file CRIU writes in the work dir.
+pub const DUMP_LOG: &str = "dump.log";
+pub const RESTORE_LOG: &str = "restore.log";
+
+/// What to checkpoint and how.
+#[derive(Debug, Clone, Default)]
+pub struct DumpOptions {
+    /// Host pid of the tree's root (the sandbox's pid 1).
+    pub pid: i32,
+    /// Where the images go (must exist, empty).
+    pub images_dir: PathBuf,
+    /// Where CRIU keeps its log (kept out of the images so the log is not stored with them).
+    pub work_dir: PathBuf,
+    /// Keep the tree running after the dump.
+    pub leave_running: bool,
+    /// Mounts provided from outside the sandbox: (path inside the sandbox, key).
+    pub external_mounts: Vec<(String, String)>,
+    /// The freezer the caller froze the tree with; CRIU seizes the frozen tasks and leaves the
+    /// cgroup in the state it found it.
+    pub freeze_cgroup: Option<PathBuf>,
+    /// Checkpoint established TCP connections (loopback ones inside the sandbox).
+    pub tcp_established: bool,
+    /// Incremental dump against `prev_images_dir` (needs soft-dirty; see `Features`).
+    pub track_mem: bool,
+    pub prev_images_dir: Option<PathBuf>,
+}
+
+/// What to restore and where.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreOptions {
+    pub images_dir: PathBuf,
+    pub work_dir: PathBuf,
+    /// The fresh root filesystem of the new sandbox (mandatory here, see HOST-NOTES).
+    pub root: PathBuf,
+    /// CRIU writes the host pid of the restored root task here.
+    pub pidfile: PathBuf,
+    /// (controller, cgroup path relative to the hierarchy root), one per controller.
+    pub cgroup_roots: Vec<(String, PathBuf)>,
+    /// External mounts: (key used at dump, host path to bind there).
+    pub external_mounts: Vec<(String, PathBuf)>,
+    pub tcp_established: bool,
+    /// Leave memory to a `criu lazy-pages` daemon listening in `work_dir`.
+    pub lazy_pages: bool,
+}
+
+fn common(args: &mut Vec<OsString>, images: &PathBuf, work: &PathBuf, log: &str) {
+    args.push("-D".into());
+    args.push(images.into());
+    args.push("-W".into());
+    args.push(work.into());
+    args.extend(["-v4", "-o", log, "--network-lock", "nftables"].map(OsString::from));
+}
+
+impl DumpOptions {
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["dump".into(), "-t".into(), self.pid.to_string().into()];
+        common(&mut a, &self.images_dir, &self.work_dir, DUMP_LOG);
+        if self.leave_running {
+            a.push("--leave-running".into());
+        }
+        if let Some(cg) = &self.freeze_cgroup {
+            a.push("--freeze-cgroup".into());
+            a.push(cg.into());
+        }
+        for (path, key) in &self.external_mounts {
+            a.push("--external".into());
+            a.push(format!("mnt[{path}]:{key}").into());
+        }
+        if self.tcp_established {
+            a.push("--tcp-established".into());
+        }
+        if self.track_mem {
+            a.push("--track-mem".into());
+            if let Some(prev) = &self.prev_images_dir {
+                a.push("--prev-images-dir".into());
+                a.push(prev.into());
+            }
+        }
+        a
+    }
+}
+
+impl RestoreOptions {
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["restore".into()];
+        common(&mut a, &self.images_dir, &self.work_dir, RESTORE_LOG);
+        a.push("-d".into());
+        a.push("--root".into());
+        a.push((&self.root).into());
+        a.push("--pidfile".into());
+        a.push((&self.pidfile).into());
+        if !self.cgroup_roots.is_empty() {
+            a.push("--manage-cgroups=soft".into());
+        }
+        for (ctrl, path) in &self.cgroup_roots {
+            a.push("--cgroup-root".into());
+            let mut v = OsString::from(format!("{ctrl}:/"));
+            v.push(path.strip_prefix("/").unwrap_or(path));
+            a.push(v);
+        }
+        for (key, host) in &self.external_mounts {
+            a.push("--external".into());
+            let mut v = OsString::from(format!("mnt[{key}]:"));
+            v.push(host);
+            a.push(v);
+        }
+        if self.tcp_established {
+            a.push("--tcp-established".into());
+        }
+        if self.lazy_pages {
+            a.push("--lazy-pages".into());
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strs(v: Vec<OsString>) -> Vec<String> {
+        v.into_iter().map(|s| s.into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn dump_args() {
+        let o = DumpOptions {
+            pid: 42,
+            images_dir: "/i".into(),
+            work_dir: "/w".into(),
+            leave_running: true,
+            external_mounts: vec![("/data".into(), "grove-data".into())],
+            freeze_cgroup: Some("/sys/fs/cgroup/freezer/grove/sb-1".into()),
+            tcp_established: true,
+            ..Default::default()
+        };
+        let a = strs(o.to_args()).join(" ");
+        assert_eq!(
+            a,
+            "dump -t 42 -D /i -W /w -v4 -o dump.log --network-lock nftables --leave-running \
+             --freeze-cgroup /sys/fs/cgroup/freezer/grove/sb-1 --external mnt[/data]:grove-data \
+             --tcp-established"
+        );
+    }
+
+    #[test]
+    fn dump_stops_by_default_and_tracks_mem_only_when_asked() {
+        let o = DumpOptions {
+            pid: 1,
+            images_dir: "/i".into(),
+            work_dir: "/w".into(),
+            ..Default::default()
+        };
+        let a = strs(o.to_args());
+        assert!(!a.contains(&"--leave-running".to_string()));
+        assert!(!a.contains(&"--track-mem".to_string()));
+        let o = DumpOptions {
+            track_mem: true,
+            prev_images_dir: Some("../p".into()),
+            ..o
+        };
+        let a = strs(o.to_args()).join(" ");
+        assert!(a.ends_with("--track-mem --prev-images-dir ../p"), "{a}");
+    }
+
+    #[test]
+    fn restore_args() {
+        let o = RestoreOptions {
+            images_dir: "/i".into(),
+            work_dir: "/w".into(),
+            root: "/run/grove/sb/root".into(),
+            pidfile: "/w/pid".into(),
+            cgroup_roots: vec![
+                ("memory".into(), "grove/sb-2".into()),
+                ("cpuset".into(), "/grove/sb-2".into()),
+            ],
+            external_mounts: vec![("grove-data".into(), "/srv/data".into())],
+            tcp_established: false,
+            lazy_pages: true,
+        };
+        let a = strs(o.to_args()).join(" ");
+        assert_eq!(
+            a,
+            "restore -D /i -W /w -v4 -o restore.log --network-lock nftables -d \
+             --root /run/grove/sb/root --pidfile /w/pid --manage-cgroups=soft \
+             --cgroup-root memory:/grove/sb-2 --cgroup-root cpuset:/grove/sb-2 \
+             --external mnt[grove-data]:/srv/data --lazy-pages"
+        );
+    }
+}

@@ -1,0 +1,86 @@
+//! Picks the useful lines out of a CRIU log.
+
+/// Lines CRIU prints on every run here that do not explain a failure (see HOST-NOTES).
+const HARMLESS: &[&str] = &[
+    "Can't setup RLIMIT_NOFILE for self",
+    "Address already assigned",
+];
+
+/// At most this many lines are kept, the last ones (CRIU's final lines say "FAILED").
+const MAX_LINES: usize = 12;
+
+/// The `Error (` lines of a CRIU log, without the known-harmless ones. Falls back to the last
+/// lines of the log when CRIU failed without an `Error (` line (e.g. a crash or a BUG).
+pub fn error_lines(log: &str) -> Vec<String> {
+    let mut errors: Vec<String> = log
+        .lines()
+        .filter(|l| l.contains("Error (") || l.contains("BUG "))
+        .filter(|l| !HARMLESS.iter().any(|h| l.contains(h)))
+        .map(|l| l.trim().to_string())
+        .collect();
+    if errors.is_empty() {
+        errors = log
+            .lines()
+            .rev()
+            .take(5)
+            .map(|l| l.trim().to_string())
+            .collect();
+        errors.reverse();
+    }
+    if errors.len() > MAX_LINES {
+        errors.drain(..errors.len() - MAX_LINES);
+    }
+    errors
+}
+
+/// Whether the failure was a socket connected to a peer outside the dumped tree.
+pub fn is_external_socket(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| l.contains("External socket is used") || l.contains("ext-unix-sk"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DUMP_FAIL: &str = "\
+(00.000010) Version: 4.1.1
+(00.054396) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
+(00.055000) mnt: something harmless
+(00.057541) Error (criu/mount.c:724): mnt: FS mnt ./oldroot dev 0xfe00000 root / unsupported id 46
+(00.078048) Error (criu/cr-dump.c:2111): Dumping FAILED.
+";
+
+    #[test]
+    fn keeps_error_lines_and_drops_harmless_ones() {
+        let lines = error_lines(DUMP_FAIL);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("unsupported id 46"));
+        assert!(lines[1].contains("Dumping FAILED"));
+    }
+
+    #[test]
+    fn falls_back_to_the_log_tail() {
+        let log = "a\nb\nc\nd\ne\nf\ng\n";
+        assert_eq!(error_lines(log), vec!["c", "d", "e", "f", "g"]);
+        assert!(error_lines("").is_empty());
+    }
+
+    #[test]
+    fn caps_the_number_of_lines() {
+        let log: String = (0..40)
+            .map(|i| format!("(0.1) Error (x.c:{i}): e{i}\n"))
+            .collect();
+        let lines = error_lines(&log);
+        assert_eq!(lines.len(), MAX_LINES);
+        assert!(lines.last().unwrap().ends_with("e39"));
+    }
+
+    #[test]
+    fn detects_external_sockets() {
+        let log = "(0.2) Error (criu/sk-unix.c:860): unix: External socket is used. Consider using --ext-unix-sk option.\n";
+        assert!(is_external_socket(&error_lines(log)));
+        assert!(!is_external_socket(&error_lines(DUMP_FAIL)));
+    }
+}

@@ -1,0 +1,216 @@
+//! Driving the CRIU binary: locating it, probing kernel features once, dump and restore.
+
+mod args;
+mod error;
+pub mod log;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use args::{DumpOptions, RestoreOptions, DUMP_LOG, RESTORE_LOG};
+pub use error::Error;
+
+/// Where scripts/setup installs a CRIU that works on this kernel.
+pub const DEFAULT_BINARY: &str = "/var/lib/grove/criu/criu";
+
+/// Kernel features CRIU can use here; probed once per `Criu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Soft-dirty tracking: pre-dump / `--track-mem` incremental dumps work.
+    pub mem_dirty_track: bool,
+    /// userfaultfd for non-cooperative processes: `--lazy-pages` restores work.
+    pub lazy_pages: bool,
+}
+
+/// A located, checked CRIU binary.
+#[derive(Debug)]
+pub struct Criu {
+    binary: PathBuf,
+    features: OnceLock<Features>,
+}
+
+/// How long a dump or restore took.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub elapsed: Duration,
+}
+
+impl Criu {
+    /// Finds CRIU: `explicit`, else `$GROVE_CRIU`, else [`DEFAULT_BINARY`], else `criu` on PATH;
+    /// the first that exists and passes `criu check` wins.
+    pub fn locate(explicit: Option<&Path>) -> Result<Criu, Error> {
+        let mut tried = Vec::new();
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if let Some(p) = explicit {
+            candidates.push(p.to_path_buf());
+        } else {
+            if let Some(p) = std::env::var_os("GROVE_CRIU").filter(|p| !p.is_empty()) {
+                candidates.push(p.into());
+            }
+            candidates.push(DEFAULT_BINARY.into());
+            if let Some(path) = std::env::var_os("PATH") {
+                candidates.extend(std::env::split_paths(&path).map(|d| d.join("criu")));
+            }
+        }
+        for c in candidates {
+            if !c.is_file() {
+                tried.push(c);
+                continue;
+            }
+            let criu = Criu {
+                binary: c.clone(),
+                features: OnceLock::new(),
+            };
+            match criu.check() {
+                Ok(()) => return Ok(criu),
+                Err(e) => {
+                    tracing::warn!(binary = %c.display(), error = %e, "criu candidate rejected");
+                    tried.push(c);
+                }
+            }
+        }
+        Err(Error::NotFound { tried })
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.stdin(Stdio::null());
+        close_inherited_fds(&mut cmd);
+        cmd
+    }
+
+    /// `criu check`: the binary runs and the kernel has what a plain dump/restore needs.
+    pub fn check(&self) -> Result<(), Error> {
+        let out = self
+            .command()
+            .arg("check")
+            .output()
+            .map_err(|source| Error::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() && text.contains("Looks good") {
+            Ok(())
+        } else {
+            Err(Error::CheckFailed {
+                binary: self.binary.clone(),
+                log_tail: log::error_lines(&text),
+            })
+        }
+    }
+
+    /// The kernel features, probed on first use with `criu check --feature`.
+    pub fn features(&self) -> Features {
+        *self.features.get_or_init(|| Features {
+            mem_dirty_track: self.has_feature("mem_dirty_track"),
+            lazy_pages: self.has_feature("uffd-noncoop"),
+        })
+    }
+
+    fn has_feature(&self, name: &str) -> bool {
+        self.command()
+            .args(["check", "--feature", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// Checkpoints a process tree. On failure the error carries the log's `Error (` lines.
+    pub fn dump(&self, opts: &DumpOptions) -> Result<Timing, Error> {
+        let start = Instant::now();
+        let status = self.run(&opts.to_args(), &opts.work_dir)?;
+        if status.success() {
+            return Ok(Timing {
+                elapsed: start.elapsed(),
+            });
+        }
+        let log_tail = read_log(&opts.work_dir.join(DUMP_LOG));
+        if log::is_external_socket(&log_tail) {
+            Err(Error::ExternalSocket {
+                pid: opts.pid,
+                log_tail,
+            })
+        } else {
+            Err(Error::DumpFailed {
+                pid: opts.pid,
+                log_tail,
+            })
+        }
+    }
+
+    /// Restores a tree detached (`-d`) and returns the host pid of its root task.
+    pub fn restore(&self, opts: &RestoreOptions) -> Result<(i32, Timing), Error> {
+        let start = Instant::now();
+        let status = self.run(&opts.to_args(), &opts.work_dir)?;
+        let dir = opts.images_dir.clone();
+        if !status.success() {
+            let log_tail = read_log(&opts.work_dir.join(RESTORE_LOG));
+            return Err(Error::RestoreFailed { dir, log_tail });
+        }
+        let pid = std::fs::read_to_string(&opts.pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| Error::Pidfile {
+                dir,
+                pidfile: opts.pidfile.clone(),
+            })?;
+        Ok((
+            pid,
+            Timing {
+                elapsed: start.elapsed(),
+            },
+        ))
+    }
+
+    fn run(
+        &self,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+    ) -> Result<std::process::ExitStatus, Error> {
+        std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
+        self.command()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|source| Error::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })
+    }
+}
+
+fn read_log(path: &Path) -> Vec<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => log::error_lines(&text),
+        Err(e) => vec![format!("(no log at {}: {e})", path.display())],
+    }
+}
+
+/// CRIU must not inherit the daemon's descriptors (FUSE sessions, sockets): it would dump or hold
+/// them. Rust opens its own fds close-on-exec, but other code in the daemon may not.
+fn close_inherited_fds(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only issues the async-signal-safe
+    // close_range syscall; it touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,315 @@
+//! A small namespaced process tree for CRIU tests, built without the runtime: an overlayfs over
+//! the Debian image under /run/grove-test-…, pid+mnt+net+uts+ipc namespaces, a setsid'd shell
+//! loop as pid 1 that writes a counter, and a v1 freezer cgroup around it. Everything is removed
+//! on drop.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const IMAGE: &str = "/var/lib/grove/images/debian12";
+const FREEZER: &str = "/sys/fs/cgroup/freezer";
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A unique name with "grove" in it, so residue checks find anything left behind.
+pub fn unique(tag: &str) -> String {
+    format!(
+        "grove-test-{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Makes this test process a subreaper so restored (detached) trees are reaped by us.
+pub fn become_subreaper() {
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+pub fn have_criu_prereqs() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new(IMAGE).join("bin/sh").exists() {
+        return Some(format!("{IMAGE} missing"));
+    }
+    if !Path::new(FREEZER).exists() {
+        return Some("no v1 freezer".into());
+    }
+    None
+}
+
+/// An overlayfs root under /run/<name>/root.
+pub struct OverlayRoot {
+    pub dir: PathBuf,
+}
+
+impl OverlayRoot {
+    pub fn new(name: &str, upper_from: Option<&Path>) -> OverlayRoot {
+        let dir = PathBuf::from("/run").join(name);
+        for d in ["upper", "work", "root"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        if let Some(src) = upper_from {
+            run(
+                "cp",
+                &[
+                    "-a",
+                    &format!("{}/.", src.display()),
+                    &dir.join("upper").display().to_string(),
+                ],
+            );
+        }
+        let opts = format!(
+            "lowerdir={IMAGE},upperdir={},workdir={}",
+            dir.join("upper").display(),
+            dir.join("work").display()
+        );
+        run(
+            "mount",
+            &[
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                &opts,
+                &dir.join("root").display().to_string(),
+            ],
+        );
+        OverlayRoot { dir }
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+}
+
+impl Drop for OverlayRoot {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.root()).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A v1 freezer cgroup.
+pub struct Freezer {
+    pub rel: String,
+}
+
+impl Freezer {
+    pub fn new(name: &str) -> Freezer {
+        std::fs::create_dir(Path::new(FREEZER).join(name)).unwrap();
+        Freezer {
+            rel: name.to_string(),
+        }
+    }
+    pub fn path(&self) -> PathBuf {
+        Path::new(FREEZER).join(&self.rel)
+    }
+    pub fn set(&self, state: &str) {
+        std::fs::write(self.path().join("freezer.state"), state).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.state() != state && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    pub fn state(&self) -> String {
+        std::fs::read_to_string(self.path().join("freezer.state"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+    pub fn procs(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.path().join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+    /// Kills and reaps everything inside, then removes the cgroup.
+    pub fn kill_all(&self) {
+        self.set("THAWED");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let procs = self.procs();
+            if procs.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for p in procs {
+                // SAFETY: plain kill(2) of a pid read from our own test cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            reap_children();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.kill_all();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(self.path()).is_err() && Instant::now() < deadline {
+            reap_children();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Reaps any of our exited children without blocking (restored trees reparent to us).
+pub fn reap_children() {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid with WNOHANG on any child; `st` is a valid out pointer.
+        let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+        if r <= 0 {
+            break;
+        }
+    }
+}
+
+/// The shell loop run as pid 1: bumps /tmp/counter every 50 ms.
+pub const LOOP: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done";
+
+/// The namespaced tree: its root, its freezer and the host pid of its pid 1.
+pub struct TestTree {
+    pub freezer: Freezer,
+    pub root: OverlayRoot,
+    pub init_pid: i32,
+}
+
+impl TestTree {
+    pub fn start() -> TestTree {
+        let name = unique("tree");
+        let root = OverlayRoot::new(&name, None);
+        let freezer = Freezer::new(&name);
+        // Scripts live in the sandbox root so no quoting crosses shells.
+        std::fs::write(root.root().join("grove-loop.sh"), LOOP).unwrap();
+        std::fs::write(
+            root.root().join("grove-pivot.sh"),
+            "mount --make-rprivate / && pivot_root . mnt && cd / && mount -t proc proc /proc && \
+             umount -l /mnt && exec setsid sh -c \"$(cat /grove-loop.sh)\" </dev/null >/dev/null 2>&1\n",
+        )
+        .unwrap();
+        let outer = format!(
+            "echo $$ > {}/cgroup.procs && exec unshare -p -m -n -u -i -f sh ./grove-pivot.sh",
+            freezer.path().display()
+        );
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(outer)
+            .current_dir(root.root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // Whatever started the tests may have left fds open without CLOEXEC; CRIU would see
+        // them as files on host mounts.
+        // SAFETY: only the async-signal-safe close_range syscall runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let unshare_pid = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let init_pid = loop {
+            let kids =
+                std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
+                    .unwrap_or_default();
+            if let Some(pid) = kids
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<i32>().ok())
+            {
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+                let counter = root.upper().join("tmp/counter");
+                if exe.ends_with("dash") && counter.exists() {
+                    break pid;
+                }
+            }
+            assert!(Instant::now() < deadline, "test tree did not start");
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("unshare exited early: {st}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // unshare stays as the tree's parent; it exits when pid 1 dies and is reaped via `child`.
+        std::mem::forget(child);
+        TestTree {
+            freezer,
+            root,
+            init_pid,
+        }
+    }
+
+    pub fn counter(&self) -> u64 {
+        read_counter(&self.root.root())
+    }
+}
+
+impl Drop for TestTree {
+    fn drop(&mut self) {
+        self.freezer.kill_all();
+    }
+}
+
+pub fn read_counter(root: &Path) -> u64 {
+    std::fs::read_to_string(root.join("tmp/counter"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Waits until `f` holds or panics after `secs`.
+pub fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn run(cmd: &str, args: &[&str]) {
+    let st = Command::new(cmd).args(args).status().unwrap();
+    assert!(st.success(), "{cmd} {args:?}: {st}");
+}
+
+/// Grove-owned mounts and CRIU/test processes left on the host (should be empty).
+pub fn host_residue(tag: &str) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(tag))
+        .map(|l| format!("mount: {l}"))
+        .collect();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmd.contains("criu")
+            && (cmd.contains(" dump ") || cmd.contains(" restore ") || cmd.contains("lazy-pages"))
+        {
+            out.push(format!("process: {cmd}"));
+        }
+        if cmd.contains(tag) {
+            out.push(format!("process: {cmd}"));
+        }
+    }
+    out
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Tests that check host-wide residue run one at a time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,193 @@
+//! The CRIU layer against real CRIU, with a namespaced tree built here (no runtime involved).
+
+mod common;
+
+use std::time::Duration;
+
+use common::tree::{self, Freezer, OverlayRoot, TestTree};
+use grove_snapshotter::criu::{Criu, DumpOptions, Error, RestoreOptions};
+
+fn setup() -> Option<(Criu, std::sync::MutexGuard<'static, ()>)> {
+    let guard = tree::serial();
+    if let Some(why) = tree::have_criu_prereqs() {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
+    tree::become_subreaper();
+    Some((
+        Criu::locate(None).expect("criu is installed on this machine kind; locate must succeed"),
+        guard,
+    ))
+}
+
+#[test]
+fn dump_then_restore_a_namespaced_tree() {
+    let Some((criu, _serial)) = setup() else {
+        return;
+    };
+    assert!(
+        !criu.features().mem_dirty_track,
+        "this kernel has no soft-dirty tracking"
+    );
+    let work = tempfile::Builder::new()
+        .prefix("grove-test-criu")
+        .tempdir()
+        .unwrap();
+    let images = work.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    {
+        let t = TestTree::start();
+        tree::wait_for(5, "counter > 2", || t.counter() > 2);
+        // Freeze, dump leaving it running, copy the fs of the same instant, thaw.
+        t.freezer.set("FROZEN");
+        let at_dump = t.counter();
+        criu.dump(&DumpOptions {
+            pid: t.init_pid,
+            images_dir: images.clone(),
+            work_dir: work.path().join("dump-work"),
+            leave_running: true,
+            freeze_cgroup: Some(t.freezer.path()),
+            tcp_established: true,
+            ..Default::default()
+        })
+        .expect("dump");
+        assert_eq!(
+            t.freezer.state(),
+            "FROZEN",
+            "criu must leave a frozen cgroup frozen"
+        );
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(t.counter(), at_dump, "the tree stays frozen until we thaw");
+        let copy = OverlayRoot::new(&tree::unique("restored"), Some(&t.root.upper()));
+        t.freezer.set("THAWED");
+        tree::wait_for(5, "source runs on", || t.counter() > at_dump + 1);
+
+        // Restore into the copied root and a fresh freezer cgroup.
+        let cg = Freezer::new(&tree::unique("restored"));
+        let (pid, _) = criu
+            .restore(&RestoreOptions {
+                images_dir: images.clone(),
+                work_dir: work.path().join("restore-work"),
+                root: copy.root(),
+                pidfile: work.path().join("restore.pid"),
+                cgroup_roots: vec![("freezer".into(), cg.rel.clone().into())],
+                tcp_established: true,
+                ..Default::default()
+            })
+            .expect("restore");
+        assert!(
+            cg.procs().contains(&pid),
+            "restored init lands in the given cgroup"
+        );
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+        assert!(
+            nspid.trim_end().ends_with("\t1"),
+            "restored init is pid 1 in its namespace: {nspid}"
+        );
+        // It continues from the dump instant, in its own root.
+        let restored_start = tree::read_counter(&copy.root());
+        assert!(restored_start >= at_dump && restored_start <= at_dump + 1);
+        tree::wait_for(5, "restored tree counts on", || {
+            tree::read_counter(&copy.root()) > at_dump + 2
+        });
+        cg.kill_all();
+        drop(cg);
+        drop(copy);
+    }
+    let left = tree::host_residue("grove-test-");
+    assert!(left.is_empty(), "residue: {left:?}");
+}
+
+#[test]
+fn restore_of_corrupt_images_is_a_typed_error_and_leaves_nothing() {
+    let Some((criu, _serial)) = setup() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("grove-test-criu")
+        .tempdir()
+        .unwrap();
+    let images = work.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    {
+        let t = TestTree::start();
+        t.freezer.set("FROZEN");
+        criu.dump(&DumpOptions {
+            pid: t.init_pid,
+            images_dir: images.clone(),
+            work_dir: work.path().join("dump-work"),
+            leave_running: true,
+            freeze_cgroup: Some(t.freezer.path()),
+            ..Default::default()
+        })
+        .expect("dump");
+        t.freezer.set("THAWED");
+    }
+    // Corrupt the process tree image.
+    std::fs::write(images.join("pstree.img"), b"garbage, not a protobuf image").unwrap();
+    let copy = OverlayRoot::new(&tree::unique("corrupt"), None);
+    let cg = Freezer::new(&tree::unique("corrupt"));
+    let err = criu
+        .restore(&RestoreOptions {
+            images_dir: images.clone(),
+            work_dir: work.path().join("restore-work"),
+            root: copy.root(),
+            pidfile: work.path().join("restore.pid"),
+            cgroup_roots: vec![("freezer".into(), cg.rel.clone().into())],
+            ..Default::default()
+        })
+        .expect_err("restore of a corrupt image must fail");
+    match &err {
+        Error::RestoreFailed { dir, log_tail } => {
+            assert_eq!(dir, &images);
+            assert!(!log_tail.is_empty(), "error carries CRIU's log lines");
+        }
+        other => panic!("expected RestoreFailed, got {other:?}"),
+    }
+    assert!(cg.procs().is_empty(), "no half-restored process");
+    drop(cg);
+    drop(copy);
+    let left = tree::host_residue("grove-test-");
+    assert!(left.is_empty(), "residue: {left:?}");
+}
+
+#[test]
+fn dump_of_a_missing_pid_is_a_typed_error() {
+    let Some((criu, _serial)) = setup() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("grove-test-criu")
+        .tempdir()
+        .unwrap();
+    let err = criu
+        .dump(&DumpOptions {
+            pid: 999_999,
+            images_dir: work.path().to_path_buf(),
+            work_dir: work.path().join("w"),
+            ..Default::default()
+        })
+        .expect_err("no such pid");
+    match err {
+        Error::DumpFailed { pid, log_tail } => {
+            assert_eq!(pid, 999_999);
+            assert!(!log_tail.is_empty());
+        }
+        other => panic!("expected DumpFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn locate_rejects_a_binary_that_fails_check() {
+    if tree::have_criu_prereqs().is_some() {
+        eprintln!("SKIPPED: not root");
+        return;
+    }
+    match Criu::locate(Some(std::path::Path::new("/bin/false"))) {
+        Err(Error::NotFound { tried }) => {
+            assert_eq!(tried, vec![std::path::PathBuf::from("/bin/false")])
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
