@@ -1,0 +1,145 @@
+//! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
+
+use crate::scenarios::{
+    checkpoint as ck, density as de, filesystem as fs, lifecycle as lc, storage as st,
+};
+
+/// Which statistic of a figure a promise is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    P50,
+    P99,
+}
+
+/// The bound a promise sets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Goal {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// One promise: Grove's figure `metric`/`param` in `scenario` (or its ratio to `relative_to`) against `goal`.
+#[derive(Debug, Clone)]
+pub struct Promise {
+    pub id: &'static str,
+    pub text: &'static str,
+    pub scenario: &'static str,
+    pub metric: &'static str,
+    pub param: &'static str,
+    pub stat: Stat,
+    pub relative_to: Option<&'static str>,
+    pub goal: Goal,
+}
+
+impl Promise {
+    pub fn at_most(
+        id: &'static str,
+        text: &'static str,
+        scenario: &'static str,
+        metric: &'static str,
+        param: &'static str,
+        stat: Stat,
+        bound: f64,
+    ) -> Self {
+        Promise {
+            id,
+            text,
+            scenario,
+            metric,
+            param,
+            stat,
+            relative_to: None,
+            goal: Goal::AtMost(bound),
+        }
+    }
+    pub fn at_least(
+        id: &'static str,
+        text: &'static str,
+        scenario: &'static str,
+        metric: &'static str,
+        param: &'static str,
+        bound: f64,
+    ) -> Self {
+        let goal = Goal::AtLeast(bound);
+        Promise {
+            id,
+            text,
+            scenario,
+            metric,
+            param,
+            stat: Stat::P50,
+            relative_to: None,
+            goal,
+        }
+    }
+    /// A goal on Grove ÷ `peer` (medians).
+    pub fn relative(
+        id: &'static str,
+        text: &'static str,
+        scenario: &'static str,
+        metric: &'static str,
+        param: &'static str,
+        peer: &'static str,
+        goal: Goal,
+    ) -> Self {
+        Promise {
+            id,
+            text,
+            scenario,
+            metric,
+            param,
+            stat: Stat::P50,
+            relative_to: Some(peer),
+            goal,
+        }
+    }
+    pub fn goal_text(&self) -> String {
+        let (op, v) = match self.goal {
+            Goal::AtMost(v) => ("≤", v),
+            Goal::AtLeast(v) => ("≥", v),
+        };
+        match self.relative_to {
+            Some(peer) => format!("{op} {v}× {peer}"),
+            None => format!("{op} {v}"),
+        }
+    }
+}
+
+/// Every promise, in SPECIFICATION.md order.
+pub fn all() -> Vec<Promise> {
+    use Goal::*;
+    vec![
+        Promise::at_most("LC-1", "create → exec true → destroy, sequential, p50 (ms)", lc::NAME, lc::CYCLE, lc::SEQ, Stat::P50, 30.0),
+        Promise::relative("LC-2", "cold create → exec → destroy no slower than crun (p50)", lc::NAME, lc::CYCLE, lc::SEQ, lc::CRUN, AtMost(1.0)),
+        Promise::at_least("LC-3", "cycles/s with 2 concurrent clients", lc::NAME, lc::RATE, "concurrency 2", 200.0),
+        Promise::at_least("LC-4", "cycles/s with 8 concurrent clients", lc::NAME, lc::RATE, "concurrency 8", 200.0),
+        Promise::at_most("LC-5", "warm-pool claim → exec true, p50 (ms)", lc::NAME, lc::WARM, lc::SEQ, Stat::P50, 5.0),
+        Promise::at_most("DE-1", "memory per idle sandbox at 2,000 sandboxes, FUSE server share included (KiB)", de::NAME, de::PER_SANDBOX, "2000 sandboxes", Stat::P50, 1024.0),
+        Promise::at_most("CK-1", "first snapshot of python3 with 256 MiB heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, ck::FIRST, Stat::P50, 300.0),
+        Promise::at_most("CK-2", "second snapshot after touching 5 % of the heap: store bytes added ÷ bytes touched", ck::NAME, ck::SECOND_RATIO, "", Stat::P50, 1.2),
+        Promise::at_most("CK-3", "restore one copy to running and answering, p50 (ms)", ck::NAME, ck::FORK, "1 branches", Stat::P50, 200.0),
+        Promise::at_most("CK-4", "fork into 8 branches, all running and answering, p50 (ms)", ck::NAME, ck::FORK, "8 branches", Stat::P50, 600.0),
+        Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "", fs::OVERLAY, AtLeast(0.7)),
+        Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
+        Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "", fs::OVERLAY, AtMost(2.0)),
+        Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "", fs::OVERLAY, AtMost(1.0)),
+        Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
+        Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "", Stat::P50, 1.2),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_goals_render() {
+        let ps = all();
+        let mut ids: Vec<_> = ps.iter().map(|p| p.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), ps.len());
+        assert_eq!(ps[0].goal_text(), "≤ 30");
+        assert_eq!(ps[1].goal_text(), "≤ 1× crun");
+    }
+}

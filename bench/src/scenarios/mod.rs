@@ -1,0 +1,95 @@
+//! The bench scenarios. Each takes the run context and returns its figures; a scenario that stops early
+//! still returns what it measured, with the error set.
+
+pub mod checkpoint;
+pub mod density;
+pub mod filesystem;
+pub mod lifecycle;
+pub mod storage;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::report::ScenarioResult;
+
+/// What every scenario gets.
+pub struct Ctx {
+    pub quick: bool,
+    /// Report directory (plots go here).
+    pub out: PathBuf,
+    /// This run's scratch directory (fresh, removed at the end).
+    pub work: PathBuf,
+    /// Base image root.
+    pub image: PathBuf,
+    /// CRIU >= 4.1 (the private wrapper by default).
+    pub criu: PathBuf,
+    pub grove: crate::grove::GroveEnv,
+}
+
+impl Ctx {
+    /// `quick` or `full` by mode.
+    pub fn pick<T>(&self, quick: T, full: T) -> T {
+        if self.quick {
+            quick
+        } else {
+            full
+        }
+    }
+    /// A fresh directory under the scratch directory.
+    pub fn fresh_dir(&self, name: &str) -> Result<PathBuf> {
+        let d = tempfile::Builder::new()
+            .prefix(&format!("{name}-"))
+            .tempdir_in(&self.work)?;
+        Ok(d.keep())
+    }
+}
+
+/// A scenario: name, title, estimated seconds (quick, full), entry point.
+pub struct Scenario {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub est_quick: f64,
+    pub est_full: f64,
+    pub run: fn(&Ctx, &mut ScenarioResult) -> Result<()>,
+}
+
+pub fn all() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: lifecycle::NAME,
+            title: "Lifecycle: create → exec `true` → destroy",
+            est_quick: 35.0,
+            est_full: 200.0,
+            run: lifecycle::run,
+        },
+        Scenario {
+            name: checkpoint::NAME,
+            title: "Checkpoint, restore and fork: python3 with a 256 MiB heap and a loopback HTTP server",
+            est_quick: 40.0,
+            est_full: 150.0,
+            run: checkpoint::run,
+        },
+        Scenario {
+            name: filesystem::NAME,
+            title: "Filesystem: nodefs vs kernel overlayfs vs fuse-overlayfs vs the plain disk",
+            est_quick: 40.0,
+            est_full: 360.0,
+            run: filesystem::run,
+        },
+        Scenario {
+            name: density::NAME,
+            title: "Density: memory per idle sandbox",
+            est_quick: 15.0,
+            est_full: 420.0,
+            run: density::run,
+        },
+        Scenario {
+            name: storage::NAME,
+            title: "Storage: dedup across imports, snapshot chains and fork trees",
+            est_quick: 20.0,
+            est_full: 90.0,
+            run: storage::run,
+        },
+    ]
+}

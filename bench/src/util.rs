@@ -1,0 +1,204 @@
+//! Small helpers: running commands with a clear error, timing, caches, meminfo, timestamps.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// Milliseconds since `t`.
+pub fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Describes a command for error messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    if s.len() > 160 {
+        s.truncate(160);
+        s.push('…');
+    }
+    s
+}
+
+fn tail(bytes: &[u8], n: usize) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let s = s.trim();
+    let start = match n {
+        0 => s.len(),
+        _ => s
+            .char_indices()
+            .rev()
+            .nth(n - 1)
+            .map(|(i, _)| i)
+            .unwrap_or(0),
+    };
+    s[start..].trim().replace('\n', " / ")
+}
+
+/// Runs a command to completion (stdout discarded), failing with its stderr tail on a non-zero exit.
+/// Returns its wall time in milliseconds.
+pub fn run(cmd: &mut Command) -> Result<f64> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let t = Instant::now();
+    let out = cmd
+        .output()
+        .with_context(|| format!("spawn {}", describe(cmd)))?;
+    let ms = ms_since(t);
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            describe(cmd),
+            out.status,
+            tail(&out.stderr, 300)
+        );
+    }
+    Ok(ms)
+}
+
+/// Runs a command and returns its stdout.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = cmd
+        .output()
+        .with_context(|| format!("spawn {}", describe(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            describe(cmd),
+            out.status,
+            tail(&out.stderr, 300)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Shell convenience for set-up steps (never on a measured path).
+pub fn sh(script: &str) -> Result<String> {
+    output(Command::new("/bin/sh").arg("-c").arg(script))
+}
+
+/// Is `bin` on PATH?
+pub fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.is_file())
+}
+
+/// Writes dirty pages and drops the page, dentry and inode caches (for cold figures).
+pub fn drop_caches() -> Result<()> {
+    // SAFETY: sync() takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("write /proc/sys/vm/drop_caches")
+}
+
+/// MemAvailable from /proc/meminfo, in KiB.
+pub fn mem_available_kib() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").context("read /proc/meminfo")?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow!("no MemAvailable in /proc/meminfo"))
+}
+
+/// Lazily unmounts `path` if it is a mount point.
+pub fn unmount(path: &Path) -> Result<(), String> {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return Err("path with NUL".into());
+    };
+    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted
+        _ => Err(format!("umount {}: {e}", path.display())),
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if t.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    utc_string(secs)
+}
+
+fn utc_string(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Fills `buf` with fast pseudo-random (incompressible) bytes.
+pub fn fill_random(rng: &mut impl rand::RngCore, buf: &mut [u8]) {
+    rng.fill_bytes(buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_string_known_dates() {
+        assert_eq!(utc_string(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_string(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(utc_string(1_764_473_400), "2025-11-30 03:30:00");
+    }
+
+    #[test]
+    fn run_reports_stderr_of_failures() {
+        let e = run(Command::new("/bin/sh").args(["-c", "echo nope >&2; exit 3"])).unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("nope") && s.contains("exit status: 3"), "{s}");
+        assert!(run(&mut Command::new("true")).unwrap() >= 0.0);
+    }
+
+    #[test]
+    fn tail_keeps_the_end() {
+        assert_eq!(tail(b"abc\ndef", 3), "def");
+        assert_eq!(tail(b"xy", 10), "xy");
+    }
+}
