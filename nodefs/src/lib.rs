@@ -1,1 +1,28 @@
-//! Placeholder; filled by its issue.
+//! nodefs: a content-addressed copy-on-write filesystem over FUSE.
+//!
+//! [`Store`] holds file content as blake3-addressed, zstd-compressed chunks in append-only
+//! packs, and directory trees as Merkle objects; a manifest is the id of a root tree.
+//! [`NodeFs`] serves writable copy-on-write views of manifests over FUSE; [`Mount::commit`]
+//! turns a view back into a manifest.
+
+mod chunker;
+mod error;
+mod export;
+mod fs;
+mod id;
+mod import;
+mod oci;
+mod pack;
+mod store;
+mod stream;
+mod sys;
+mod tarimport;
+mod tree;
+
+pub use chunker::ChunkPolicy;
+pub use error::{Error, StoreError};
+pub use fs::{Mount, MountOptions, NodeFs, Usage};
+pub use id::{ManifestId, ObjectId, ParseIdError};
+pub use store::{FsckReport, GcReport, Store, StoreStats};
+pub use stream::StreamStats;
+pub use tree::{ChunkRef, Entry, Meta, Node, Tree};

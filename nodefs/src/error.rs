@@ -1,0 +1,74 @@
+//! Error types of the store and the filesystem.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::id::ObjectId;
+
+/// Errors from the content store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O on {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("object {id} is missing from the store")]
+    Missing { id: ObjectId },
+    #[error("object {id} is corrupt: {why}")]
+    Corrupt { id: ObjectId, why: String },
+    #[error("pack {path} is corrupt at offset {offset}: {why}")]
+    CorruptPack {
+        path: PathBuf,
+        offset: u64,
+        why: String,
+    },
+    #[error("store directory {path} has unsupported format version {version}")]
+    Version { path: PathBuf, version: String },
+}
+
+/// Errors from nodefs operations (import, export, refs, mounts).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("I/O on {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("malformed tar entry {entry:?}: {why}")]
+    BadTar { entry: String, why: String },
+    #[error("malformed OCI layout at {path}: {why}")]
+    BadOci { path: PathBuf, why: String },
+    #[error("invalid ref name {0:?}")]
+    BadRefName(String),
+    #[error("no ref or manifest named {0:?}")]
+    UnknownRef(String),
+    #[error("manifest {0} is not in the store")]
+    UnknownManifest(ObjectId),
+    #[error("mount at {path}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("mount at {0} is unmounted")]
+    Unmounted(PathBuf),
+    #[error("malformed stream: {0}")]
+    BadStream(String),
+}
+
+/// Attach a path to an io::Error.
+pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { path, source }
+}
+
+/// Attach a path to an io::Error for the store.
+pub(crate) fn store_io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.into();
+    move |source| StoreError::Io { path, source }
+}

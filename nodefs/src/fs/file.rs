@@ -1,0 +1,310 @@
+//! A regular file's data in a mount: base chunks from the store overlaid, block by block,
+//! by an upper file on disk. A small write copies up at most two blocks, never the file.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::store::Store;
+use crate::tree::ChunkRef;
+
+/// Overlay granularity.
+pub const BLOCK: u64 = 4096;
+
+/// Base content: chunk list and chunk start offsets.
+#[derive(Debug, Default)]
+pub struct Base {
+    pub chunks: Vec<ChunkRef>,
+    pub offsets: Vec<u64>,
+}
+
+impl Base {
+    pub fn new(chunks: Vec<ChunkRef>) -> Base {
+        let mut offsets = Vec::with_capacity(chunks.len());
+        let mut o = 0u64;
+        for c in &chunks {
+            offsets.push(o);
+            o += c.len as u64;
+        }
+        Base { chunks, offsets }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.offsets
+            .last()
+            .map(|o| o + self.chunks.last().map(|c| c.len as u64).unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// Copy base bytes [off, off+buf.len()) into buf.
+    pub fn read(&self, store: &Store, mut off: u64, mut buf: &mut [u8]) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            let i = match self.offsets.binary_search(&off) {
+                Ok(i) => i,
+                Err(i) => i - 1,
+            };
+            let c = &self.chunks[i];
+            let data = store.get_chunk(&c.id).map_err(|e| {
+                tracing::error!(error = %e, "chunk read failed");
+                std::io::Error::from_raw_os_error(libc::EIO)
+            })?;
+            let start = (off - self.offsets[i]) as usize;
+            let n = (data.len() - start).min(buf.len());
+            buf[..n].copy_from_slice(&data[start..start + n]);
+            buf = &mut buf[n..];
+            off += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// File data of one inode.
+#[derive(Debug)]
+pub struct FileData {
+    pub size: u64,
+    pub base: Arc<Base>,
+    /// Bytes of `base` still visible (truncation hides the rest).
+    pub base_len: u64,
+    /// Blocks whose content lives in the upper file.
+    pub present: Vec<u64>,
+    pub upper_path: PathBuf,
+    pub upper: Option<Arc<File>>,
+    /// Bumped on every content change; commit memoizes per version.
+    pub version: u64,
+    pub memo: Option<(u64, Arc<Vec<ChunkRef>>)>,
+}
+
+impl FileData {
+    pub fn new(size: u64, chunks: Vec<ChunkRef>, upper_path: PathBuf) -> FileData {
+        let base = Base::new(chunks);
+        let base_len = base.len().min(size);
+        FileData {
+            size,
+            base: Arc::new(base),
+            base_len,
+            present: Vec::new(),
+            upper_path,
+            upper: None,
+            version: 0,
+            memo: None,
+        }
+    }
+
+    pub fn is_present(&self, b: u64) -> bool {
+        self.present
+            .get((b / 64) as usize)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+
+    fn set_present(&mut self, b: u64) {
+        let i = (b / 64) as usize;
+        if self.present.len() <= i {
+            self.present.resize(i + 1, 0);
+        }
+        self.present[i] |= 1 << (b % 64);
+    }
+
+    /// Blocks held in the upper layer (what the mount is charged for).
+    pub fn upper_blocks(&self) -> u64 {
+        self.present.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    /// Whether the content is exactly the base (no upper blocks, nothing hidden).
+    pub fn is_pristine(&self) -> bool {
+        self.upper_blocks() == 0 && self.base_len == self.base.len() && self.size == self.base_len
+    }
+
+    pub fn upper_file(&mut self) -> std::io::Result<Arc<File>> {
+        if let Some(f) = &self.upper {
+            return Ok(f.clone());
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.upper_path)?;
+        let f = Arc::new(f);
+        self.upper = Some(f.clone());
+        Ok(f)
+    }
+
+    /// Content of block `b` as seen through the overlay, for copy-up.
+    fn block_view(&mut self, store: &Store, b: u64) -> std::io::Result<Vec<u8>> {
+        let start = b * BLOCK;
+        let mut buf = vec![0u8; BLOCK as usize];
+        self.read_into(store, start, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Read [off, off+buf.len()) through the overlay (caller clamps to size).
+    pub fn read_into(&mut self, store: &Store, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let end = off + buf.len() as u64;
+        let mut pos = off;
+        while pos < end {
+            let b = pos / BLOCK;
+            let present = self.is_present(b);
+            // Extend the run while blocks have the same presence.
+            let mut run_end = ((b + 1) * BLOCK).min(end);
+            while run_end < end && self.is_present(run_end / BLOCK) == present {
+                run_end = ((run_end / BLOCK + 1) * BLOCK).min(end);
+            }
+            let dst = &mut buf[(pos - off) as usize..(run_end - off) as usize];
+            if present {
+                let f = self.upper_file()?;
+                read_full_at(&f, dst, pos)?;
+            } else {
+                let base_end = self.base_len.min(run_end);
+                if pos < base_end {
+                    let n = (base_end - pos) as usize;
+                    self.base.read(store, pos, &mut dst[..n])?;
+                    dst[n..].fill(0);
+                } else {
+                    dst.fill(0);
+                }
+            }
+            pos = run_end;
+        }
+        Ok(())
+    }
+
+    /// Make sure block `b` is in the upper layer, copying its current content up.
+    fn copy_up(&mut self, store: &Store, b: u64) -> std::io::Result<()> {
+        if self.is_present(b) {
+            return Ok(());
+        }
+        if b * BLOCK >= self.base_len {
+            // Nothing from the base shows here: the upper file already reads as zeros.
+            self.set_present(b);
+            return Ok(());
+        }
+        let data = self.block_view(store, b)?;
+        let f = self.upper_file()?;
+        let start = b * BLOCK;
+        let keep = self.size.saturating_sub(start).min(BLOCK) as usize;
+        f.write_all_at(&data[..keep], start)?;
+        self.set_present(b);
+        Ok(())
+    }
+
+    /// Blocks that `write(off, len)` would newly add to the upper layer.
+    pub fn new_blocks_for(&self, off: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        (off / BLOCK..=(off + len - 1) / BLOCK)
+            .filter(|b| !self.is_present(*b))
+            .count() as u64
+    }
+
+    pub fn write(&mut self, store: &Store, off: u64, data: &[u8]) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = off + data.len() as u64;
+        let first = off / BLOCK;
+        let last = (end - 1) / BLOCK;
+        if off % BLOCK != 0 {
+            self.copy_up(store, first)?;
+        }
+        if end % BLOCK != 0 {
+            self.copy_up(store, last)?;
+        }
+        let f = self.upper_file()?;
+        f.write_all_at(data, off)?;
+        for b in first..=last {
+            self.set_present(b);
+        }
+        if end > self.size {
+            self.size = end;
+        }
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Change the size; bytes past a shrink read as zeros if the file grows again.
+    pub fn truncate(&mut self, store: &Store, size: u64) -> std::io::Result<()> {
+        if size < self.size {
+            if size % BLOCK != 0 && size < self.base_len {
+                self.copy_up(store, size / BLOCK)?;
+            }
+            self.base_len = self.base_len.min(size);
+            // Drop upper blocks past the end.
+            let keep_blocks = size.div_ceil(BLOCK);
+            for b in keep_blocks..(self.present.len() as u64 * 64) {
+                let i = (b / 64) as usize;
+                self.present[i] &= !(1 << (b % 64));
+            }
+            while self.present.last() == Some(&0) {
+                self.present.pop();
+            }
+        }
+        if self.upper.is_some() || self.upper_path.exists() {
+            let f = self.upper_file()?;
+            f.set_len(size)?;
+        }
+        self.size = size;
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Make [off, off+len) read as zeros, keeping the size.
+    pub fn zero_range(&mut self, store: &Store, off: u64, len: u64) -> std::io::Result<()> {
+        let end = (off + len).min(self.size);
+        if off >= end {
+            return Ok(());
+        }
+        let mut pos = off;
+        while pos < end {
+            let b = pos / BLOCK;
+            let bend = ((b + 1) * BLOCK).min(end);
+            if pos % BLOCK == 0 && (bend % BLOCK == 0 || bend == self.size) {
+                let f = self.upper_file()?;
+                f.write_all_at(&vec![0u8; (bend - pos) as usize], pos)?;
+                self.set_present(b);
+            } else {
+                let zeros = vec![0u8; (bend - pos) as usize];
+                self.write(store, pos, &zeros)?;
+            }
+            pos = bend;
+        }
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Reserve [off, off+len): blocks become upper blocks (content preserved).
+    pub fn allocate(
+        &mut self,
+        store: &Store,
+        off: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> std::io::Result<()> {
+        let end = off + len;
+        if !keep_size && end > self.size {
+            self.truncate(store, end)?;
+        }
+        let lim = end.min(self.size);
+        if lim > off {
+            for b in off / BLOCK..=(lim - 1) / BLOCK {
+                self.copy_up(store, b)?;
+            }
+        }
+        self.version += 1;
+        Ok(())
+    }
+}
+
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = f.read_at(&mut buf[done..], off + done as u64)?;
+        if n == 0 {
+            buf[done..].fill(0);
+            break;
+        }
+        done += n;
+    }
+    Ok(())
+}

@@ -1,0 +1,801 @@
+//! The FUSE request handlers of one mount, translating to [`State`] operations.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BackingId, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use super::file::BLOCK;
+use super::passthrough;
+use super::state::{from_systime, now, Content, DirData, State, R};
+use crate::store::Store;
+
+/// The server is the only writer, so the kernel may cache entries and attributes long.
+const TTL: Duration = Duration::from_secs(3600);
+
+/// State shared by the FUSE handlers and the [`super::Mount`] handle.
+pub struct Shared {
+    pub state: Mutex<State>,
+    pub store: Arc<Store>,
+    pub read_only: bool,
+    pub passthrough: std::sync::atomic::AtomicBool,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Backing files registered for passthrough, per inode (shared by its open handles).
+    backing: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+}
+
+struct Handle {
+    ino: u64,
+    passthrough: bool,
+}
+
+impl Shared {
+    pub fn new(state: State, store: Arc<Store>, read_only: bool) -> Shared {
+        Shared {
+            state: Mutex::new(state),
+            store,
+            read_only,
+            passthrough: std::sync::atomic::AtomicBool::new(false),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            backing: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The [`fuser::Filesystem`] of one mount.
+pub struct Fs(pub Arc<Shared>);
+
+fn e(errno: i32) -> Errno {
+    Errno::from_i32(errno)
+}
+
+impl Fs {
+    fn s(&self) -> &Shared {
+        &self.0
+    }
+
+    fn rw(&self) -> R<()> {
+        if self.s().read_only {
+            Err(libc::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn new_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        content: Content,
+    ) -> R<fuser::FileAttr> {
+        self.rw()?;
+        let mut st = self.s().state.lock();
+        let ino = st.create(
+            parent.0,
+            name.as_bytes(),
+            mode,
+            req.uid(),
+            req.gid(),
+            content,
+        )?;
+        st.attr(ino)
+    }
+
+    fn open_handle(&self, ino: u64, passthrough: bool) -> FileHandle {
+        let fh = self.s().next_fh.fetch_add(1, Ordering::Relaxed);
+        self.s()
+            .handles
+            .lock()
+            .insert(fh, Handle { ino, passthrough });
+        FileHandle(fh)
+    }
+
+    fn do_setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+    ) -> R<fuser::FileAttr> {
+        if mode.is_some() || uid.is_some() || gid.is_some() || size.is_some() || mtime.is_some() {
+            self.rw()?;
+        }
+        let store = self.s().store.clone();
+        let mut st = self.s().state.lock();
+        if let Some(size) = size {
+            let extra = {
+                let f = st.file_mut(ino)?;
+                // Shrinking inside a base block copies up at most one block.
+                if size < f.size && size % BLOCK != 0 && !f.is_present(size / BLOCK) {
+                    1
+                } else {
+                    0
+                }
+            };
+            st.check_space(extra)?;
+            st.file_mut(ino)?
+                .truncate(&store, size)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            st.recharge(ino);
+            let t = now();
+            let i = st.get_mut(ino)?;
+            i.meta.mtime_sec = t.0;
+            i.meta.mtime_nsec = t.1;
+        }
+        let i = st.get_mut(ino)?;
+        let t = now();
+        if let Some(m) = mode {
+            i.meta.mode = m & 0o7777;
+        }
+        if let Some(u) = uid {
+            i.meta.uid = u;
+        }
+        if let Some(g) = gid {
+            i.meta.gid = g;
+        }
+        let conv = |x: TimeOrNow| match x {
+            TimeOrNow::Now => t,
+            TimeOrNow::SpecificTime(s) => from_systime(s),
+        };
+        if let Some(a) = atime {
+            i.atime = conv(a);
+        }
+        if let Some(m) = mtime {
+            let m = conv(m);
+            i.meta.mtime_sec = m.0;
+            i.meta.mtime_nsec = m.1;
+        }
+        i.ctime = t;
+        i.touched = true;
+        st.attr(ino)
+    }
+}
+
+macro_rules! tryr {
+    ($reply:ident, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(errno) => {
+                $reply.error(e(errno));
+                return;
+            }
+        }
+    };
+}
+
+impl Filesystem for Fs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(2).is_ok()
+        {
+            self.0
+                .passthrough
+                .store(passthrough::enabled(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut st = self.s().state.lock();
+        let ino = tryr!(reply, st.lookup(parent.0, name.as_bytes()));
+        let attr = tryr!(reply, st.attr(ino));
+        reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let st = self.s().state.lock();
+        let attr = tryr!(reply, st.attr(ino.0));
+        reply.attr(&TTL, &attr);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let attr = tryr!(
+            reply,
+            self.do_setattr(ino.0, mode, uid, gid, size, atime, mtime)
+        );
+        reply.attr(&TTL, &attr);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let st = self.s().state.lock();
+        match &tryr!(reply, st.get(ino.0)).content {
+            Content::Symlink(t) => reply.data(t),
+            _ => reply.error(Errno::EINVAL),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => None,
+            libc::S_IFIFO => Some(FileType::NamedPipe),
+            libc::S_IFSOCK => Some(FileType::Socket),
+            libc::S_IFCHR => Some(FileType::CharDevice),
+            libc::S_IFBLK => Some(FileType::BlockDevice),
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let content = match kind {
+            None => Content::File(super::file::FileData::new(
+                0,
+                Vec::new(),
+                Default::default(),
+            )),
+            Some(kind) => Content::Special {
+                kind,
+                rdev: rdev as u64,
+            },
+        };
+        let attr = tryr!(reply, self.new_node(req, parent, name, mode, content));
+        reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let content = Content::Dir(DirData {
+            children: Some(Default::default()),
+            tree: None,
+            parent: parent.0,
+        });
+        let attr = tryr!(reply, self.new_node(req, parent, name, mode, content));
+        reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tryr!(reply, self.rw());
+        tryr!(
+            reply,
+            self.s().state.lock().unlink(parent.0, name.as_bytes())
+        );
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tryr!(reply, self.rw());
+        tryr!(
+            reply,
+            self.s().state.lock().rmdir(parent.0, name.as_bytes())
+        );
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let content = Content::Symlink(target.as_os_str().as_bytes().to_vec());
+        let attr = tryr!(reply, self.new_node(req, parent, link_name, 0o777, content));
+        reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        tryr!(reply, self.rw());
+        let r = self.s().state.lock().rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        );
+        tryr!(reply, r);
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        tryr!(reply, self.rw());
+        let mut st = self.s().state.lock();
+        tryr!(reply, st.link(ino.0, newparent.0, newname.as_bytes()));
+        let attr = tryr!(reply, st.attr(ino.0));
+        reply.entry(&TTL, &attr, Generation(0));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        if write {
+            tryr!(reply, self.rw());
+        }
+        let pristine_base = {
+            let mut st = self.s().state.lock();
+            let i = tryr!(reply, st.get_mut(ino.0));
+            i.open += 1;
+            match &mut i.content {
+                Content::File(f) => {
+                    if write {
+                        tryr!(
+                            reply,
+                            f.upper_file()
+                                .map(|_| ())
+                                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+                        );
+                        None
+                    } else if f.is_pristine() && f.size > 0 && f.version == 0 {
+                        Some(f.base.clone())
+                    } else {
+                        None
+                    }
+                }
+                Content::Dir(_) => {
+                    i.open -= 1;
+                    reply.error(Errno::EISDIR);
+                    return;
+                }
+                _ => None,
+            }
+        };
+        if let Some(base) = pristine_base.filter(|_| self.s().passthrough.load(Ordering::Relaxed)) {
+            let mut backing = self.s().backing.lock();
+            if let Some((b, n)) = backing.get_mut(&ino.0) {
+                *n += 1;
+                let b = b.clone();
+                drop(backing);
+                let fh = self.open_handle(ino.0, true);
+                reply.opened_passthrough(fh, FopenFlags::FOPEN_KEEP_CACHE, &b);
+                return;
+            }
+            match passthrough::materialize(&self.s().store, &base)
+                .and_then(|f| reply.open_backing(&f))
+            {
+                Ok(b) => {
+                    let b = Arc::new(b);
+                    backing.insert(ino.0, (b.clone(), 1));
+                    drop(backing);
+                    let fh = self.open_handle(ino.0, true);
+                    reply.opened_passthrough(fh, FopenFlags::FOPEN_KEEP_CACHE, &b);
+                    return;
+                }
+                Err(err) => tracing::debug!(error = %err, "passthrough unavailable; serving reads"),
+            }
+        }
+        let fh = self.open_handle(ino.0, false);
+        reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let store = self.s().store.clone();
+        let mut st = self.s().state.lock();
+        let f = tryr!(reply, st.file_mut(ino.0));
+        if offset >= f.size {
+            reply.data(&[]);
+            return;
+        }
+        let n = (f.size - offset).min(size as u64) as usize;
+        let mut buf = vec![0u8; n];
+        tryr!(
+            reply,
+            f.read_into(&store, offset, &mut buf)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+        );
+        drop(st);
+        reply.data(&buf);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        tryr!(reply, self.rw());
+        let store = self.s().store.clone();
+        let mut st = self.s().state.lock();
+        let extra = tryr!(reply, st.file_mut(ino.0)).new_blocks_for(offset, data.len() as u64);
+        tryr!(reply, st.check_space(extra));
+        let f = tryr!(reply, st.file_mut(ino.0));
+        tryr!(
+            reply,
+            f.write(&store, offset, data)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+        );
+        st.recharge(ino.0);
+        let t = now();
+        if let Ok(i) = st.get_mut(ino.0) {
+            i.meta.mtime_sec = t.0;
+            i.meta.mtime_nsec = t.1;
+            i.ctime = t;
+            i.touched = true;
+        }
+        reply.written(data.len() as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.s().handles.lock().remove(&fh.0);
+        if let Some(h) = h.filter(|h| h.passthrough) {
+            let mut b = self.s().backing.lock();
+            if let Some((_, n)) = b.get_mut(&h.ino) {
+                *n -= 1;
+                if *n == 0 {
+                    b.remove(&h.ino);
+                }
+            }
+        }
+        let mut st = self.s().state.lock();
+        let free = match st.get_mut(ino.0) {
+            Ok(i) => {
+                i.open = i.open.saturating_sub(1);
+                if i.open == 0 {
+                    if let Content::File(f) = &mut i.content {
+                        f.upper = None;
+                    }
+                }
+                i.open == 0 && i.nlink == 0
+            }
+            Err(_) => false,
+        };
+        if free {
+            st.free(ino.0);
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let f = {
+            let st = self.s().state.lock();
+            match &tryr!(reply, st.get(ino.0)).content {
+                Content::File(f) => f.upper.clone(),
+                _ => None,
+            }
+        };
+        if let Some(f) = f {
+            let r = if datasync {
+                f.sync_data()
+            } else {
+                f.sync_all()
+            };
+            tryr!(reply, r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+        }
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let mut st = self.s().state.lock();
+        tryr!(reply, st.load_dir(ino.0));
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut st = self.s().state.lock();
+        let parent = match &tryr!(reply, st.get(ino.0)).content {
+            Content::Dir(d) => d.parent,
+            _ => {
+                reply.error(Errno::ENOTDIR);
+                return;
+            }
+        };
+        let kids: Vec<(Vec<u8>, u64)> = tryr!(reply, st.children(ino.0))
+            .iter()
+            .skip((offset as usize).saturating_sub(2))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut idx = offset;
+        if idx == 0 {
+            if reply.add(ino, 1, FileType::Directory, ".") {
+                reply.ok();
+                return;
+            }
+            idx = 1;
+        }
+        if idx == 1 {
+            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
+                reply.ok();
+                return;
+            }
+            idx = 2;
+        }
+        for (name, cino) in kids {
+            let kind = st
+                .get(cino)
+                .map(|i| i.kind())
+                .unwrap_or(FileType::RegularFile);
+            idx += 1;
+            if reply.add(INodeNo(cino), idx, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let st = self.s().state.lock();
+        let q = st.quota;
+        let blocks = q.bytes.map(|b| b / BLOCK).unwrap_or(1 << 32);
+        let bfree = blocks.saturating_sub(q.used_blocks);
+        let files = q.inodes.unwrap_or(1 << 32);
+        let ffree = files.saturating_sub(q.used_inodes);
+        reply.statfs(
+            blocks,
+            bfree,
+            bfree,
+            files,
+            ffree,
+            BLOCK as u32,
+            255,
+            BLOCK as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        tryr!(reply, self.rw());
+        let mut st = self.s().state.lock();
+        let i = tryr!(reply, st.get_mut(ino.0));
+        let exists = i.meta.xattrs.contains_key(name.as_bytes());
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            reply.error(Errno::EEXIST);
+            return;
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            reply.error(Errno::NO_XATTR);
+            return;
+        }
+        i.meta
+            .xattrs
+            .insert(name.as_bytes().to_vec(), value.to_vec());
+        i.ctime = now();
+        i.touched = true;
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let st = self.s().state.lock();
+        let i = tryr!(reply, st.get(ino.0));
+        match i.meta.xattrs.get(name.as_bytes()) {
+            None => reply.error(Errno::NO_XATTR),
+            Some(v) if size == 0 => reply.size(v.len() as u32),
+            Some(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Some(v) => reply.data(v),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let st = self.s().state.lock();
+        let i = tryr!(reply, st.get(ino.0));
+        let mut buf = Vec::new();
+        for k in i.meta.xattrs.keys() {
+            buf.extend_from_slice(k);
+            buf.push(0);
+        }
+        if size == 0 {
+            reply.size(buf.len() as u32);
+        } else if buf.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(&buf);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tryr!(reply, self.rw());
+        let mut st = self.s().state.lock();
+        let i = tryr!(reply, st.get_mut(ino.0));
+        if i.meta.xattrs.remove(name.as_bytes()).is_none() {
+            reply.error(Errno::NO_XATTR);
+            return;
+        }
+        i.ctime = now();
+        i.touched = true;
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let content = Content::File(super::file::FileData::new(
+            0,
+            Vec::new(),
+            Default::default(),
+        ));
+        let attr = tryr!(reply, self.new_node(req, parent, name, mode, content));
+        {
+            let mut st = self.s().state.lock();
+            if let Ok(i) = st.get_mut(attr.ino.0) {
+                i.open += 1;
+            }
+        }
+        let fh = self.open_handle(attr.ino.0, false);
+        reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::empty());
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        tryr!(reply, self.rw());
+        let store = self.s().store.clone();
+        let mut st = self.s().state.lock();
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let r = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            if !keep {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+            let extra = tryr!(reply, st.file_mut(ino.0)).new_blocks_for(offset, length);
+            tryr!(reply, st.check_space(extra));
+            tryr!(reply, st.file_mut(ino.0)).zero_range(&store, offset, length)
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            let extra = tryr!(reply, st.file_mut(ino.0)).new_blocks_for(offset, length);
+            tryr!(reply, st.check_space(extra));
+            let f = tryr!(reply, st.file_mut(ino.0));
+            let end = offset + length;
+            let r = if !keep && end > f.size {
+                f.truncate(&store, end)
+            } else {
+                Ok(())
+            };
+            r.and_then(|_| f.zero_range(&store, offset, length))
+        } else if mode & !libc::FALLOC_FL_KEEP_SIZE == 0 {
+            let extra = tryr!(reply, st.file_mut(ino.0)).new_blocks_for(offset, length);
+            tryr!(reply, st.check_space(extra));
+            tryr!(reply, st.file_mut(ino.0)).allocate(&store, offset, length, keep)
+        } else {
+            reply.error(Errno::EOPNOTSUPP);
+            return;
+        };
+        tryr!(reply, r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+        st.recharge(ino.0);
+        let t = now();
+        if let Ok(i) = st.get_mut(ino.0) {
+            i.meta.mtime_sec = t.0;
+            i.meta.mtime_nsec = t.1;
+            i.ctime = t;
+            i.touched = true;
+        }
+        reply.ok();
+    }
+}

@@ -1,0 +1,297 @@
+//! Serving writable copy-on-write views of manifests over FUSE.
+
+mod commit;
+mod file;
+mod fuse;
+mod passthrough;
+mod state;
+
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::error::{io_err, Error};
+use crate::id::ManifestId;
+use crate::store::Store;
+use fuse::{Fs, Shared};
+use state::{Quota, State};
+
+/// How to mount a view.
+#[derive(Clone, Debug, Default)]
+pub struct MountOptions {
+    /// Byte limit for data this mount writes (ENOSPC beyond it).
+    pub quota_bytes: Option<u64>,
+    /// Limit on inodes this mount creates (ENOSPC beyond it).
+    pub quota_inodes: Option<u64>,
+    /// Per-mount scratch directory for the upper layer; must be absent or empty; removed on
+    /// unmount.
+    pub upper_dir: PathBuf,
+    pub read_only: bool,
+}
+
+/// What a mount uses against its quota.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of upper-layer data (4 KiB blocks written or copied up).
+    pub bytes: u64,
+    /// Inodes created by this mount and still alive.
+    pub inodes: u64,
+}
+
+/// The node's FUSE server: any number of mounts, one multi-threaded session each.
+pub struct NodeFs {
+    store: Arc<Store>,
+    mounts: Mutex<Vec<Arc<Mount>>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for NodeFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeFs")
+            .field("mounts", &self.mounts.lock().len())
+            .finish()
+    }
+}
+
+/// One mounted view.
+pub struct Mount {
+    id: u64,
+    shared: Arc<Shared>,
+    base: ManifestId,
+    mountpoint: PathBuf,
+    upper_dir: PathBuf,
+    session: Mutex<Option<fuser::BackgroundSession>>,
+    owner: Weak<NodeFs>,
+    last_commit: Mutex<Option<ManifestId>>,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount")
+            .field("base", &self.base)
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+impl NodeFs {
+    pub fn new(store: Arc<Store>) -> Arc<NodeFs> {
+        Arc::new(NodeFs {
+            store,
+            mounts: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The store this server reads from.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Mount a writable (unless `opts.read_only`) view of `base` at `mountpoint`.
+    pub fn mount(
+        self: &Arc<Self>,
+        base: &ManifestId,
+        mountpoint: &Path,
+        opts: MountOptions,
+    ) -> Result<Arc<Mount>, Error> {
+        if !self.store.contains(base) {
+            return Err(Error::UnknownManifest(*base));
+        }
+        let root = self.store.get_tree(base)?;
+        let upper = &opts.upper_dir;
+        if upper.as_os_str().is_empty() {
+            return Err(Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: std::io::Error::other("upper_dir is required"),
+            });
+        }
+        let fresh = !upper.exists();
+        if fresh {
+            std::fs::create_dir_all(upper).map_err(io_err(upper))?;
+        } else if std::fs::read_dir(upper)
+            .map_err(io_err(upper))?
+            .next()
+            .is_some()
+        {
+            return Err(Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: std::io::Error::other(format!(
+                    "upper_dir {} is not empty",
+                    upper.display()
+                )),
+            });
+        }
+        let quota = Quota {
+            bytes: opts.quota_bytes,
+            inodes: opts.quota_inodes,
+            ..Default::default()
+        };
+        let state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
+        let shared = Arc::new(Shared::new(state, self.store.clone(), opts.read_only));
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName("nodefs".into()),
+            MountOption::Subtype("nodefs".into()),
+            MountOption::DefaultPermissions,
+            MountOption::Dev,
+            MountOption::Suid,
+            if opts.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
+        ];
+        config.acl = SessionACL::All;
+        config.n_threads = Some(2);
+        config.clone_fd = true;
+        let cleanup = || {
+            let _ = std::fs::remove_dir_all(upper);
+        };
+        let session = Session::new(Fs(shared.clone()), mountpoint, &config).map_err(|e| {
+            cleanup();
+            Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: e,
+            }
+        })?;
+        let bg = match session.spawn() {
+            Ok(bg) => bg,
+            Err(e) => {
+                detach(mountpoint);
+                cleanup();
+                return Err(Error::Mount {
+                    path: mountpoint.to_path_buf(),
+                    source: e,
+                });
+            }
+        };
+        self.store.pin(base);
+        let m = Arc::new(Mount {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            shared,
+            base: *base,
+            mountpoint: mountpoint.to_path_buf(),
+            upper_dir: upper.clone(),
+            session: Mutex::new(Some(bg)),
+            owner: Arc::downgrade(self),
+            last_commit: Mutex::new(None),
+        });
+        self.mounts.lock().push(m.clone());
+        Ok(m)
+    }
+
+    /// Live mounts.
+    pub fn mounts(&self) -> Vec<Arc<Mount>> {
+        self.mounts.lock().clone()
+    }
+}
+
+impl Drop for NodeFs {
+    fn drop(&mut self) {
+        for m in std::mem::take(&mut *self.mounts.lock()) {
+            let _ = m.unmount_inner();
+        }
+    }
+}
+
+/// Lazily detach a mount and abort its FUSE connection so the session threads exit.
+fn detach(mountpoint: &Path) {
+    let dev = std::fs::metadata(mountpoint).map(|m| m.dev()).ok();
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
+    // SAFETY: c is a valid NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+    if r != 0 {
+        // SAFETY: as above.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    if let Some(dev) = dev {
+        let minor = libc::minor(dev);
+        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+    }
+}
+
+impl Mount {
+    /// Snapshot the current state as a manifest; writes are held off only while it runs.
+    pub fn commit(&self) -> Result<ManifestId, Error> {
+        if self.session.lock().is_none() {
+            return Err(Error::Unmounted(self.mountpoint.clone()));
+        }
+        // Push dirty mmap pages to the server first.
+        if let Ok(f) = std::fs::File::open(&self.mountpoint) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: f is an open fd for the duration of the call.
+            unsafe { libc::syncfs(f.as_raw_fd()) };
+        }
+        let store = self.shared.store.clone();
+        let _g = store.write_guard();
+        let id = {
+            let mut st = self.shared.state.lock();
+            commit::commit(&mut st, &store)?
+        };
+        store.seal_manifest(&id)?;
+        store.pin(&id);
+        if let Some(old) = self.last_commit.lock().replace(id) {
+            store.unpin(&old);
+        }
+        Ok(id)
+    }
+
+    pub fn base(&self) -> ManifestId {
+        self.base
+    }
+
+    pub fn usage(&self) -> Usage {
+        let q = self.shared.state.lock().quota;
+        Usage {
+            bytes: q.used_blocks * file::BLOCK,
+            inodes: q.used_inodes,
+        }
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmount (lazily and aborting the connection if busy), stop the session, remove the
+    /// upper dir. Idempotent.
+    pub fn unmount(&self) -> Result<(), Error> {
+        let r = self.unmount_inner();
+        if let Some(o) = self.owner.upgrade() {
+            o.mounts.lock().retain(|m| m.id != self.id);
+        }
+        r
+    }
+
+    fn unmount_inner(&self) -> Result<(), Error> {
+        let Some(bg) = self.session.lock().take() else {
+            return Ok(());
+        };
+        detach(&self.mountpoint);
+        if let Err(e) = bg.umount_and_join() {
+            tracing::debug!(error = %e, "fuse session ended with an error");
+        }
+        let store = &self.shared.store;
+        store.unpin(&self.base);
+        if let Some(c) = self.last_commit.lock().take() {
+            store.unpin(&c);
+        }
+        match std::fs::remove_dir_all(&self.upper_dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&self.upper_dir)(e)),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = self.unmount_inner();
+    }
+}

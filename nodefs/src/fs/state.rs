@@ -1,0 +1,592 @@
+//! The in-memory inode table of one mount: metadata lives here, directories load lazily
+//! from tree objects, file data is a [`FileData`] overlay.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fuser::{FileAttr, FileType, INodeNo};
+
+use super::file::{FileData, BLOCK};
+use crate::id::ObjectId;
+use crate::store::Store;
+use crate::tree::{Meta, Node};
+
+pub type Errno = i32;
+pub type R<T> = Result<T, Errno>;
+
+/// Directory contents, loaded on first use.
+#[derive(Debug)]
+pub struct DirData {
+    pub children: Option<BTreeMap<Vec<u8>, u64>>,
+    pub tree: Option<ObjectId>,
+    pub parent: u64,
+}
+
+#[derive(Debug)]
+pub enum Content {
+    Dir(DirData),
+    File(FileData),
+    Symlink(Vec<u8>),
+    Special { kind: FileType, rdev: u64 },
+}
+
+#[derive(Debug)]
+pub struct Inode {
+    pub meta: Meta,
+    pub atime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub nlink: u32,
+    /// Hard-link group id in the manifest (0 = none yet).
+    pub link: u64,
+    pub content: Content,
+    pub open: u32,
+    /// Counted against the inode quota.
+    pub charged: bool,
+    /// Upper blocks currently charged against the byte quota.
+    pub charged_blocks: u64,
+    /// Changed in this mount (content, metadata or links).
+    pub touched: bool,
+}
+
+impl Inode {
+    pub fn kind(&self) -> FileType {
+        match &self.content {
+            Content::Dir(_) => FileType::Directory,
+            Content::File(_) => FileType::RegularFile,
+            Content::Symlink(_) => FileType::Symlink,
+            Content::Special { kind, .. } => *kind,
+        }
+    }
+}
+
+pub fn now() -> (i64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+pub fn to_systime(t: (i64, u32)) -> SystemTime {
+    if t.0 >= 0 {
+        UNIX_EPOCH + std::time::Duration::new(t.0 as u64, t.1)
+    } else {
+        UNIX_EPOCH - std::time::Duration::from_secs((-t.0) as u64)
+    }
+}
+
+pub fn from_systime(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => (-(e.duration().as_secs() as i64), 0),
+    }
+}
+
+/// Quota limits and usage.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Quota {
+    pub bytes: Option<u64>,
+    pub inodes: Option<u64>,
+    pub used_blocks: u64,
+    pub used_inodes: u64,
+}
+
+/// The inode table.
+pub struct State {
+    pub inodes: HashMap<u64, Inode>,
+    pub next_ino: u64,
+    /// Hard-link group → inode, for groups seen while loading directories.
+    pub links: HashMap<u64, u64>,
+    pub quota: Quota,
+    pub upper_dir: PathBuf,
+    pub store: Arc<Store>,
+    /// Seed for link group ids created in this mount.
+    pub nonce: u64,
+}
+
+impl State {
+    pub fn new(
+        store: Arc<Store>,
+        root_tree: ObjectId,
+        root_meta: Meta,
+        upper_dir: PathBuf,
+        quota: Quota,
+    ) -> State {
+        let mut inodes = HashMap::new();
+        let t = now();
+        inodes.insert(
+            1,
+            Inode {
+                meta: root_meta,
+                atime: t,
+                ctime: t,
+                nlink: 2,
+                link: 0,
+                content: Content::Dir(DirData {
+                    children: None,
+                    tree: Some(root_tree),
+                    parent: 1,
+                }),
+                open: 0,
+                charged: false,
+                charged_blocks: 0,
+                touched: false,
+            },
+        );
+        let nonce = u64::from_le_bytes(
+            blake3::hash(format!("{:?}{}", now(), upper_dir.display()).as_bytes()).as_bytes()[..8]
+                .try_into()
+                .unwrap_or_default(),
+        );
+        State {
+            inodes,
+            next_ino: 2,
+            links: HashMap::new(),
+            quota,
+            upper_dir,
+            store,
+            nonce,
+        }
+    }
+
+    pub fn get(&self, ino: u64) -> R<&Inode> {
+        self.inodes.get(&ino).ok_or(libc::ENOENT)
+    }
+
+    pub fn get_mut(&mut self, ino: u64) -> R<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
+    }
+
+    pub fn attr(&self, ino: u64) -> R<FileAttr> {
+        let i = self.get(ino)?;
+        let (size, blocks, rdev) = match &i.content {
+            Content::Dir(d) => (
+                d.children.as_ref().map(|c| c.len() as u64).unwrap_or(0) * 32 + 4096,
+                8,
+                0,
+            ),
+            Content::File(f) => (f.size, f.size.div_ceil(512), 0),
+            Content::Symlink(t) => (t.len() as u64, 0, 0),
+            Content::Special { rdev, .. } => (0, 0, *rdev as u32),
+        };
+        let mtime = to_systime((i.meta.mtime_sec, i.meta.mtime_nsec));
+        Ok(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks,
+            atime: to_systime(i.atime),
+            mtime,
+            ctime: to_systime(i.ctime),
+            crtime: mtime,
+            kind: i.kind(),
+            perm: (i.meta.mode & 0o7777) as u16,
+            nlink: i.nlink,
+            uid: i.meta.uid,
+            gid: i.meta.gid,
+            rdev,
+            blksize: BLOCK as u32,
+            flags: 0,
+        })
+    }
+
+    fn alloc_ino(&mut self) -> u64 {
+        let n = self.next_ino;
+        self.next_ino += 1;
+        n
+    }
+
+    pub fn upper_path(&self, ino: u64) -> PathBuf {
+        self.upper_dir.join(format!("{ino}"))
+    }
+
+    /// Load a directory's entries from its tree object on first use.
+    pub fn load_dir(&mut self, ino: u64) -> R<()> {
+        let tree = match &self.get(ino)?.content {
+            Content::Dir(d) if d.children.is_some() => return Ok(()),
+            Content::Dir(d) => d.tree,
+            _ => return Err(libc::ENOTDIR),
+        };
+        let mut children = BTreeMap::new();
+        let mut subdirs = 0;
+        if let Some(tid) = tree {
+            let t = self.store.get_tree(&tid).map_err(|e| {
+                tracing::error!(error = %e, "loading directory failed");
+                libc::EIO
+            })?;
+            let t0 = now();
+            for e in t.entries {
+                if e.link != 0 {
+                    if let Some(&existing) = self.links.get(&e.link) {
+                        children.insert(e.name, existing);
+                        continue;
+                    }
+                }
+                let cino = self.alloc_ino();
+                let content = match e.node {
+                    Node::Dir(c) => {
+                        subdirs += 1;
+                        Content::Dir(DirData {
+                            children: None,
+                            tree: Some(c),
+                            parent: ino,
+                        })
+                    }
+                    Node::File { size, chunks } => {
+                        Content::File(FileData::new(size, chunks, self.upper_path(cino)))
+                    }
+                    Node::Symlink(t) => Content::Symlink(t),
+                    Node::Fifo => Content::Special {
+                        kind: FileType::NamedPipe,
+                        rdev: 0,
+                    },
+                    Node::Socket => Content::Special {
+                        kind: FileType::Socket,
+                        rdev: 0,
+                    },
+                    Node::CharDev(r) => Content::Special {
+                        kind: FileType::CharDevice,
+                        rdev: r,
+                    },
+                    Node::BlockDev(r) => Content::Special {
+                        kind: FileType::BlockDevice,
+                        rdev: r,
+                    },
+                };
+                let is_dir = matches!(content, Content::Dir(_));
+                let mtime = (e.meta.mtime_sec, e.meta.mtime_nsec);
+                let _ = t0;
+                self.inodes.insert(
+                    cino,
+                    Inode {
+                        meta: e.meta,
+                        atime: mtime,
+                        ctime: mtime,
+                        nlink: if is_dir { 2 } else { e.nlink.max(1) },
+                        link: e.link,
+                        content,
+                        open: 0,
+                        charged: false,
+                        charged_blocks: 0,
+                        touched: false,
+                    },
+                );
+                if e.link != 0 {
+                    self.links.insert(e.link, cino);
+                }
+                children.insert(e.name, cino);
+            }
+        }
+        let i = self.get_mut(ino)?;
+        i.nlink = 2 + subdirs;
+        if let Content::Dir(d) = &mut i.content {
+            d.children = Some(children);
+        }
+        Ok(())
+    }
+
+    pub fn children(&mut self, ino: u64) -> R<&mut BTreeMap<Vec<u8>, u64>> {
+        self.load_dir(ino)?;
+        match &mut self.get_mut(ino)?.content {
+            Content::Dir(d) => Ok(d.children.as_mut().expect("loaded")),
+            _ => Err(libc::ENOTDIR),
+        }
+    }
+
+    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> R<u64> {
+        if name.len() > 255 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        self.children(parent)?
+            .get(name)
+            .copied()
+            .ok_or(libc::ENOENT)
+    }
+
+    fn touch_dir(&mut self, ino: u64) {
+        let t = now();
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.meta.mtime_sec = t.0;
+            i.meta.mtime_nsec = t.1;
+            i.ctime = t;
+        }
+    }
+
+    /// Create a new inode named `name` in `parent`.
+    pub fn create(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        content: Content,
+    ) -> R<u64> {
+        if name.len() > 255 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        if self.children(parent)?.contains_key(name) {
+            return Err(libc::EEXIST);
+        }
+        if let Some(max) = self.quota.inodes {
+            if self.quota.used_inodes >= max {
+                return Err(libc::ENOSPC);
+            }
+        }
+        let pmeta = self.get(parent)?.meta.clone();
+        let is_dir = matches!(content, Content::Dir(_));
+        let mut mode = mode & 0o7777;
+        let mut gid = gid;
+        if pmeta.mode & libc::S_ISGID != 0 {
+            gid = pmeta.gid;
+            if is_dir {
+                mode |= libc::S_ISGID;
+            }
+        }
+        let ino = self.alloc_ino();
+        let content = match content {
+            Content::File(_) => Content::File(FileData::new(0, Vec::new(), self.upper_path(ino))),
+            c => c,
+        };
+        let t = now();
+        self.inodes.insert(
+            ino,
+            Inode {
+                meta: Meta {
+                    mode,
+                    uid,
+                    gid,
+                    mtime_sec: t.0,
+                    mtime_nsec: t.1,
+                    xattrs: Default::default(),
+                },
+                atime: t,
+                ctime: t,
+                nlink: if is_dir { 2 } else { 1 },
+                link: 0,
+                content,
+                open: 0,
+                charged: true,
+                charged_blocks: 0,
+                touched: true,
+            },
+        );
+        self.quota.used_inodes += 1;
+        self.children(parent)?.insert(name.to_vec(), ino);
+        if is_dir {
+            self.get_mut(parent)?.nlink += 1;
+        }
+        self.touch_dir(parent);
+        Ok(ino)
+    }
+
+    /// Drop one link to `ino`; frees it when nothing references it any more.
+    fn drop_link(&mut self, ino: u64) {
+        let free = match self.inodes.get_mut(&ino) {
+            Some(i) => {
+                i.nlink = i.nlink.saturating_sub(1);
+                if matches!(i.content, Content::Dir(_)) {
+                    i.nlink = 0;
+                }
+                i.ctime = now();
+                i.touched = true;
+                i.nlink == 0 && i.open == 0
+            }
+            None => false,
+        };
+        if free {
+            self.free(ino);
+        }
+    }
+
+    /// Forget an inode that has no links and no open handles.
+    pub fn free(&mut self, ino: u64) {
+        if let Some(i) = self.inodes.remove(&ino) {
+            if i.charged {
+                self.quota.used_inodes = self.quota.used_inodes.saturating_sub(1);
+            }
+            self.quota.used_blocks = self.quota.used_blocks.saturating_sub(i.charged_blocks);
+            if i.link != 0 && self.links.get(&i.link) == Some(&ino) {
+                self.links.remove(&i.link);
+            }
+            if let Content::File(f) = i.content {
+                if f.upper.is_some() || f.upper_path.exists() {
+                    let _ = std::fs::remove_file(&f.upper_path);
+                }
+            }
+        }
+    }
+
+    pub fn unlink(&mut self, parent: u64, name: &[u8]) -> R<()> {
+        let ino = self.lookup(parent, name)?;
+        if matches!(self.get(ino)?.content, Content::Dir(_)) {
+            return Err(libc::EISDIR);
+        }
+        self.children(parent)?.remove(name);
+        self.touch_dir(parent);
+        self.drop_link(ino);
+        Ok(())
+    }
+
+    pub fn rmdir(&mut self, parent: u64, name: &[u8]) -> R<()> {
+        let ino = self.lookup(parent, name)?;
+        if !matches!(self.get(ino)?.content, Content::Dir(_)) {
+            return Err(libc::ENOTDIR);
+        }
+        if !self.children(ino)?.is_empty() {
+            return Err(libc::ENOTEMPTY);
+        }
+        self.children(parent)?.remove(name);
+        let p = self.get_mut(parent)?;
+        p.nlink = p.nlink.saturating_sub(1);
+        self.touch_dir(parent);
+        self.drop_link(ino);
+        Ok(())
+    }
+
+    fn is_ancestor(&self, anc: u64, mut ino: u64) -> bool {
+        loop {
+            if ino == anc {
+                return true;
+            }
+            match self.inodes.get(&ino).map(|i| &i.content) {
+                Some(Content::Dir(d)) if d.parent != ino => ino = d.parent,
+                _ => return false,
+            }
+        }
+    }
+
+    pub fn rename(&mut self, parent: u64, name: &[u8], np: u64, nn: &[u8], flags: u32) -> R<()> {
+        const NOREPLACE: u32 = 1;
+        const EXCHANGE: u32 = 2;
+        if nn.len() > 255 {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let src = self.lookup(parent, name)?;
+        let src_dir = matches!(self.get(src)?.content, Content::Dir(_));
+        self.load_dir(np)?;
+        if src_dir && self.is_ancestor(src, np) {
+            return Err(libc::EINVAL);
+        }
+        let dst = self.children(np)?.get(nn).copied();
+        if flags & EXCHANGE != 0 {
+            let dst = dst.ok_or(libc::ENOENT)?;
+            let dst_dir = matches!(self.get(dst)?.content, Content::Dir(_));
+            if dst_dir && self.is_ancestor(dst, parent) {
+                return Err(libc::EINVAL);
+            }
+            self.children(parent)?.insert(name.to_vec(), dst);
+            self.children(np)?.insert(nn.to_vec(), src);
+            self.reparent(src, parent, np, src_dir);
+            self.reparent(dst, np, parent, dst_dir);
+            self.touch_dir(parent);
+            self.touch_dir(np);
+            return Ok(());
+        }
+        if let Some(dst) = dst {
+            if dst == src {
+                return Ok(());
+            }
+            if flags & NOREPLACE != 0 {
+                return Err(libc::EEXIST);
+            }
+            let dst_dir = matches!(self.get(dst)?.content, Content::Dir(_));
+            match (src_dir, dst_dir) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                (true, true) => {
+                    if !self.children(dst)?.is_empty() {
+                        return Err(libc::ENOTEMPTY);
+                    }
+                    let p = self.get_mut(np)?;
+                    p.nlink = p.nlink.saturating_sub(1);
+                }
+                _ => {}
+            }
+            self.children(np)?.remove(nn);
+            self.drop_link(dst);
+        }
+        self.children(parent)?.remove(name);
+        self.children(np)?.insert(nn.to_vec(), src);
+        self.reparent(src, parent, np, src_dir);
+        if let Ok(i) = self.get_mut(src) {
+            i.ctime = now();
+        }
+        self.touch_dir(parent);
+        self.touch_dir(np);
+        Ok(())
+    }
+
+    fn reparent(&mut self, ino: u64, from: u64, to: u64, is_dir: bool) {
+        if !is_dir || from == to {
+            return;
+        }
+        if let Some(Inode {
+            content: Content::Dir(d),
+            ..
+        }) = self.inodes.get_mut(&ino)
+        {
+            d.parent = to;
+        }
+        if let Some(i) = self.inodes.get_mut(&from) {
+            i.nlink = i.nlink.saturating_sub(1);
+        }
+        if let Some(i) = self.inodes.get_mut(&to) {
+            i.nlink += 1;
+        }
+    }
+
+    pub fn link(&mut self, ino: u64, np: u64, nn: &[u8]) -> R<()> {
+        if matches!(self.get(ino)?.content, Content::Dir(_)) {
+            return Err(libc::EPERM);
+        }
+        if self.children(np)?.contains_key(nn) {
+            return Err(libc::EEXIST);
+        }
+        let nonce = self.nonce;
+        let i = self.get_mut(ino)?;
+        if i.link == 0 {
+            let h = blake3::hash(format!("{nonce}/{ino}").as_bytes());
+            i.link = u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default()) | 1;
+        }
+        i.nlink += 1;
+        i.ctime = now();
+        i.touched = true;
+        let link = i.link;
+        self.links.insert(link, ino);
+        self.children(np)?.insert(nn.to_vec(), ino);
+        self.touch_dir(np);
+        Ok(())
+    }
+
+    /// Re-charge a file's upper blocks after a change; errors with ENOSPC if the change
+    /// would exceed the quota (callers check before writing with [`State::check_space`]).
+    pub fn recharge(&mut self, ino: u64) {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return;
+        };
+        let Content::File(f) = &i.content else { return };
+        let blocks = f.upper_blocks();
+        let old = i.charged_blocks;
+        i.charged_blocks = blocks;
+        self.quota.used_blocks = self.quota.used_blocks.saturating_sub(old) + blocks;
+    }
+
+    /// ENOSPC if `extra` more blocks would exceed the byte quota.
+    pub fn check_space(&self, extra: u64) -> R<()> {
+        if let Some(q) = self.quota.bytes {
+            if (self.quota.used_blocks + extra) * BLOCK > q {
+                return Err(libc::ENOSPC);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn file_mut(&mut self, ino: u64) -> R<&mut FileData> {
+        match &mut self.get_mut(ino)?.content {
+            Content::File(f) => Ok(f),
+            Content::Dir(_) => Err(libc::EISDIR),
+            _ => Err(libc::EINVAL),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Building manifests from a directory, a tar stream or an OCI image layout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path};
+
+use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
+use crate::error::{io_err, Error};
+use crate::id::{ManifestId, ObjectId};
+use crate::store::Store;
+use crate::sys;
+use crate::tree::{ChunkRef, Entry, Meta, Node, Tree};
+
+/// An in-memory tree being assembled before it is written as objects.
+#[derive(Clone, Debug)]
+pub(crate) enum MemNode {
+    Dir {
+        meta: Meta,
+        children: BTreeMap<Vec<u8>, MemNode>,
+    },
+    Leaf {
+        meta: Meta,
+        node: Node,
+        /// Provisional hard-link group (0 = none).
+        group: u64,
+    },
+}
+
+impl MemNode {
+    pub(crate) fn empty_dir() -> MemNode {
+        MemNode::Dir {
+            meta: Meta {
+                mode: 0o755,
+                ..Default::default()
+            },
+            children: BTreeMap::new(),
+        }
+    }
+}
+
+impl Store {
+    /// Import a directory tree with content-defined chunking.
+    pub fn import_dir(&self, src: &Path) -> Result<ManifestId, Error> {
+        self.import_dir_with(src, &|_| ChunkPolicy::Cdc)
+    }
+
+    /// Import a directory tree; `policy` picks the chunking per file (path relative to `src`).
+    pub fn import_dir_with(
+        &self,
+        src: &Path,
+        policy: &dyn Fn(&Path) -> ChunkPolicy,
+    ) -> Result<ManifestId, Error> {
+        let _g = self.write_guard();
+        let md = fs::symlink_metadata(src).map_err(io_err(src))?;
+        if !md.is_dir() {
+            return Err(Error::Io {
+                path: src.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            });
+        }
+        let mut groups = HashMap::new();
+        let root = self.read_dir_node(src, Path::new(""), policy, &mut groups)?;
+        let id = self.store_mem(&root)?;
+        self.seal_manifest(&id)?;
+        Ok(id)
+    }
+
+    fn read_dir_node(
+        &self,
+        path: &Path,
+        rel: &Path,
+        policy: &dyn Fn(&Path) -> ChunkPolicy,
+        groups: &mut HashMap<(u64, u64), (u64, Node)>,
+    ) -> Result<MemNode, Error> {
+        let md = fs::symlink_metadata(path).map_err(io_err(path))?;
+        let meta = meta_of(path, &md)?;
+        let mut children = BTreeMap::new();
+        let mut names: Vec<_> = fs::read_dir(path)
+            .map_err(io_err(path))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(io_err(path))?;
+        names.sort();
+        for name in names {
+            let p = path.join(&name);
+            let r = rel.join(&name);
+            let cmd = fs::symlink_metadata(&p).map_err(io_err(&p))?;
+            let ft = cmd.file_type();
+            let child = if ft.is_dir() {
+                self.read_dir_node(&p, &r, policy, groups)?
+            } else {
+                let cmeta = meta_of(&p, &cmd)?;
+                let key = (cmd.dev(), cmd.ino());
+                if ft.is_file() && cmd.nlink() > 1 {
+                    if let Some((g, node)) = groups.get(&key) {
+                        children.insert(
+                            name.as_bytes().to_vec(),
+                            MemNode::Leaf {
+                                meta: cmeta,
+                                node: node.clone(),
+                                group: *g,
+                            },
+                        );
+                        continue;
+                    }
+                }
+                let node = if ft.is_file() {
+                    let mut f = fs::File::open(&p).map_err(io_err(&p))?;
+                    self.chunk_stream(&mut f, policy(&r))
+                        .map_err(|e| chunk_err(e, &p))?
+                } else if ft.is_symlink() {
+                    Node::Symlink(
+                        fs::read_link(&p)
+                            .map_err(io_err(&p))?
+                            .as_os_str()
+                            .as_bytes()
+                            .to_vec(),
+                    )
+                } else if ft.is_fifo() {
+                    Node::Fifo
+                } else if ft.is_socket() {
+                    Node::Socket
+                } else if ft.is_char_device() {
+                    Node::CharDev(cmd.rdev())
+                } else if ft.is_block_device() {
+                    Node::BlockDev(cmd.rdev())
+                } else {
+                    continue;
+                };
+                let mut group = 0;
+                if ft.is_file() && cmd.nlink() > 1 {
+                    group = groups.len() as u64 + 1;
+                    groups.insert(key, (group, node.clone()));
+                }
+                MemNode::Leaf {
+                    meta: cmeta,
+                    node,
+                    group,
+                }
+            };
+            children.insert(name.as_bytes().to_vec(), child);
+        }
+        Ok(MemNode::Dir { meta, children })
+    }
+
+    /// Chunk and store a stream, returning the file node.
+    pub(crate) fn chunk_stream(
+        &self,
+        r: &mut dyn Read,
+        policy: ChunkPolicy,
+    ) -> Result<Node, ChunkError> {
+        let mut chunks = Vec::new();
+        let mut size = 0u64;
+        chunk_reader(r, policy, &mut |c| {
+            let id = self.put_chunk(c, None)?;
+            size += c.len() as u64;
+            chunks.push(ChunkRef {
+                id,
+                len: c.len() as u32,
+            });
+            Ok(())
+        })?;
+        Ok(Node::File { size, chunks })
+    }
+
+    /// Write a MemNode tree as objects. Hard-link groups get ids derived from the path of
+    /// their first member in sorted order, so the same tree always hashes the same.
+    pub(crate) fn store_mem(&self, root: &MemNode) -> Result<ObjectId, Error> {
+        let mut first: HashMap<u64, (u64, u32)> = HashMap::new();
+        assign_links(root, &mut Vec::new(), &mut first);
+        self.store_mem_rec(root, &first)
+    }
+
+    fn store_mem_rec(
+        &self,
+        n: &MemNode,
+        links: &HashMap<u64, (u64, u32)>,
+    ) -> Result<ObjectId, Error> {
+        let MemNode::Dir { meta, children } = n else {
+            unreachable!("store_mem_rec is called on directories")
+        };
+        let mut entries = Vec::with_capacity(children.len());
+        for (name, c) in children {
+            let e = match c {
+                MemNode::Dir { meta, .. } => Entry {
+                    name: name.clone(),
+                    meta: meta.clone(),
+                    link: 0,
+                    nlink: 1,
+                    node: Node::Dir(self.store_mem_rec(c, links)?),
+                },
+                MemNode::Leaf { meta, node, group } => {
+                    let (link, nlink) = match links.get(group) {
+                        Some((id, n)) if *group != 0 && *n > 1 => (*id, *n),
+                        _ => (0, 1),
+                    };
+                    Entry {
+                        name: name.clone(),
+                        meta: meta.clone(),
+                        link,
+                        nlink,
+                        node: node.clone(),
+                    }
+                }
+            };
+            entries.push(e);
+        }
+        Ok(self.put_tree(&Tree {
+            meta: meta.clone(),
+            entries,
+        })?)
+    }
+}
+
+fn assign_links(n: &MemNode, path: &mut Vec<u8>, first: &mut HashMap<u64, (u64, u32)>) {
+    if let MemNode::Dir { children, .. } = n {
+        for (name, c) in children {
+            let len = path.len();
+            path.push(b'/');
+            path.extend_from_slice(name);
+            match c {
+                MemNode::Dir { .. } => assign_links(c, path, first),
+                MemNode::Leaf { group, .. } if *group != 0 => {
+                    let e = first.entry(*group).or_insert_with(|| {
+                        let h = blake3::hash(path);
+                        let id =
+                            u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default());
+                        (id | 1, 0)
+                    });
+                    e.1 += 1;
+                }
+                _ => {}
+            }
+            path.truncate(len);
+        }
+    }
+}
+
+fn meta_of(p: &Path, md: &fs::Metadata) -> Result<Meta, Error> {
+    let xattrs = sys::lxattrs(p).map_err(io_err(p))?.into_iter().collect();
+    Ok(Meta {
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        mtime_sec: md.mtime(),
+        mtime_nsec: md.mtime_nsec() as u32,
+        xattrs,
+    })
+}
+
+fn chunk_err(e: ChunkError, p: &Path) -> Error {
+    match e {
+        ChunkError::Io(source) => Error::Io {
+            path: p.to_path_buf(),
+            source,
+        },
+        ChunkError::Sink(e) => e,
+    }
+}
+
+/// Split a tar/OCI path into normal components, refusing `..` and empty names.
+pub(crate) fn clean_path(p: &Path) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => out.push(s.as_bytes().to_vec()),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The directory at `comps` inside `root`, creating missing parents.
+pub(crate) fn dir_at<'a>(
+    root: &'a mut MemNode,
+    comps: &[Vec<u8>],
+) -> Option<&'a mut BTreeMap<Vec<u8>, MemNode>> {
+    let mut cur = root;
+    for c in comps {
+        let MemNode::Dir { children, .. } = cur else {
+            return None;
+        };
+        let next = children.entry(c.clone()).or_insert_with(MemNode::empty_dir);
+        if !matches!(next, MemNode::Dir { .. }) {
+            *next = MemNode::empty_dir();
+        }
+        cur = next;
+    }
+    match cur {
+        MemNode::Dir { children, .. } => Some(children),
+        _ => None,
+    }
+}
+
+/// Look up a node by path.
+pub(crate) fn node_at<'a>(root: &'a MemNode, comps: &[Vec<u8>]) -> Option<&'a MemNode> {
+    let mut cur = root;
+    for c in comps {
+        match cur {
+            MemNode::Dir { children, .. } => cur = children.get(c)?,
+            _ => return None,
+        }
+    }
+    Some(cur)
+}
+
+pub(crate) fn path_display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+pub(crate) fn new_group(groups: &mut u64) -> u64 {
+    *groups += 1;
+    *groups
+}

@@ -1,0 +1,656 @@
+//! The node's content store: chunks and tree objects in packs, manifests, refs.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use serde::Serialize;
+
+use crate::error::{io_err, store_io, Error, StoreError};
+use crate::id::{ManifestId, ObjectId};
+use crate::pack::{sync_dir, Codec, Kind, PackSet, Record};
+use crate::tree::{Node, Tree};
+
+const FORMAT: &str = "nodefs-store 1\n";
+/// Longest delta chain; deeper would make reads slow.
+const MAX_DELTA_DEPTH: u8 = 4;
+const CACHE_BYTES: usize = 64 << 20;
+const ZSTD_LEVEL: i32 = 3;
+
+/// Counters describing the store.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StoreStats {
+    pub chunks: u64,
+    /// Compressed bytes on disk (pack payloads and headers).
+    pub stored_bytes: u64,
+    /// Uncompressed bytes of all chunks.
+    pub logical_bytes: u64,
+    pub manifests: u64,
+}
+
+/// What a gc run did.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct GcReport {
+    pub kept_objects: u64,
+    pub removed_objects: u64,
+    pub freed_bytes: u64,
+}
+
+/// What fsck found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FsckReport {
+    pub manifests: u64,
+    pub objects_checked: u64,
+    /// Objects that are missing or fail their hash, with why.
+    pub bad: Vec<(ObjectId, String)>,
+}
+
+impl FsckReport {
+    pub fn is_clean(&self) -> bool {
+        self.bad.is_empty()
+    }
+}
+
+struct Cache {
+    map: HashMap<ObjectId, Arc<Vec<u8>>>,
+    order: VecDeque<ObjectId>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn get(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
+        self.map.get(id).cloned()
+    }
+    fn put(&mut self, id: ObjectId, data: Arc<Vec<u8>>) {
+        if self.map.contains_key(&id) {
+            return;
+        }
+        self.bytes += data.len();
+        self.map.insert(id, data);
+        self.order.push_back(id);
+        while self.bytes > CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(d) = self.map.remove(&old) {
+                self.bytes -= d.len();
+            }
+        }
+    }
+}
+
+/// The node's content store in a directory.
+pub struct Store {
+    dir: PathBuf,
+    packs: PackSet,
+    cache: Mutex<Cache>,
+    /// Writers (imports, commits) hold it shared; gc holds it exclusively, so chunks of a
+    /// manifest being built are never collected.
+    gc_lock: RwLock<()>,
+    refs_lock: Mutex<()>,
+    pins: Mutex<HashMap<ObjectId, usize>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dir", &self.dir).finish()
+    }
+}
+
+/// Write `data` to `path` durably: temp file, fsync, rename, fsync dir.
+pub(crate) fn write_durable(path: &Path, data: &[u8]) -> Result<(), StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = fs::File::create(&tmp).map_err(store_io(&tmp))?;
+    f.write_all(data).map_err(store_io(&tmp))?;
+    f.sync_all().map_err(store_io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(store_io(path))?;
+    sync_dir(dir)
+}
+
+fn check8(s: &str) -> String {
+    hex::encode(&blake3::hash(s.as_bytes()).as_bytes()[..4])
+}
+
+fn valid_ref(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && !name.starts_with('/')
+        && !name.ends_with('/')
+        && !name.contains("..")
+        && !name.contains("//")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:@+=/-".contains(&b))
+}
+
+impl Store {
+    /// Open (creating if missing) the store in `dir`. Safe after a crash: torn pack tails
+    /// are cut and temp files removed.
+    pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
+        fs::create_dir_all(dir).map_err(store_io(dir))?;
+        let fmt = dir.join("FORMAT");
+        match fs::read_to_string(&fmt) {
+            Ok(s) if s == FORMAT => {}
+            Ok(s) => {
+                return Err(StoreError::Version {
+                    path: dir.to_path_buf(),
+                    version: s.trim().to_string(),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                write_durable(&fmt, FORMAT.as_bytes())?;
+            }
+            Err(e) => return Err(store_io(&fmt)(e)),
+        }
+        for sub in ["refs", "manifests", "cache"] {
+            let p = dir.join(sub);
+            fs::create_dir_all(&p).map_err(store_io(&p))?;
+            for e in fs::read_dir(&p).map_err(store_io(&p))?.flatten() {
+                if e.file_name().to_string_lossy().contains(".tmp") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        let packs = PackSet::open(&dir.join("packs"))?;
+        Ok(Arc::new(Store {
+            dir: dir.to_path_buf(),
+            packs,
+            cache: Mutex::new(Cache {
+                map: HashMap::new(),
+                order: VecDeque::new(),
+                bytes: 0,
+            }),
+            gc_lock: RwLock::new(()),
+            refs_lock: Mutex::new(()),
+            pins: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Held while building objects that are not yet reachable from a ref.
+    pub(crate) fn write_guard(&self) -> RwLockReadGuard<'_, ()> {
+        self.gc_lock.read()
+    }
+
+    /// Store a chunk (deduplicated). With `parent`, try a zstd delta against it.
+    pub fn put_chunk(
+        &self,
+        data: &[u8],
+        parent: Option<&ObjectId>,
+    ) -> Result<ObjectId, StoreError> {
+        let id = ObjectId::hash(data);
+        if self.packs.contains(&id) {
+            return Ok(id);
+        }
+        let plain = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(store_io(&self.dir))?;
+        let (mut codec, mut payload, mut base, mut depth) = if plain.len() < data.len() {
+            (Codec::Zstd, plain, ObjectId([0; 32]), 0)
+        } else {
+            (Codec::Raw, data.to_vec(), ObjectId([0; 32]), 0)
+        };
+        if let Some(p) = parent.filter(|p| **p != id) {
+            if let Some(ploc) = self.packs.get(p) {
+                if ploc.depth < MAX_DELTA_DEPTH && ploc.kind == Kind::Chunk {
+                    if let Ok(pdata) = self.get_chunk(p) {
+                        if let Ok(d) = delta_compress(data, &pdata) {
+                            // Only worth a chain link when clearly smaller.
+                            if d.len() + 64 < payload.len() / 2 {
+                                codec = Codec::Delta;
+                                payload = d;
+                                base = *p;
+                                depth = ploc.depth + 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.packs.append(&Record {
+            id,
+            kind: Kind::Chunk,
+            codec,
+            depth,
+            raw_len: data.len() as u32,
+            base,
+            payload: &payload,
+        })?;
+        Ok(id)
+    }
+
+    /// Store a tree object.
+    pub fn put_tree(&self, tree: &Tree) -> Result<ObjectId, StoreError> {
+        let data = tree.encode();
+        let id = ObjectId::hash(&data);
+        if self.packs.contains(&id) {
+            return Ok(id);
+        }
+        let payload = zstd::bulk::compress(&data, ZSTD_LEVEL).map_err(store_io(&self.dir))?;
+        self.packs.append(&Record {
+            id,
+            kind: Kind::Tree,
+            codec: Codec::Zstd,
+            depth: 0,
+            raw_len: data.len() as u32,
+            base: ObjectId([0; 32]),
+            payload: &payload,
+        })?;
+        Ok(id)
+    }
+
+    /// Raw bytes of an object, verified against its id.
+    pub fn get_object(&self, id: &ObjectId) -> Result<Arc<Vec<u8>>, StoreError> {
+        if let Some(d) = self.cache.lock().get(id) {
+            return Ok(d);
+        }
+        let loc = self.packs.get(id).ok_or(StoreError::Missing { id: *id })?;
+        let payload = self.packs.read_payload(id, &loc)?;
+        let corrupt = |why: String| StoreError::Corrupt { id: *id, why };
+        let raw = match loc.codec {
+            Codec::Raw => payload,
+            Codec::Zstd => zstd::bulk::decompress(&payload, loc.raw_len as usize)
+                .map_err(|e| corrupt(format!("zstd: {e}")))?,
+            Codec::Delta => {
+                let base = self.get_object(&loc.base)?;
+                delta_decompress(&payload, &base, loc.raw_len as usize)
+                    .map_err(|e| corrupt(format!("zstd delta: {e}")))?
+            }
+        };
+        if raw.len() != loc.raw_len as usize || ObjectId::hash(&raw) != *id {
+            return Err(corrupt("content does not match its hash".into()));
+        }
+        let raw = Arc::new(raw);
+        self.cache.lock().put(*id, raw.clone());
+        Ok(raw)
+    }
+
+    /// A chunk's bytes.
+    pub fn get_chunk(&self, id: &ObjectId) -> Result<Arc<Vec<u8>>, StoreError> {
+        self.get_object(id)
+    }
+
+    /// A decoded tree object.
+    pub fn get_tree(&self, id: &ObjectId) -> Result<Tree, StoreError> {
+        let raw = self.get_object(id)?;
+        Tree::decode(&raw).map_err(|e| StoreError::Corrupt {
+            id: *id,
+            why: e.to_string(),
+        })
+    }
+
+    /// Make appended objects durable and record `id` as a manifest.
+    pub(crate) fn seal_manifest(&self, id: &ManifestId) -> Result<(), StoreError> {
+        self.packs.sync()?;
+        let p = self.dir.join("manifests").join(id.to_hex());
+        if !p.exists() {
+            write_durable(&p, format!("{id}\n").as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Whether `id` is a manifest (root tree) held by this store.
+    pub fn contains(&self, id: &ManifestId) -> bool {
+        matches!(self.packs.get(id), Some(l) if l.kind == Kind::Tree)
+    }
+
+    /// Whether any object (chunk or tree) `id` is stored.
+    pub fn has_object(&self, id: &ObjectId) -> bool {
+        self.packs.contains(id)
+    }
+
+    fn ref_path(&self, name: &str) -> PathBuf {
+        self.dir.join("refs").join(name.replace('/', "%"))
+    }
+
+    /// Point `name` at `id`, durably.
+    pub fn set_ref(&self, name: &str, id: &ManifestId) -> Result<(), Error> {
+        if !valid_ref(name) {
+            return Err(Error::BadRefName(name.to_string()));
+        }
+        if !self.contains(id) {
+            return Err(Error::UnknownManifest(*id));
+        }
+        let _g = self.refs_lock.lock();
+        let hex = id.to_hex();
+        let body = format!("{hex} {}\n", check8(&hex));
+        write_durable(&self.ref_path(name), body.as_bytes())?;
+        Ok(())
+    }
+
+    /// The manifest `name` points at, if any.
+    pub fn get_ref(&self, name: &str) -> Result<Option<ManifestId>, Error> {
+        if !valid_ref(name) {
+            return Err(Error::BadRefName(name.to_string()));
+        }
+        let p = self.ref_path(name);
+        match fs::read_to_string(&p) {
+            Ok(s) => parse_ref(&s).map(Some).ok_or_else(|| {
+                Error::Store(StoreError::CorruptPack {
+                    path: p,
+                    offset: 0,
+                    why: "ref file damaged".into(),
+                })
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(p)(e)),
+        }
+    }
+
+    /// All refs, sorted by name.
+    pub fn refs(&self) -> Result<Vec<(String, ManifestId)>, Error> {
+        let d = self.dir.join("refs");
+        let mut out = Vec::new();
+        for e in fs::read_dir(&d).map_err(io_err(&d))? {
+            let e = e.map_err(io_err(&d))?;
+            let name = e.file_name().to_string_lossy().replace('%', "/");
+            if name.contains(".tmp") {
+                continue;
+            }
+            if let Some(id) = fs::read_to_string(e.path())
+                .ok()
+                .and_then(|s| parse_ref(&s))
+            {
+                out.push((name, id));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Remove a ref (no error if absent).
+    pub fn delete_ref(&self, name: &str) -> Result<(), Error> {
+        if !valid_ref(name) {
+            return Err(Error::BadRefName(name.to_string()));
+        }
+        let _g = self.refs_lock.lock();
+        let p = self.ref_path(name);
+        match fs::remove_file(&p) {
+            Ok(()) => {
+                sync_dir(&self.dir.join("refs"))?;
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(p)(e)),
+        }
+    }
+
+    /// A ref name, or the hex id of a stored manifest.
+    pub fn resolve(&self, name_or_hex: &str) -> Result<ManifestId, Error> {
+        if let Ok(id) = name_or_hex.parse::<ObjectId>() {
+            if self.contains(&id) {
+                return Ok(id);
+            }
+        }
+        if valid_ref(name_or_hex) {
+            if let Some(id) = self.get_ref(name_or_hex)? {
+                return Ok(id);
+            }
+        }
+        Err(Error::UnknownRef(name_or_hex.to_string()))
+    }
+
+    /// Store counters.
+    pub fn stats(&self) -> StoreStats {
+        let mut s = StoreStats::default();
+        for (_, l) in self.packs.all() {
+            if l.kind == Kind::Chunk {
+                s.chunks += 1;
+                s.logical_bytes += l.raw_len as u64;
+            }
+        }
+        s.stored_bytes = self.packs.disk_bytes();
+        s.manifests = fs::read_dir(self.dir.join("manifests"))
+            .map(|d| d.flatten().filter(|e| e.file_name().len() == 64).count() as u64)
+            .unwrap_or(0);
+        s
+    }
+
+    /// Logical size (sum of regular file sizes, hard links once) of a tree.
+    pub fn manifest_bytes(&self, id: &ManifestId) -> Result<u64, Error> {
+        let mut total = 0u64;
+        let mut links = HashSet::new();
+        self.walk(id, &mut |_, t| {
+            for e in &t.entries {
+                if let Node::File { size, .. } = e.node {
+                    if e.link == 0 || links.insert(e.link) {
+                        total += size;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(total)
+    }
+
+    /// Visit every tree object reachable from `root` (each distinct tree once).
+    pub fn walk(
+        &self,
+        root: &ObjectId,
+        f: &mut dyn FnMut(&ObjectId, &Tree) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut seen = HashSet::new();
+        let mut stack = vec![*root];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            let t = self.get_tree(&id)?;
+            for e in &t.entries {
+                if let Node::Dir(c) = e.node {
+                    stack.push(c);
+                }
+            }
+            f(&id, &t)?;
+        }
+        Ok(())
+    }
+
+    /// Every object id (trees and chunks, plus delta bases) a manifest reaches.
+    pub fn reachable(&self, root: &ManifestId) -> Result<HashSet<ObjectId>, Error> {
+        let mut out = HashSet::new();
+        self.walk(root, &mut |id, t| {
+            out.insert(*id);
+            for e in &t.entries {
+                if let Node::File { chunks, .. } = &e.node {
+                    out.extend(chunks.iter().map(|c| c.id));
+                }
+            }
+            Ok(())
+        })?;
+        self.add_delta_bases(&mut out);
+        Ok(out)
+    }
+
+    fn add_delta_bases(&self, set: &mut HashSet<ObjectId>) {
+        let mut todo: Vec<ObjectId> = set.iter().copied().collect();
+        while let Some(id) = todo.pop() {
+            if let Some(l) = self.packs.get(&id) {
+                if l.codec == Codec::Delta && set.insert(l.base) {
+                    todo.push(l.base);
+                }
+            }
+        }
+    }
+
+    /// Keep `id` (and what it reaches) alive through gc while pinned.
+    pub fn pin(&self, id: &ObjectId) {
+        *self.pins.lock().entry(*id).or_default() += 1;
+    }
+
+    /// Undo one [`Store::pin`].
+    pub fn unpin(&self, id: &ObjectId) {
+        let mut p = self.pins.lock();
+        if let Some(n) = p.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(id);
+            }
+        }
+    }
+
+    /// Drop every object not reachable from a ref, a pinned manifest or `live`.
+    pub fn gc(&self, live: &[ManifestId]) -> Result<GcReport, Error> {
+        let _g = self.gc_lock.write();
+        let mut roots: Vec<ObjectId> = self.refs()?.into_iter().map(|(_, id)| id).collect();
+        roots.extend_from_slice(live);
+        roots.extend(self.pins.lock().keys().copied());
+        let mut keep = HashSet::new();
+        for r in &roots {
+            if self.contains(r) {
+                keep.extend(self.reachable(r)?);
+            }
+        }
+        let (removed, freed) = self.packs.compact(&|id| keep.contains(id))?;
+        self.cache.lock().map.retain(|k, _| keep.contains(k));
+        let mdir = self.dir.join("manifests");
+        for e in fs::read_dir(&mdir).map_err(io_err(&mdir))?.flatten() {
+            let keep_it = e
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<ObjectId>().ok())
+                .is_some_and(|id| keep.contains(&id));
+            if !keep_it {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        self.clean_cache_dir(&keep);
+        Ok(GcReport {
+            kept_objects: keep.len() as u64,
+            removed_objects: removed,
+            freed_bytes: freed,
+        })
+    }
+
+    /// Remove materialized whole-file cache entries whose chunks are gone.
+    fn clean_cache_dir(&self, keep: &HashSet<ObjectId>) {
+        let _ = keep;
+        let d = self.dir.join("cache");
+        if let Ok(rd) = fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Verify every object reachable from every ref and stored manifest.
+    pub fn fsck(&self) -> Result<FsckReport, Error> {
+        let mut rep = FsckReport::default();
+        let mut roots: HashSet<ObjectId> = self.refs()?.into_iter().map(|(_, id)| id).collect();
+        let mdir = self.dir.join("manifests");
+        for e in fs::read_dir(&mdir).map_err(io_err(&mdir))?.flatten() {
+            if let Some(id) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+                roots.insert(id);
+            }
+        }
+        let mut checked = HashSet::new();
+        for root in roots {
+            rep.manifests += 1;
+            let mut stack = vec![root];
+            while let Some(id) = stack.pop() {
+                if !checked.insert(id) {
+                    continue;
+                }
+                rep.objects_checked += 1;
+                self.cache.lock().map.remove(&id);
+                match self.get_tree(&id) {
+                    Ok(t) => {
+                        for e in &t.entries {
+                            match &e.node {
+                                Node::Dir(c) => stack.push(*c),
+                                Node::File { chunks, .. } => {
+                                    for c in chunks {
+                                        if !checked.insert(c.id) {
+                                            continue;
+                                        }
+                                        rep.objects_checked += 1;
+                                        self.cache.lock().map.remove(&c.id);
+                                        match self.get_chunk(&c.id) {
+                                            Ok(d) if d.len() == c.len as usize => {}
+                                            Ok(_) => rep.bad.push((c.id, "length mismatch".into())),
+                                            Err(e) => rep.bad.push((c.id, e.to_string())),
+                                        }
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    Err(e) => rep.bad.push((id, e.to_string())),
+                }
+            }
+        }
+        Ok(rep)
+    }
+
+    pub(crate) fn packs(&self) -> &PackSet {
+        &self.packs
+    }
+}
+
+fn parse_ref(s: &str) -> Option<ManifestId> {
+    let mut it = s.split_whitespace();
+    let hex = it.next()?;
+    let sum = it.next()?;
+    if check8(hex) != sum {
+        return None;
+    }
+    hex.parse().ok()
+}
+
+fn delta_compress(data: &[u8], base: &[u8]) -> Result<Vec<u8>, std::io::Error> {
+    use zstd::zstd_safe::{CCtx, CParameter};
+    let mut cctx = CCtx::create();
+    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
+    let e = |c: usize| std::io::Error::other(zstd::zstd_safe::get_error_name(c));
+    cctx.set_parameter(CParameter::CompressionLevel(ZSTD_LEVEL))
+        .map_err(e)?;
+    cctx.ref_prefix(base).map_err(e)?;
+    cctx.compress2(&mut out, data).map_err(e)?;
+    Ok(out)
+}
+
+fn delta_decompress(
+    payload: &[u8],
+    base: &[u8],
+    raw_len: usize,
+) -> Result<Vec<u8>, std::io::Error> {
+    use zstd::zstd_safe::DCtx;
+    let mut dctx = DCtx::create();
+    let e = |c: usize| std::io::Error::other(zstd::zstd_safe::get_error_name(c));
+    dctx.ref_prefix(base).map_err(e)?;
+    let mut out = Vec::with_capacity(raw_len);
+    dctx.decompress(&mut out, payload).map_err(e)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_roundtrip() {
+        let base: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut new = base.clone();
+        new[5000] ^= 1;
+        let d = delta_compress(&new, &base).unwrap();
+        assert!(d.len() < 200, "delta {}", d.len());
+        assert_eq!(delta_decompress(&d, &base, new.len()).unwrap(), new);
+    }
+
+    #[test]
+    fn refs_validate() {
+        assert!(valid_ref("images/debian12"));
+        assert!(!valid_ref("../x"));
+        assert!(!valid_ref(""));
+        assert!(!valid_ref("a b"));
+    }
+}
