@@ -26,12 +26,23 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(name: &'static str, need: Need, fix: &'static str, result: Result<String, String>) -> Self {
+    fn new(
+        name: &'static str,
+        need: Need,
+        fix: &'static str,
+        result: Result<String, String>,
+    ) -> Self {
         let (ok, detail) = match result {
             Ok(d) => (true, d),
             Err(d) => (false, d),
         };
-        Self { name, need, ok, detail, fix }
+        Self {
+            name,
+            need,
+            ok,
+            detail,
+            fix,
+        }
     }
 }
 
@@ -39,16 +50,66 @@ impl Check {
 pub fn checks() -> Vec<Check> {
     use Need::*;
     vec![
-        Check::new("kernel", Required, "Grove needs Linux >= 5.15; FUSE passthrough needs >= 6.9", kernel()),
-        Check::new("/dev/fuse", Required, "modprobe fuse; create the node with mknod /dev/fuse c 10 229", dev_fuse()),
-        Check::new("fusermount3", Optional, "apt-get install fuse3 (scripts/setup does)", which("fusermount3")),
-        Check::new("fuse passthrough", Optional, "upgrade to kernel >= 6.9 built with CONFIG_FUSE_PASSTHROUGH", passthrough()),
-        Check::new("cgroups", Required, "mount cgroup v2 at /sys/fs/cgroup, or v1 hierarchies for cpu, memory, pids, freezer", cgroups()),
-        Check::new("namespaces", Required, "run as root on a kernel with user, pid, net, mount, uts and ipc namespaces", namespaces()),
-        Check::new("nftables", Required, "apt-get install nftables (scripts/setup does)", nftables()),
-        Check::new("criu", Required, "run scripts/setup (installs CRIU >= 4.1 into /var/lib/grove/criu)", criu()),
-        Check::new("io_uring", Optional, "enable io_uring (sysctl kernel.io_uring_disabled=0)", io_uring()),
-        Check::new("kvm", Optional, "only needed for a future microVM tier", kvm()),
+        Check::new(
+            "kernel",
+            Required,
+            "Grove needs Linux >= 5.15; FUSE passthrough needs >= 6.9",
+            kernel(),
+        ),
+        Check::new(
+            "/dev/fuse",
+            Required,
+            "modprobe fuse; create the node with mknod /dev/fuse c 10 229",
+            dev_fuse(),
+        ),
+        Check::new(
+            "fusermount3",
+            Optional,
+            "apt-get install fuse3 (scripts/setup does)",
+            which("fusermount3"),
+        ),
+        Check::new(
+            "fuse passthrough",
+            Optional,
+            "upgrade to kernel >= 6.9 built with CONFIG_FUSE_PASSTHROUGH",
+            passthrough(),
+        ),
+        Check::new(
+            "cgroups",
+            Required,
+            "mount cgroup v2 at /sys/fs/cgroup, or v1 hierarchies for cpu, memory, pids, freezer",
+            cgroups(),
+        ),
+        Check::new(
+            "namespaces",
+            Required,
+            "run as root on a kernel with user, pid, net, mount, uts and ipc namespaces",
+            namespaces(),
+        ),
+        Check::new(
+            "nftables",
+            Required,
+            "apt-get install nftables (scripts/setup does)",
+            nftables(),
+        ),
+        Check::new(
+            "criu",
+            Required,
+            "run scripts/setup (installs CRIU >= 4.1 into /var/lib/grove/criu)",
+            criu(),
+        ),
+        Check::new(
+            "io_uring",
+            Optional,
+            "enable io_uring (sysctl kernel.io_uring_disabled=0)",
+            io_uring(),
+        ),
+        Check::new(
+            "kvm",
+            Optional,
+            "only needed for a future microVM tier",
+            kvm(),
+        ),
     ]
 }
 
@@ -104,7 +165,10 @@ fn dev_fuse() -> Result<String, String> {
 fn passthrough() -> Result<String, String> {
     match kernel_version() {
         Some(v) if v >= (6, 9) => Ok(format!("kernel {}.{} supports FUSE_PASSTHROUGH", v.0, v.1)),
-        Some(v) => Err(format!("kernel {}.{} predates FUSE passthrough (6.9)", v.0, v.1)),
+        Some(v) => Err(format!(
+            "kernel {}.{} predates FUSE passthrough (6.9)",
+            v.0, v.1
+        )),
         None => Err("unknown kernel version".into()),
     }
 }
@@ -133,13 +197,20 @@ fn cgroups() -> Result<String, String> {
         };
     }
     let wanted = ["cpu", "cpuacct", "memory", "pids", "freezer"];
-    let missing: Vec<_> = wanted.iter().filter(|c| !root.join(c).join("tasks").exists()).collect();
+    let missing: Vec<_> = wanted
+        .iter()
+        .filter(|c| !root.join(c).join("tasks").exists())
+        .collect();
     if missing.is_empty() {
         let unified = root.join("unified/cgroup.procs").exists();
         Ok(format!(
             "v1: {}{}",
             wanted.join(", "),
-            if unified { " (+ cgroup2 at unified/ for kill/freeze)" } else { "" }
+            if unified {
+                " (+ cgroup2 at unified/ for kill/freeze)"
+            } else {
+                ""
+            }
         ))
     } else {
         Err(format!("v1 hierarchies missing: {missing:?}"))
@@ -148,13 +219,18 @@ fn cgroups() -> Result<String, String> {
 
 fn namespaces() -> Result<String, String> {
     let out = Command::new("unshare")
-        .args(["--user", "--pid", "--net", "--mount", "--uts", "--ipc", "--fork", "true"])
+        .args([
+            "--user", "--pid", "--net", "--mount", "--uts", "--ipc", "--fork", "true",
+        ])
         .output()
         .map_err(|e| format!("cannot run unshare: {e}"))?;
     if out.status.success() {
         Ok("user, pid, net, mount, uts, ipc: created".into())
     } else {
-        Err(format!("unshare failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "unshare failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -164,16 +240,25 @@ fn nftables() -> Result<String, String> {
         .output()
         .map_err(|e| format!("cannot run nft: {e}"))?;
     if !out.status.success() {
-        return Err(format!("nft list tables: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "nft list tables: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let version = Command::new("nft").arg("--version").output().map_err(|e| e.to_string())?;
+    let version = Command::new("nft")
+        .arg("--version")
+        .output()
+        .map_err(|e| e.to_string())?;
     Ok(String::from_utf8_lossy(&version.stdout).trim().to_string())
 }
 
 /// Where Grove looks for CRIU: `$GROVE_CRIU`, the private prefix set-up
 /// installs, then `criu` on PATH.
 pub fn criu_candidates() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::env::var_os("GROVE_CRIU").map(PathBuf::from).into_iter().collect();
+    let mut v: Vec<PathBuf> = std::env::var_os("GROVE_CRIU")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
     v.push(PathBuf::from("/var/lib/grove/criu/criu"));
     if let Ok(p) = which("criu") {
         v.push(PathBuf::from(p));
@@ -184,15 +269,31 @@ pub fn criu_candidates() -> Vec<PathBuf> {
 fn criu() -> Result<String, String> {
     let mut tried = Vec::new();
     for bin in criu_candidates().into_iter().filter(|p| p.exists()) {
-        let version = Command::new(&bin).arg("--version").output().map_err(|e| e.to_string())?;
+        let version = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .map_err(|e| e.to_string())?;
         let version = String::from_utf8_lossy(&version.stdout);
         let version = version.lines().next().unwrap_or("").trim().to_string();
-        let check = Command::new(&bin).arg("check").output().map_err(|e| e.to_string())?;
-        let text = format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+        let check = Command::new(&bin)
+            .arg("check")
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
         if check.status.success() && text.contains("Looks good") {
             return Ok(format!("{} ({version}): criu check passes", bin.display()));
         }
-        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim()
+            .to_string();
         tried.push(format!("{} ({version}): {last}", bin.display()));
     }
     if tried.is_empty() {
@@ -209,7 +310,10 @@ fn io_uring() -> Result<String, String> {
     // struct (120 bytes) through the pointer, which `params` provides.
     let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 2u32, params.as_mut_ptr()) };
     if fd < 0 {
-        return Err(format!("io_uring_setup: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "io_uring_setup: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // SAFETY: fd is a descriptor we just obtained and own.
     unsafe { libc::close(fd as i32) };
