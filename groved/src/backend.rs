@@ -43,12 +43,17 @@ pub fn check_name(field: &str, name: &str) -> ApiResult<()> {
         && name.len() <= 128
         && !name.starts_with(['.', '-'])
         && !name.contains("..")
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(field, format!("{name:?}: 1-128 chars of [A-Za-z0-9._-], not starting with . or -"))
-            .with_field(field))
+        Err(ApiError::invalid(
+            field,
+            format!("{name:?}: 1-128 chars of [A-Za-z0-9._-], not starting with . or -"),
+        )
+        .with_field(field))
     }
 }
 
@@ -56,11 +61,17 @@ pub fn check_name(field: &str, name: &str) -> ApiResult<()> {
 pub fn check_host_dir(field: &str, path: &str) -> ApiResult<PathBuf> {
     let p = PathBuf::from(path);
     if !p.is_absolute() {
-        return Err(ApiError::invalid(field, format!("{path:?} is not an absolute path")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{path:?} is not an absolute path"),
+        ));
     }
     if !p.is_dir() {
-        return Err(ApiError::not_found("path_not_found", format!("{path:?} is not a directory on the node"))
-            .with_field(field));
+        return Err(ApiError::not_found(
+            "path_not_found",
+            format!("{path:?} is not a directory on the node"),
+        )
+        .with_field(field));
     }
     Ok(p)
 }
@@ -79,16 +90,26 @@ impl OverlayImages {
     }
 
     fn image(&self, name: &str) -> Image {
-        let root = std::fs::canonicalize(self.dir.join(name)).ok().map(|p| p.display().to_string());
-        Image { name: name.to_string(), root, size_bytes: None }
+        let root = std::fs::canonicalize(self.dir.join(name))
+            .ok()
+            .map(|p| p.display().to_string());
+        Image {
+            name: name.to_string(),
+            root,
+            size_bytes: None,
+        }
     }
 
     fn vacant(&self, name: &str) -> ApiResult<PathBuf> {
         check_name("name", name)?;
         let p = self.dir.join(name);
         if p.symlink_metadata().is_ok() {
-            return Err(ApiError::new(StatusCode::CONFLICT, "image_exists", format!("image {name:?} exists"))
-                .with_field("name"));
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "image_exists",
+                format!("image {name:?} exists"),
+            )
+            .with_field("name"));
         }
         Ok(p)
     }
@@ -125,7 +146,9 @@ impl Images for OverlayImages {
 
     fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image> {
         let target = self.vacant(name)?;
-        let tmp = self.dir.join(format!(".import-{name}-{}", std::process::id()));
+        let tmp = self
+            .dir
+            .join(format!(".import-{name}-{}", std::process::id()));
         let res = (|| {
             std::fs::create_dir_all(&tmp)?;
             let mut ar = tar::Archive::new(tar);
@@ -136,30 +159,51 @@ impl Images for OverlayImages {
         })();
         if let Err(e) = res {
             let _ = std::fs::remove_dir_all(&tmp);
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_tar", format!("unpacking: {e}")).with_field("body"));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_tar",
+                format!("unpacking: {e}"),
+            )
+            .with_field("body"));
         }
         Ok(self.image(name))
     }
 
     fn import_oci(&self, _name: &str, _dir: &Path, _reference: Option<&str>) -> ApiResult<Image> {
-        Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", "OCI import needs the nodefs image store"))
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "OCI import needs the nodefs image store",
+        ))
     }
 
     fn delete(&self, name: &str) -> ApiResult<()> {
         check_name("name", name)?;
         let p = self.dir.join(name);
-        let meta = p
-            .symlink_metadata()
-            .map_err(|_| ApiError::not_found("image_not_found", format!("image {name:?} not found")))?;
-        let res = if meta.file_type().is_symlink() { std::fs::remove_file(&p) } else { std::fs::remove_dir_all(&p) };
+        let meta = p.symlink_metadata().map_err(|_| {
+            ApiError::not_found("image_not_found", format!("image {name:?} not found"))
+        })?;
+        let res = if meta.file_type().is_symlink() {
+            std::fs::remove_file(&p)
+        } else {
+            std::fs::remove_dir_all(&p)
+        };
         res.map_err(|e| io_err("removing the image", e))
     }
 
     fn gc(&self) -> ApiResult<serde_json::Value> {
-        Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", "gc needs the nodefs image store"))
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "gc needs the nodefs image store",
+        ))
     }
 
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
-        Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", "fsck needs the nodefs image store"))
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "fsck needs the nodefs image store",
+        ))
     }
 }

@@ -18,9 +18,17 @@ pub const DEFAULT_CRIU: &str = "/var/lib/grove/criu/criu";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}")]
-    Read { path: PathBuf, #[source] source: std::io::Error },
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("parsing {path}")]
-    Parse { path: PathBuf, #[source] source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error("listen address {addr:?} is not host:port")]
     Listen { addr: String },
     #[error("TCP listeners need an API key: set api_key_file")]
@@ -29,7 +37,9 @@ pub enum ConfigError {
     EmptyKey { path: PathBuf },
     #[error("root_provider {0:?} is not \"nodefs\" or \"overlay\"")]
     RootProvider(String),
-    #[error("grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)")]
+    #[error(
+        "grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)"
+    )]
     NoInit,
 }
 
@@ -102,28 +112,58 @@ pub struct Config {
 
 impl Config {
     pub fn load(o: &Overrides) -> Result<Config, ConfigError> {
-        let path = o.config.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        let path = o
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
         let file = match std::fs::read_to_string(&path) {
-            Ok(s) => toml::from_str(&s).map_err(|source| ConfigError::Parse { path: path.clone(), source })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && o.config.is_none() => FileConfig::default(),
+            Ok(s) => toml::from_str(&s).map_err(|source| ConfigError::Parse {
+                path: path.clone(),
+                source,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && o.config.is_none() => {
+                FileConfig::default()
+            }
             Err(source) => return Err(ConfigError::Read { path, source }),
         };
         Self::resolve(file, o)
     }
 
     pub fn resolve(f: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
-        let state_dir = o.state_dir.clone().or(f.state_dir).unwrap_or_else(|| DEFAULT_STATE_DIR.into());
-        let run_dir = o.run_dir.clone().or(f.run_dir).unwrap_or_else(|| DEFAULT_RUN_DIR.into());
-        let socket = o.socket.clone().or(f.socket).unwrap_or_else(|| run_dir.join("groved.sock"));
-        let listen_src = if o.listen.is_empty() { f.listen } else { o.listen.clone() };
+        let state_dir = o
+            .state_dir
+            .clone()
+            .or(f.state_dir)
+            .unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+        let run_dir = o
+            .run_dir
+            .clone()
+            .or(f.run_dir)
+            .unwrap_or_else(|| DEFAULT_RUN_DIR.into());
+        let socket = o
+            .socket
+            .clone()
+            .or(f.socket)
+            .unwrap_or_else(|| run_dir.join("groved.sock"));
+        let listen_src = if o.listen.is_empty() {
+            f.listen
+        } else {
+            o.listen.clone()
+        };
         let listen = listen_src
             .iter()
-            .map(|a| a.parse().map_err(|_| ConfigError::Listen { addr: a.clone() }))
+            .map(|a| {
+                a.parse()
+                    .map_err(|_| ConfigError::Listen { addr: a.clone() })
+            })
             .collect::<Result<Vec<SocketAddr>, _>>()?;
         let key_file = o.api_key_file.clone().or(f.api_key_file);
         let api_key = match key_file {
             Some(p) => {
-                let k = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read { path: p.clone(), source })?;
+                let k = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?;
                 let k = k.trim().to_string();
                 if k.is_empty() {
                     return Err(ConfigError::EmptyKey { path: p });
@@ -141,7 +181,9 @@ impl Config {
             Some(other) => return Err(ConfigError::RootProvider(other.into())),
         };
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
-        let criu = f.criu.or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
+        let criu = f
+            .criu
+            .or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
         Ok(Config {
             state_dir,
             run_dir,
@@ -180,7 +222,9 @@ fn find_init(configured: Option<PathBuf>) -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join("grove-init"), dir.join("../grove-init")].into_iter().find(|p| Path::new(p).exists())
+    [dir.join("grove-init"), dir.join("../grove-init")]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
 }
 
 #[cfg(test)]
@@ -190,10 +234,18 @@ mod tests {
     #[test]
     fn flags_override_file_and_tcp_needs_a_key() {
         std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
-        let f: FileConfig = toml::from_str("state_dir = \"/a\"\nlisten = [\"127.0.0.1:7000\"]\n").unwrap();
-        assert!(matches!(Config::resolve(f, &Overrides::default()), Err(ConfigError::NoApiKey)));
-        let f: FileConfig = toml::from_str("state_dir = \"/a\"\n[defaults]\nmemory_mb = 64\n").unwrap();
-        let o = Overrides { run_dir: Some("/r".into()), ..Default::default() };
+        let f: FileConfig =
+            toml::from_str("state_dir = \"/a\"\nlisten = [\"127.0.0.1:7000\"]\n").unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::NoApiKey)
+        ));
+        let f: FileConfig =
+            toml::from_str("state_dir = \"/a\"\n[defaults]\nmemory_mb = 64\n").unwrap();
+        let o = Overrides {
+            run_dir: Some("/r".into()),
+            ..Default::default()
+        };
         let c = Config::resolve(f, &o).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/a"));
         assert_eq!(c.socket, PathBuf::from("/r/groved.sock"));

@@ -26,7 +26,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        ApiError { status, code: code.into(), message: message.into(), field: None, retry_after: None }
+        ApiError {
+            status,
+            code: code.into(),
+            message: message.into(),
+            field: None,
+            retry_after: None,
+        }
     }
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
         self.field = Some(field.into());
@@ -50,7 +56,11 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { code: self.code.clone(), message: self.message.clone(), field: self.field.clone() }
+        ErrorBody {
+            code: self.code.clone(),
+            message: self.message.clone(),
+            field: self.field.clone(),
+        }
     }
 }
 
@@ -70,7 +80,9 @@ impl From<grove_runtime::Error> for ApiError {
     fn from(e: grove_runtime::Error) -> Self {
         use grove_runtime::Error as E;
         let status = match &e {
-            E::NotFound { .. } | E::ImageNotFound { .. } | E::FileNotFound { .. } => StatusCode::NOT_FOUND,
+            E::NotFound { .. } | E::ImageNotFound { .. } | E::FileNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             E::InvalidSpec { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             E::Conflict { .. } => StatusCode::CONFLICT,
             E::CapacityExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,

@@ -12,7 +12,10 @@ use crate::wire::EventWire;
 pub type EventTx = broadcast::Sender<EventWire>;
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 pub fn channel() -> EventTx {
@@ -20,7 +23,9 @@ pub fn channel() -> EventTx {
 }
 
 pub fn from_runtime(e: &Event) -> EventWire {
-    let kind = serde_json::to_value(e.kind).ok().and_then(|v| v.as_str().map(str::to_string));
+    let kind = serde_json::to_value(e.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string));
     EventWire {
         at_ms: e.at_ms,
         kind: kind.unwrap_or_else(|| "unknown".into()),
@@ -33,17 +38,30 @@ pub fn from_runtime(e: &Event) -> EventWire {
 /// Forwards the runtime's events until it drops its sender. Runs on its own thread (the runtime's channel blocks).
 pub fn bridge(runtime: &Arc<Runtime>, tx: EventTx) {
     let rx = runtime.subscribe();
-    let spawned = std::thread::Builder::new().name("grove-events".into()).spawn(move || {
-        while let Ok(e) = rx.recv() {
-            let _ = tx.send(from_runtime(&e));
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name("grove-events".into())
+        .spawn(move || {
+            while let Ok(e) = rx.recv() {
+                let _ = tx.send(from_runtime(&e));
+            }
+        });
     if let Err(e) = spawned {
         tracing::error!("cannot start the event bridge: {e}");
     }
 }
 
 /// An event groved itself raises (snapshot and fork lifecycle).
-pub fn own(kind: &str, sandbox: Option<String>, snapshot: Option<String>, reason: Option<String>) -> EventWire {
-    EventWire { at_ms: now_ms(), kind: kind.into(), sandbox, snapshot, reason }
+pub fn own(
+    kind: &str,
+    sandbox: Option<String>,
+    snapshot: Option<String>,
+    reason: Option<String>,
+) -> EventWire {
+    EventWire {
+        at_ms: now_ms(),
+        kind: kind.into(),
+        sandbox,
+        snapshot,
+        reason,
+    }
 }

@@ -47,9 +47,13 @@ impl Idempotency {
         if map.len() >= MAX_KEYS {
             map.retain(|_, e| e.created.elapsed() < KEEP);
         }
-        let e = map
-            .entry(key.to_string())
-            .or_insert_with(|| Arc::new(Entry { fingerprint, created: Instant::now(), slot: Default::default() }));
+        let e = map.entry(key.to_string()).or_insert_with(|| {
+            Arc::new(Entry {
+                fingerprint,
+                created: Instant::now(),
+                slot: Default::default(),
+            })
+        });
         (e.fingerprint == fingerprint).then(|| e.clone())
     }
 }
@@ -62,14 +66,20 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
     let key = match key.to_str() {
         Ok(k) if !k.is_empty() && k.len() <= 255 => k.to_string(),
         _ => {
-            return ApiError::bad_request("invalid_header", "Idempotency-Key", "must be 1-255 visible ASCII chars")
-                .into_response()
+            return ApiError::bad_request(
+                "invalid_header",
+                "Idempotency-Key",
+                "must be 1-255 visible ASCII chars",
+            )
+            .into_response()
         }
     };
     let (parts, body) = req.into_parts();
     let bytes = match to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(e) => return ApiError::bad_request("invalid_body", "body", e.to_string()).into_response(),
+        Err(e) => {
+            return ApiError::bad_request("invalid_body", "body", e.to_string()).into_response()
+        }
     };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (parts.method.as_str(), parts.uri.path(), &bytes[..]).hash(&mut h);
@@ -85,10 +95,13 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
     let mut slot = entry.slot.lock().await;
     if let Some(s) = slot.as_ref() {
         let mut resp = (s.status, s.headers.clone(), s.body.clone()).into_response();
-        resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+        resp.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
         return resp;
     }
-    let resp = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
     let (rparts, rbody) = resp.into_parts();
     let body = match to_bytes(rbody, MAX_BODY).await {
         Ok(b) => b,
@@ -96,7 +109,11 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
     };
     let status = rparts.status;
     if !(status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()) {
-        *slot = Some(Stored { status, headers: rparts.headers.clone(), body: body.clone() });
+        *slot = Some(Stored {
+            status,
+            headers: rparts.headers.clone(),
+            body: body.clone(),
+        });
     }
     Response::from_parts(rparts, Body::from(body))
 }

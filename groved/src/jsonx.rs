@@ -25,29 +25,38 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
 /// Parses `bytes` as `T`, mapping failures as described in the module doc.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { bytes };
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let msg = inner.to_string();
         match inner.classify() {
-            serde_json::error::Category::Data => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", msg.clone())
-                    .with_field(field_of(&path, &msg))
-            }
+            serde_json::error::Category::Data => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                msg.clone(),
+            )
+            .with_field(field_of(&path, &msg)),
             _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", msg),
         }
     })?;
-    de.end().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
+    de.end()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()))?;
     Ok(value)
 }
 
 /// The dotted path of the field at fault, from serde_path_to_error's path and serde's message.
 fn field_of(path: &str, msg: &str) -> String {
-    let named = ["unknown field `", "missing field `"]
-        .iter()
-        .find_map(|p| msg.split_once(p).and_then(|(_, rest)| rest.split_once('`')).map(|(f, _)| f.to_string()));
+    let named = ["unknown field `", "missing field `"].iter().find_map(|p| {
+        msg.split_once(p)
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .map(|(f, _)| f.to_string())
+    });
     let path = if path == "." { "" } else { path };
     match named {
         Some(f) if path.is_empty() => f,
@@ -81,7 +90,9 @@ fn percent_decode(s: &str) -> ApiResult<String> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => out.push(b),
                     None => return Err(bad_query(s)),
@@ -97,12 +108,20 @@ fn percent_decode(s: &str) -> ApiResult<String> {
 }
 
 fn bad_query(s: &str) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", format!("bad percent-encoding in {s:?}"))
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        format!("bad percent-encoding in {s:?}"),
+    )
 }
 
 /// The value of a single-valued query parameter.
 pub fn query_one<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 #[cfg(test)]
@@ -128,10 +147,17 @@ mod tests {
     #[test]
     fn names_fields() {
         let e = parse_json::<Outer>(br#"{"image":"x","limits":{"memory_mb":-1}}"#).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("limits.memory_mb")));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (422, Some("limits.memory_mb"))
+        );
         let e = parse_json::<Outer>(br#"{"image":"x","bogus":1}"#).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("bogus")));
-        let e = parse_json::<Outer>(br#"{"image":"x","limits":{"memory_mb":1,"cpu":2}}"#).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (422, Some("bogus"))
+        );
+        let e =
+            parse_json::<Outer>(br#"{"image":"x","limits":{"memory_mb":1,"cpu":2}}"#).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("limits.cpu"));
         let e = parse_json::<Outer>(br#"{}"#).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("image"));

@@ -13,7 +13,8 @@ struct Args {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -26,7 +27,9 @@ fn main() {
 
 fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.overrides)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let backend = groved::wiring::build(&config)?;
     let app = groved::app::App::new(config, backend.runtime, backend.images, backend.snapshots);
     rt.block_on(groved::server::serve(app))

@@ -30,7 +30,9 @@ impl Op {
     const ALL: [Op; 5] = [Op::Create, Op::Exec, Op::Snapshot, Op::Restore, Op::Fork];
 }
 
-const BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 #[derive(Debug, Default, Clone)]
 struct Histogram {
@@ -67,15 +69,29 @@ impl Metrics {
 
     /// Counts a failed operation; `reason` is an error code, never free text.
     pub fn failure(&self, op: &str, reason: &str) {
-        *self.inner.lock().failures.entry((op.to_string(), reason.to_string())).or_default() += 1;
+        *self
+            .inner
+            .lock()
+            .failures
+            .entry((op.to_string(), reason.to_string()))
+            .or_default() += 1;
     }
 
     pub fn request(&self, route: &str, method: &str, status: u16) {
-        *self.inner.lock().requests.entry((route.to_string(), method.to_string(), status)).or_default() += 1;
+        *self
+            .inner
+            .lock()
+            .requests
+            .entry((route.to_string(), method.to_string(), status))
+            .or_default() += 1;
     }
 
     /// Renders everything, plus the given gauges (`name{labels}` → value).
-    pub fn render(&self, sandboxes_by_state: &BTreeMap<String, u64>, gauges: &[(&str, &str, f64)]) -> String {
+    pub fn render(
+        &self,
+        sandboxes_by_state: &BTreeMap<String, u64>,
+        gauges: &[(&str, &str, f64)],
+    ) -> String {
         let g = self.inner.lock();
         let mut out = String::new();
         for op in Op::ALL {
@@ -96,7 +112,10 @@ impl Metrics {
         }
         out.push_str("# HELP grove_failures_total Failed operations by reason.\n# TYPE grove_failures_total counter\n");
         for ((op, reason), n) in &g.failures {
-            let _ = writeln!(out, "grove_failures_total{{op=\"{op}\",reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "grove_failures_total{{op=\"{op}\",reason=\"{reason}\"}} {n}"
+            );
         }
         out.push_str("# HELP grove_http_requests_total API requests by route and status.\n");
         out.push_str("# TYPE grove_http_requests_total counter\n");
@@ -127,7 +146,10 @@ mod tests {
         m.observe(Op::Exec, Duration::from_secs(2));
         m.failure("create", "capacity_exceeded");
         let text = m.render(&BTreeMap::from([("running".to_string(), 2)]), &[]);
-        assert!(text.contains("grove_exec_duration_seconds_bucket{le=\"0.005\"} 1"), "{text}");
+        assert!(
+            text.contains("grove_exec_duration_seconds_bucket{le=\"0.005\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("grove_exec_duration_seconds_bucket{le=\"2.5\"} 2"));
         assert!(text.contains("grove_exec_duration_seconds_count 2"));
         assert!(text.contains("grove_sandboxes{state=\"running\"} 2"));

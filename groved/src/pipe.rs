@@ -29,7 +29,10 @@ impl ChanReader {
                 }
             }
         });
-        ChanReader { rx, cur: Bytes::new() }
+        ChanReader {
+            rx,
+            cur: Bytes::new(),
+        }
     }
 }
 
@@ -59,7 +62,13 @@ impl ChanWriter {
     pub fn new() -> (ChanWriter, Body) {
         let (tx, rx) = mpsc::channel(8);
         let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-        (ChanWriter { tx, buf: Vec::with_capacity(CHUNK) }, body)
+        (
+            ChanWriter {
+                tx,
+                buf: Vec::with_capacity(CHUNK),
+            },
+            body,
+        )
     }
 
     /// Ends the body with an error (the client sees a truncated transfer, not a clean end).
@@ -82,6 +91,8 @@ impl Write for ChanWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "client went away"))
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "client went away"))
     }
 }

@@ -25,9 +25,11 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             bail!("{} is in use: another groved is running", path.display());
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let l = tokio::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("chmod {}", path.display()))?;
     Ok(l)
@@ -42,11 +44,21 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     };
     let mut servers = tokio::task::JoinSet::new();
     let router = crate::api::router(app.clone(), None);
-    servers.spawn(axum::serve(uds, router).with_graceful_shutdown(stopped(stop_rx.clone())).into_future());
+    servers.spawn(
+        axum::serve(uds, router)
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
     for addr in &app.config.listen {
-        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         let router = crate::api::router(app.clone(), app.config.api_key.clone());
-        servers.spawn(axum::serve(tcp, router).with_graceful_shutdown(stopped(stop_rx.clone())).into_future());
+        servers.spawn(
+            axum::serve(tcp, router)
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
+        );
     }
     tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
     let reaper = tokio::spawn(reap(app.clone()));
@@ -84,7 +96,9 @@ async fn reap(app: Arc<App>) {
         tick.tick().await;
         let rt = app.runtime.clone();
         match tokio::task::spawn_blocking(move || rt.reap_expired()).await {
-            Ok(ids) if !ids.is_empty() => tracing::info!(count = ids.len(), "reaped expired sandboxes"),
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(count = ids.len(), "reaped expired sandboxes")
+            }
             Ok(_) => {}
             Err(e) => tracing::error!("reaper: {e}"),
         }

@@ -107,7 +107,15 @@ impl From<&SandboxInfo> for Sandbox {
             workdir: i.spec.workdir.clone(),
             hostname: i.hostname.clone(),
             network: network_to_wire(&i.spec.network),
-            ports: i.spec.ports.iter().map(|p| PortRequest { host_port: p.host_port, sandbox_port: p.sandbox_port }).collect(),
+            ports: i
+                .spec
+                .ports
+                .iter()
+                .map(|p| PortRequest {
+                    host_port: p.host_port,
+                    sandbox_port: p.sandbox_port,
+                })
+                .collect(),
             labels: i.spec.labels.clone(),
             ttl_secs: i.spec.ttl_secs,
             created_at_ms: i.created_at_ms,
@@ -120,10 +128,19 @@ impl From<&SandboxInfo> for Sandbox {
 
 pub fn network_to_wire(n: &NetworkPolicy) -> NetworkRequest {
     match n {
-        NetworkPolicy::None => NetworkRequest { mode: "none".into(), allow: vec![] },
+        NetworkPolicy::None => NetworkRequest {
+            mode: "none".into(),
+            allow: vec![],
+        },
         NetworkPolicy::Egress { allow } => NetworkRequest {
             mode: "egress".into(),
-            allow: allow.iter().map(|r| EgressRuleRequest { cidr: r.cidr.clone(), ports: r.ports.clone() }).collect(),
+            allow: allow
+                .iter()
+                .map(|r| EgressRuleRequest {
+                    cidr: r.cidr.clone(),
+                    ports: r.ports.clone(),
+                })
+                .collect(),
         },
     }
 }
@@ -131,19 +148,31 @@ pub fn network_to_wire(n: &NetworkPolicy) -> NetworkRequest {
 pub fn network_from_wire(n: &NetworkRequest) -> Result<NetworkPolicy, (String, String)> {
     match n.mode.as_str() {
         "none" if n.allow.is_empty() => Ok(NetworkPolicy::None),
-        "none" => Err(("network.allow".into(), "mode \"none\" takes no allow rules".into())),
+        "none" => Err((
+            "network.allow".into(),
+            "mode \"none\" takes no allow rules".into(),
+        )),
         "egress" => {
             let mut allow = Vec::new();
             for (i, r) in n.allow.iter().enumerate() {
                 check_cidr(&r.cidr).map_err(|why| (format!("network.allow[{i}].cidr"), why))?;
                 if r.ports.contains(&0) {
-                    return Err((format!("network.allow[{i}].ports"), "port 0 is not a port".into()));
+                    return Err((
+                        format!("network.allow[{i}].ports"),
+                        "port 0 is not a port".into(),
+                    ));
                 }
-                allow.push(EgressRule { cidr: r.cidr.clone(), ports: r.ports.clone() });
+                allow.push(EgressRule {
+                    cidr: r.cidr.clone(),
+                    ports: r.ports.clone(),
+                });
             }
             Ok(NetworkPolicy::Egress { allow })
         }
-        other => Err(("network.mode".into(), format!("{other:?} is not \"none\" or \"egress\""))),
+        other => Err((
+            "network.mode".into(),
+            format!("{other:?} is not \"none\" or \"egress\""),
+        )),
     }
 }
 
@@ -153,7 +182,9 @@ pub fn check_cidr(s: &str) -> Result<(), String> {
         Some((a, p)) => (a, Some(p)),
         None => (s, None),
     };
-    let ip: std::net::IpAddr = addr.parse().map_err(|_| format!("{s:?} is not an IP network (a.b.c.d/n)"))?;
+    let ip: std::net::IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IP network (a.b.c.d/n)"))?;
     if let Some(p) = prefix {
         let max = if ip.is_ipv4() { 32 } else { 128 };
         match p.parse::<u8>() {
@@ -165,7 +196,12 @@ pub fn check_cidr(s: &str) -> Result<(), String> {
 }
 
 pub fn ports_from_wire(p: &[PortRequest]) -> Vec<PortMapping> {
-    p.iter().map(|p| PortMapping { host_port: p.host_port, sandbox_port: p.sandbox_port }).collect()
+    p.iter()
+        .map(|p| PortMapping {
+            host_port: p.host_port,
+            sandbox_port: p.sandbox_port,
+        })
+        .collect()
 }
 
 /// One entry of a batch (create with `count`, fork, batch delete).

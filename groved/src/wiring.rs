@@ -20,10 +20,17 @@ pub fn build(config: &Config) -> anyhow::Result<Backend> {
         .with_context(|| format!("creating {}", config.state_dir.display()))?;
     match config.root {
         RootKind::Overlay => {
-            let images = Arc::new(OverlayImages::new(&config.state_dir).context("opening the image directory")?);
+            let images = Arc::new(
+                OverlayImages::new(&config.state_dir).context("opening the image directory")?,
+            );
             let roots = Arc::new(OverlayRoot::new(&config.state_dir));
-            let runtime = Runtime::new(config.runtime_config(), roots).context("starting the runtime")?;
-            Ok(Backend { runtime, images, snapshots: None })
+            let runtime =
+                Runtime::new(config.runtime_config(), roots).context("starting the runtime")?;
+            Ok(Backend {
+                runtime,
+                images,
+                snapshots: None,
+            })
         }
         RootKind::Nodefs => crate::nodefs_backend::build(config),
     }

@@ -17,7 +17,10 @@ use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
 use crate::jsonx::ApiJson;
 use crate::metrics::Op;
-use crate::wire::{encode, Encoding, ExecRequestWire, ExecResultWire, Process, ProcessList, SignalRequest, StartedProcess};
+use crate::wire::{
+    encode, Encoding, ExecRequestWire, ExecResultWire, Process, ProcessList, SignalRequest,
+    StartedProcess,
+};
 
 /// Longest timeout one command may ask for.
 const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
@@ -35,9 +38,17 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
     match w.timeout_ms {
         Some(0) => return Err(ApiError::invalid("timeout_ms", "must be at least 1")),
         Some(t) if t > MAX_TIMEOUT_MS => {
-            return Err(ApiError::invalid("timeout_ms", format!("at most {MAX_TIMEOUT_MS} (24 h)")))
+            return Err(ApiError::invalid(
+                "timeout_ms",
+                format!("at most {MAX_TIMEOUT_MS} (24 h)"),
+            ))
         }
-        Some(_) if background => return Err(ApiError::invalid("timeout_ms", "background processes take no timeout")),
+        Some(_) if background => {
+            return Err(ApiError::invalid(
+                "timeout_ms",
+                "background processes take no timeout",
+            ))
+        }
         _ => {}
     }
     if let Some(cwd) = &w.cwd {
@@ -47,7 +58,10 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
     }
     for k in w.env.keys() {
         if k.is_empty() || k.contains('=') {
-            return Err(ApiError::invalid(&format!("env.{k}"), "names are non-empty, without '='"));
+            return Err(ApiError::invalid(
+                &format!("env.{k}"),
+                "names are non-empty, without '='",
+            ));
         }
     }
     let stdin = match &w.stdin {
@@ -58,7 +72,15 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
         ),
         None => None,
     };
-    let req = ExecRequest { argv, shell: w.shell, env: w.env, cwd: w.cwd, stdin, timeout_ms: w.timeout_ms, background };
+    let req = ExecRequest {
+        argv,
+        shell: w.shell,
+        env: w.env,
+        cwd: w.cwd,
+        stdin,
+        timeout_ms: w.timeout_ms,
+        background,
+    };
     Ok((req, w.encoding.unwrap_or_default()))
 }
 
@@ -71,7 +93,12 @@ pub async fn exec(
     let id = sandbox_id(&id)?;
     let (req, enc) = to_runtime(w, false)?;
     let rt = app.runtime.clone();
-    let r = timed(&app, Op::Exec, blocking(move || rt.exec(&id, req).map_err(ApiError::from))).await?;
+    let r = timed(
+        &app,
+        Op::Exec,
+        blocking(move || rt.exec(&id, req).map_err(ApiError::from)),
+    )
+    .await?;
     Ok(Json(ExecResultWire::from_result(&r, enc)))
 }
 
@@ -98,7 +125,9 @@ pub async fn exec_stream(
                 OutputChunk::Stdout(d) => ("stdout", d),
                 OutputChunk::Stderr(d) => ("stderr", d),
             };
-            let ev = Event::default().event(name).json_data(serde_json::json!({ "data": encode(&data, enc) }));
+            let ev = Event::default()
+                .event(name)
+                .json_data(serde_json::json!({ "data": encode(&data, enc) }));
             if let Ok(ev) = ev {
                 let _ = tx.blocking_send(Ok(ev));
             }
@@ -109,7 +138,9 @@ pub async fn exec_stream(
                 app2.metrics.observe(Op::Exec, t.elapsed());
                 r.stdout.clear();
                 r.stderr.clear();
-                Event::default().event("exit").json_data(ExecResultWire::from_result(&r, enc))
+                Event::default()
+                    .event("exit")
+                    .json_data(ExecResultWire::from_result(&r, enc))
             }
             Err(e) => {
                 let e = ApiError::from(e);
@@ -132,20 +163,41 @@ pub async fn start(
 ) -> ApiResult<(StatusCode, Json<StartedProcess>)> {
     let id = sandbox_id(&id)?;
     if w.encoding.is_some() {
-        return Err(ApiError::invalid("encoding", "background processes return no output"));
+        return Err(ApiError::invalid(
+            "encoding",
+            "background processes return no output",
+        ));
     }
     let (req, _) = to_runtime(w, true)?;
     let rt = app.runtime.clone();
     let r = blocking(move || rt.exec(&id, req).map_err(ApiError::from)).await?;
-    let pid = r.pid.ok_or_else(|| ApiError::internal("the runtime returned no pid for a background process"))?;
-    Ok((StatusCode::CREATED, Json(StartedProcess { pid, log_path: r.log_path })))
+    let pid = r.pid.ok_or_else(|| {
+        ApiError::internal("the runtime returned no pid for a background process")
+    })?;
+    Ok((
+        StatusCode::CREATED,
+        Json(StartedProcess {
+            pid,
+            log_path: r.log_path,
+        }),
+    ))
 }
 
-pub async fn processes(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<ProcessList>> {
+pub async fn processes(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ProcessList>> {
     let id = sandbox_id(&id)?;
     let rt = app.runtime.clone();
     let list = blocking(move || rt.processes(&id).map_err(ApiError::from)).await?;
-    let items = list.into_iter().map(|p| Process { pid: p.pid, argv: p.argv, running: p.running }).collect();
+    let items = list
+        .into_iter()
+        .map(|p| Process {
+            pid: p.pid,
+            argv: p.argv,
+            running: p.running,
+        })
+        .collect();
     Ok(Json(ProcessList { items }))
 }
 
@@ -157,10 +209,19 @@ pub async fn signal(
     let id = sandbox_id(&id)?;
     let pid: i32 = match pid.parse() {
         Ok(p) if p > 0 => p,
-        _ => return Err(ApiError::bad_request("invalid_pid", "pid", format!("{pid:?} is not a pid"))),
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_pid",
+                "pid",
+                format!("{pid:?} is not a pid"),
+            ))
+        }
     };
     if !(1..=64).contains(&req.signal) {
-        return Err(ApiError::invalid("signal", format!("{} is not a signal number (1-64)", req.signal)));
+        return Err(ApiError::invalid(
+            "signal",
+            format!("{} is not a signal number (1-64)", req.signal),
+        ));
     }
     let rt = app.runtime.clone();
     blocking(move || rt.signal(&id, pid, req.signal).map_err(ApiError::from)).await?;

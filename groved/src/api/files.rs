@@ -20,7 +20,11 @@ fn path_of(q: &Option<String>) -> ApiResult<(String, Vec<(String, String)>)> {
     Ok((sandbox_path(query_one(&pairs, "path"))?, pairs))
 }
 
-pub async fn read(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+pub async fn read(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
     let rt = app.runtime.clone();
@@ -41,15 +45,29 @@ pub async fn write(
         None => None,
         Some(m) => match u32::from_str_radix(m, 8) {
             Ok(v) if v <= 0o7777 => Some(v),
-            _ => return Err(ApiError::bad_request("invalid_query", "mode", format!("{m:?} is not an octal mode"))),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    "mode",
+                    format!("{m:?} is not an octal mode"),
+                ))
+            }
         },
     };
     let rt = app.runtime.clone();
-    blocking(move || rt.write_file(&id, &path, &body, mode).map_err(ApiError::from)).await?;
+    blocking(move || {
+        rt.write_file(&id, &path, &body, mode)
+            .map_err(ApiError::from)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn list(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Json<FileList>> {
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<FileList>> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
     let rt = app.runtime.clone();
@@ -57,13 +75,22 @@ pub async fn list(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(
     let entries = blocking(move || rt.list_dir(&id, &p).map_err(ApiError::from)).await?;
     let entries = entries
         .into_iter()
-        .map(|e| FileEntry { name: e.name, kind: e.kind, size: e.size, mode: e.mode })
+        .map(|e| FileEntry {
+            name: e.name,
+            kind: e.kind,
+            size: e.size,
+            mode: e.mode,
+        })
         .collect();
     Ok(Json(FileList { path, entries }))
 }
 
 /// GET ?path=/dir: the directory as a tar stream.
-pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+pub async fn download(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
     let rt = app.runtime.clone();
@@ -75,7 +102,10 @@ pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, RawQu
     let (mut w, body) = ChanWriter::new();
     tokio::task::spawn_blocking(move || {
         let r = rt.download_tar(&id, &path, &mut w);
-        match r.map_err(|e| crate::error::chain(&e)).and_then(|()| std::io::Write::flush(&mut w).map_err(|e| e.to_string())) {
+        match r
+            .map_err(|e| crate::error::chain(&e))
+            .and_then(|()| std::io::Write::flush(&mut w).map_err(|e| e.to_string()))
+        {
             Ok(()) => {}
             Err(e) => w.fail(e),
         }
@@ -94,6 +124,10 @@ pub async fn upload(
     let (path, _) = path_of(&q)?;
     let rt = app.runtime.clone();
     let mut reader = ChanReader::spawn(body);
-    blocking(move || rt.upload_tar(&id, &path, &mut reader).map_err(ApiError::from)).await?;
+    blocking(move || {
+        rt.upload_tar(&id, &path, &mut reader)
+            .map_err(ApiError::from)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -16,7 +16,9 @@ use crate::wire::{Image, ImageImportRequest, ImageList};
 
 pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<ImageList>> {
     let images = app.images.clone();
-    Ok(Json(ImageList { items: blocking(move || images.list()).await? }))
+    Ok(Json(ImageList {
+        items: blocking(move || images.list()).await?,
+    }))
 }
 
 /// POST /v1/images: import from a path on the node (`source`: "dir" or "oci").
@@ -26,7 +28,10 @@ pub async fn import(
 ) -> ApiResult<(StatusCode, Json<Image>)> {
     check_name("name", &req.name)?;
     if !matches!(req.source.as_str(), "dir" | "oci") {
-        return Err(ApiError::invalid("source", format!("{:?} is not \"dir\" or \"oci\"", req.source)));
+        return Err(ApiError::invalid(
+            "source",
+            format!("{:?} is not \"dir\" or \"oci\"", req.source),
+        ));
     }
     if req.reference.is_some() && req.source != "oci" {
         return Err(ApiError::invalid("reference", "only for source \"oci\""));
@@ -54,7 +59,10 @@ pub async fn import_tar(
     Ok((StatusCode::CREATED, Json(img)))
 }
 
-pub async fn delete(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
     check_name("name", &name)?;
     let images = app.images.clone();
     blocking(move || images.delete(&name)).await?;

@@ -7,6 +7,8 @@ mod node;
 mod sandboxes;
 mod snapshots;
 
+pub use sandboxes::build_spec;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,25 +28,47 @@ use crate::metrics::Op;
 pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
     let idem = || middleware::from_fn_with_state(app.clone(), crate::idempotency::layer);
     let v1 = Router::new()
-        .route("/sandboxes", post(sandboxes::create).route_layer(idem()).get(sandboxes::list))
+        .route(
+            "/sandboxes",
+            post(sandboxes::create)
+                .route_layer(idem())
+                .get(sandboxes::list),
+        )
         .route("/sandboxes/delete", post(sandboxes::batch_delete))
-        .route("/sandboxes/{id}", delete(sandboxes::delete).route_layer(idem()).get(sandboxes::get))
+        .route(
+            "/sandboxes/{id}",
+            delete(sandboxes::delete)
+                .route_layer(idem())
+                .get(sandboxes::get),
+        )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/stream", post(exec::exec_stream))
-        .route("/sandboxes/{id}/processes", get(exec::processes).post(exec::start))
+        .route(
+            "/sandboxes/{id}/processes",
+            get(exec::processes).post(exec::start),
+        )
         .route("/sandboxes/{id}/processes/{pid}/signal", post(exec::signal))
         .route("/sandboxes/{id}/files", get(files::read).put(files::write))
         .route("/sandboxes/{id}/files/list", get(files::list))
-        .route("/sandboxes/{id}/archive", get(files::download).put(files::upload))
+        .route(
+            "/sandboxes/{id}/archive",
+            get(files::download).put(files::upload),
+        )
         .route("/sandboxes/{id}/snapshot", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
         .route("/snapshots/import", post(snapshots::import))
-        .route("/snapshots/{name}", get(snapshots::get).delete(snapshots::delete))
-        .route("/snapshots/{name}/fork", post(snapshots::fork).route_layer(idem()))
+        .route(
+            "/snapshots/{name}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
+        .route(
+            "/snapshots/{name}/fork",
+            post(snapshots::fork).route_layer(idem()),
+        )
         .route("/snapshots/{name}/export", get(snapshots::export))
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))
@@ -76,7 +100,11 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this endpoint")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this endpoint",
+    )
 }
 
 async fn auth(key: &str, req: Request, next: Next) -> Response {
@@ -87,33 +115,55 @@ async fn auth(key: &str, req: Request, next: Next) -> Response {
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
     // Compare in time independent of where the first difference is.
-    let same = given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    let same = given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
     if same {
         next.run(req).await
     } else {
-        let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong API key").into_response();
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        let mut r = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong API key",
+        )
+        .into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
         r
     }
 }
 
 /// Refuses new work while draining and counts every request by route template.
 async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "other".into());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "other".into());
     let method = req.method().clone();
     let resp = if app.draining() && !matches!(route.as_str(), "/v1/health" | "/metrics") {
         ApiError::unavailable("groved is shutting down").into_response()
     } else {
         next.run(req).await
     };
-    app.metrics.request(&route, method.as_str(), resp.status().as_u16());
+    app.metrics
+        .request(&route, method.as_str(), resp.status().as_u16());
     resp
 }
 
 /// Parses a sandbox id from the path.
 pub(crate) fn sandbox_id(s: &str) -> ApiResult<SandboxId> {
     s.parse().map_err(|_| {
-        ApiError::bad_request("invalid_id", "id", format!("{s:?} is not a sandbox id (sb- and 12 hex chars)"))
+        ApiError::bad_request(
+            "invalid_id",
+            "id",
+            format!("{s:?} is not a sandbox id (sb- and 12 hex chars)"),
+        )
     })
 }
 
@@ -134,12 +184,22 @@ pub(crate) async fn timed<T>(
 
 /// Checks a path inside a sandbox: absolute, no `..`, no NUL. The runtime checks again after resolving links.
 pub(crate) fn sandbox_path(p: Option<&str>) -> ApiResult<String> {
-    let p = p.ok_or_else(|| ApiError::bad_request("invalid_path", "path", "query parameter path is required"))?;
+    let p = p.ok_or_else(|| {
+        ApiError::bad_request("invalid_path", "path", "query parameter path is required")
+    })?;
     if !p.starts_with('/') {
-        return Err(ApiError::bad_request("invalid_path", "path", format!("{p:?} is not absolute")));
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            "path",
+            format!("{p:?} is not absolute"),
+        ));
     }
     if p.contains('\0') || p.split('/').any(|c| c == "..") {
-        return Err(ApiError::bad_request("invalid_path", "path", format!("{p:?} escapes (.. or NUL)")));
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            "path",
+            format!("{p:?} escapes (.. or NUL)"),
+        ));
     }
     Ok(p.to_string())
 }

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
-use grove_runtime::{SandboxInfo, SandboxSpec, SandboxState, Usage};
+use grove_runtime::{Limits, SandboxInfo, SandboxSpec, SandboxState, Usage};
 
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
@@ -16,8 +16,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::jsonx::{query_one, query_pairs, ApiJson};
 use crate::metrics::Op;
 use crate::wire::{
-    network_from_wire, ports_from_wire, BatchDeleteRequest, BatchDeleteResponse, BatchItem, BatchResponse,
-    CreateSandboxRequest, DeleteResult, ForkRequest, Sandbox, SandboxList, TtlRequest,
+    network_from_wire, ports_from_wire, BatchDeleteRequest, BatchDeleteResponse, BatchItem,
+    BatchResponse, CreateSandboxRequest, DeleteResult, ForkRequest, Sandbox, SandboxList,
+    TtlRequest,
 };
 
 /// Most sandboxes one request may create.
@@ -25,18 +26,30 @@ pub const MAX_BATCH: u32 = 1024;
 /// Creates of one batch run this many at a time.
 const BATCH_PARALLEL: usize = 4;
 
-pub async fn create(State(app): State<Arc<App>>, ApiJson(req): ApiJson<CreateSandboxRequest>) -> ApiResult<Response> {
+pub async fn create(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> ApiResult<Response> {
     if let Some(n) = req.count {
         if n == 0 || n > MAX_BATCH {
-            return Err(ApiError::invalid("count", format!("must be 1..={MAX_BATCH}, got {n}")));
+            return Err(ApiError::invalid(
+                "count",
+                format!("must be 1..={MAX_BATCH}, got {n}"),
+            ));
         }
     }
     if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid("ttl_secs", "must be at least 1 (leave it out for no expiry)"));
+        return Err(ApiError::invalid(
+            "ttl_secs",
+            "must be at least 1 (leave it out for no expiry)",
+        ));
     }
     check_labels("labels", &req.labels)?;
     match (&req.image, &req.snapshot) {
-        (Some(_), Some(_)) => Err(ApiError::invalid("snapshot", "give either image or snapshot, not both")),
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "snapshot",
+            "give either image or snapshot, not both",
+        )),
         (None, None) => Err(ApiError::invalid("image", "give an image or a snapshot")),
         (None, Some(snap)) => from_snapshot(app, snap.clone(), req).await,
         (Some(_), None) => from_image(app, req).await,
@@ -44,7 +57,7 @@ pub async fn create(State(app): State<Arc<App>>, ApiJson(req): ApiJson<CreateSan
 }
 
 async fn from_image(app: Arc<App>, req: CreateSandboxRequest) -> ApiResult<Response> {
-    let spec = spec_of(&app, &req)?;
+    let spec = build_spec(&req, &app.config.defaults)?;
     let Some(count) = req.count else {
         let info = create_one(&app, spec).await?;
         return Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response());
@@ -59,10 +72,19 @@ async fn from_image(app: Arc<App>, req: CreateSandboxRequest) -> ApiResult<Respo
 
 async fn create_one(app: &Arc<App>, spec: SandboxSpec) -> ApiResult<SandboxInfo> {
     let rt = app.runtime.clone();
-    timed(app, Op::Create, blocking(move || rt.create(spec).map_err(ApiError::from))).await
+    timed(
+        app,
+        Op::Create,
+        blocking(move || rt.create(spec).map_err(ApiError::from)),
+    )
+    .await
 }
 
-async fn from_snapshot(app: Arc<App>, name: String, req: CreateSandboxRequest) -> ApiResult<Response> {
+async fn from_snapshot(
+    app: Arc<App>,
+    name: String,
+    req: CreateSandboxRequest,
+) -> ApiResult<Response> {
     let not_for_snapshots = [
         ("limits", req.limits.is_some()),
         ("env", !req.env.is_empty()),
@@ -71,7 +93,10 @@ async fn from_snapshot(app: Arc<App>, name: String, req: CreateSandboxRequest) -
         ("ports", !req.ports.is_empty()),
     ];
     if let Some((field, _)) = not_for_snapshots.iter().find(|(_, given)| *given) {
-        return Err(ApiError::invalid(field, "is fixed by the snapshot; only count, labels, ttl_secs and hostname apply"));
+        return Err(ApiError::invalid(
+            field,
+            "is fixed by the snapshot; only count, labels, ttl_secs and hostname apply",
+        ));
     }
     let snaps = app.snapshots()?;
     let fork = ForkRequest {
@@ -81,10 +106,17 @@ async fn from_snapshot(app: Arc<App>, name: String, req: CreateSandboxRequest) -
         hostname_prefix: req.hostname.clone(),
     };
     let single = req.count.is_none();
-    let op = if fork.count == 1 { Op::Restore } else { Op::Fork };
+    let op = if fork.count == 1 {
+        Op::Restore
+    } else {
+        Op::Fork
+    };
     let results = timed(&app, op, blocking(move || snaps.fork(&name, &fork))).await?;
     if single {
-        let info = results.into_iter().next().unwrap_or_else(|| Err(ApiError::internal("fork returned nothing")))?;
+        let info = results
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(ApiError::internal("fork returned nothing")))?;
         return Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response());
     }
     batch_response(results)
@@ -100,42 +132,63 @@ pub(crate) fn batch_response(results: Vec<ApiResult<SandboxInfo>>) -> ApiResult<
     let results = results
         .into_iter()
         .map(|r| match r {
-            Ok(i) => BatchItem { sandbox: Some(Sandbox::from(&i)), error: None },
-            Err(e) => BatchItem { sandbox: None, error: Some(e.body()) },
+            Ok(i) => BatchItem {
+                sandbox: Some(Sandbox::from(&i)),
+                error: None,
+            },
+            Err(e) => BatchItem {
+                sandbox: None,
+                error: Some(e.body()),
+            },
         })
         .collect();
     Ok((StatusCode::CREATED, Json(BatchResponse { results })).into_response())
 }
 
-fn spec_of(app: &App, req: &CreateSandboxRequest) -> ApiResult<SandboxSpec> {
+/// The runtime spec for a create request, limits filled from `defaults`.
+pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<SandboxSpec> {
     let network = match &req.network {
         Some(n) => network_from_wire(n).map_err(|(field, why)| ApiError::invalid(&field, why))?,
         None => Default::default(),
     };
     for k in req.env.keys() {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(ApiError::invalid(&format!("env.{k}"), "names are non-empty, without '=' or NUL"));
+            return Err(ApiError::invalid(
+                &format!("env.{k}"),
+                "names are non-empty, without '=' or NUL",
+            ));
         }
     }
     if let Some(w) = &req.workdir {
         if !w.starts_with('/') {
-            return Err(ApiError::invalid("workdir", format!("{w:?} is not absolute")));
+            return Err(ApiError::invalid(
+                "workdir",
+                format!("{w:?} is not absolute"),
+            ));
         }
     }
     if let Some(h) = &req.hostname {
-        let ok = !h.is_empty() && h.len() <= 63 && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        let ok = !h.is_empty()
+            && h.len() <= 63
+            && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
         if !ok {
-            return Err(ApiError::invalid("hostname", format!("{h:?}: 1-63 chars of [A-Za-z0-9-]")));
+            return Err(ApiError::invalid(
+                "hostname",
+                format!("{h:?}: 1-63 chars of [A-Za-z0-9-]"),
+            ));
         }
     }
     for (i, p) in req.ports.iter().enumerate() {
         if p.host_port == 0 || p.sandbox_port == 0 {
-            return Err(ApiError::invalid(&format!("ports[{i}]"), "port 0 is not a port"));
+            return Err(ApiError::invalid(
+                &format!("ports[{i}]"),
+                "port 0 is not a port",
+            ));
         }
     }
     Ok(SandboxSpec {
         image: req.image.clone().unwrap_or_default(),
-        limits: Some(req.limits.unwrap_or_default().fill(&app.config.defaults)),
+        limits: Some(req.limits.unwrap_or_default().fill(defaults)),
         env: req.env.clone(),
         workdir: req.workdir.clone(),
         hostname: req.hostname.clone(),
@@ -150,12 +203,19 @@ pub(crate) fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> Ap
     for (k, v) in labels {
         let ok = !k.is_empty()
             && k.len() <= 63
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
         if !ok {
-            return Err(ApiError::invalid(&format!("{field}.{k}"), "label keys: 1-63 chars of [A-Za-z0-9._/-]"));
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                "label keys: 1-63 chars of [A-Za-z0-9._/-]",
+            ));
         }
         if v.len() > 256 {
-            return Err(ApiError::invalid(&format!("{field}.{k}"), "label values are at most 256 bytes"));
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                "label values are at most 256 bytes",
+            ));
         }
     }
     Ok(())
@@ -170,12 +230,19 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
 
 fn parse_state(s: &str) -> ApiResult<SandboxState> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
-        ApiError::bad_request("invalid_query", "state", format!("{s:?} is not a sandbox state"))
+        ApiError::bad_request(
+            "invalid_query",
+            "state",
+            format!("{s:?} is not a sandbox state"),
+        )
     })
 }
 
 /// GET /v1/sandboxes?state=running&label=k=v&limit=100&page_token=...
-pub async fn list(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> ApiResult<Json<SandboxList>> {
+pub async fn list(
+    State(app): State<Arc<App>>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<SandboxList>> {
     let pairs = query_pairs(q.as_deref())?;
     let mut states = Vec::new();
     let mut labels = Vec::new();
@@ -188,17 +255,35 @@ pub async fn list(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> ApiResu
             }
             "label" => match v.split_once('=') {
                 Some((lk, lv)) => labels.push((lk.to_string(), lv.to_string())),
-                None => return Err(ApiError::bad_request("invalid_query", "label", format!("{v:?} is not key=value"))),
+                None => {
+                    return Err(ApiError::bad_request(
+                        "invalid_query",
+                        "label",
+                        format!("{v:?} is not key=value"),
+                    ))
+                }
             },
             "limit" | "page_token" => {}
-            other => return Err(ApiError::bad_request("invalid_query", other, format!("unknown query parameter {other:?}"))),
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    other,
+                    format!("unknown query parameter {other:?}"),
+                ))
+            }
         }
     }
     let limit = match query_one(&pairs, "limit") {
         None => 100,
         Some(l) => match l.parse::<usize>() {
             Ok(n) if (1..=1000).contains(&n) => n,
-            _ => return Err(ApiError::bad_request("invalid_query", "limit", format!("{l:?}: must be 1..=1000"))),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    "limit",
+                    format!("{l:?}: must be 1..=1000"),
+                ))
+            }
         },
     };
     let after = query_one(&pairs, "page_token").map(str::to_string);
@@ -217,13 +302,18 @@ pub async fn list(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> ApiResu
     } else {
         None
     };
-    Ok(Json(SandboxList { items, next_page_token }))
+    Ok(Json(SandboxList {
+        items,
+        next_page_token,
+    }))
 }
 
 pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let rt = app.runtime.clone();
-    blocking(move || rt.destroy(&id).map_err(ApiError::from)).await.inspect_err(|e| app.metrics.failure("delete", &e.code))?;
+    blocking(move || rt.destroy(&id).map_err(ApiError::from))
+        .await
+        .inspect_err(|e| app.metrics.failure("delete", &e.code))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -240,7 +330,12 @@ pub async fn batch_delete(
         let mut targets: Vec<String> = req.ids.clone();
         if !req.labels.is_empty() {
             for i in rt.list() {
-                if req.labels.iter().all(|(k, v)| i.spec.labels.get(k) == Some(v)) && !targets.contains(&i.id.to_string()) {
+                if req
+                    .labels
+                    .iter()
+                    .all(|(k, v)| i.spec.labels.get(k) == Some(v))
+                    && !targets.contains(&i.id.to_string())
+                {
                     targets.push(i.id.to_string());
                 }
             }
@@ -249,7 +344,11 @@ pub async fn batch_delete(
             .into_iter()
             .map(|id| {
                 let r = sandbox_id(&id).and_then(|sid| rt.destroy(&sid).map_err(ApiError::from));
-                DeleteResult { id, deleted: r.is_ok(), error: r.err().map(|e| e.body()) }
+                DeleteResult {
+                    id,
+                    deleted: r.is_ok(),
+                    error: r.err().map(|e| e.body()),
+                }
             })
             .collect();
         Ok(results)
@@ -265,7 +364,10 @@ pub async fn set_ttl(
 ) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
     if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid("ttl_secs", "must be at least 1 (null for no expiry)"));
+        return Err(ApiError::invalid(
+            "ttl_secs",
+            "must be at least 1 (null for no expiry)",
+        ));
     }
     let rt = app.runtime.clone();
     let info = blocking(move || rt.set_ttl(&id, req.ttl_secs).map_err(ApiError::from)).await?;
@@ -275,17 +377,25 @@ pub async fn set_ttl(
 pub async fn usage(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Usage>> {
     let id = sandbox_id(&id)?;
     let rt = app.runtime.clone();
-    Ok(Json(blocking(move || rt.usage(&id).map_err(ApiError::from)).await?))
+    Ok(Json(
+        blocking(move || rt.usage(&id).map_err(ApiError::from)).await?,
+    ))
 }
 
-pub async fn pause(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+pub async fn pause(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
     let rt = app.runtime.clone();
     let info = blocking(move || rt.pause(&id).map_err(ApiError::from)).await?;
     Ok(Json(Sandbox::from(&info)))
 }
 
-pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+pub async fn resume(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
     let rt = app.runtime.clone();
     let info = blocking(move || rt.resume(&id).map_err(ApiError::from)).await?;

@@ -30,8 +30,18 @@ pub async fn create(
     }
     let snaps = app.snapshots()?;
     let sid = id.clone();
-    let snap = timed(&app, Op::Snapshot, blocking(move || snaps.snapshot(&sid, &req))).await?;
-    app.emit(own("snapshot_created", Some(id.to_string()), Some(snap.name.clone()), None));
+    let snap = timed(
+        &app,
+        Op::Snapshot,
+        blocking(move || snaps.snapshot(&sid, &req)),
+    )
+    .await?;
+    app.emit(own(
+        "snapshot_created",
+        Some(id.to_string()),
+        Some(snap.name.clone()),
+        None,
+    ));
     Ok((StatusCode::CREATED, Json(snap)))
 }
 
@@ -41,13 +51,19 @@ pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<SnapshotList>> 
     Ok(Json(SnapshotList { items }))
 }
 
-pub async fn get(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<Json<Snapshot>> {
+pub async fn get(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Snapshot>> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
     Ok(Json(blocking(move || snaps.get(&name)).await?))
 }
 
-pub async fn delete(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
     let n = name.clone();
@@ -63,7 +79,10 @@ pub async fn fork(
 ) -> ApiResult<Response> {
     check_name("name", &name)?;
     if req.count == 0 || req.count > MAX_BATCH {
-        return Err(ApiError::invalid("count", format!("must be 1..={MAX_BATCH}, got {}", req.count)));
+        return Err(ApiError::invalid(
+            "count",
+            format!("must be 1..={MAX_BATCH}, got {}", req.count),
+        ));
     }
     if req.ttl_secs == Some(0) {
         return Err(ApiError::invalid("ttl_secs", "must be at least 1"));
@@ -97,10 +116,18 @@ pub async fn export(State(app): State<Arc<App>>, Path(name): Path<String>) -> Ap
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
-pub async fn import(State(app): State<Arc<App>>, body: Body) -> ApiResult<(StatusCode, Json<Snapshot>)> {
+pub async fn import(
+    State(app): State<Arc<App>>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Snapshot>)> {
     let snaps = app.snapshots()?;
     let mut reader = ChanReader::spawn(body);
     let snap = blocking(move || snaps.import(&mut reader)).await?;
-    app.emit(own("snapshot_imported", None, Some(snap.name.clone()), None));
+    app.emit(own(
+        "snapshot_imported",
+        None,
+        Some(snap.name.clone()),
+        None,
+    ));
     Ok((StatusCode::CREATED, Json(snap)))
 }

@@ -1,1 +1,5 @@
-fn main() {}
+//! `grove`: the Grove command line.
+
+fn main() {
+    std::process::exit(groved::cli::main());
+}

@@ -1,0 +1,121 @@
+//! Without a daemon: `grove run` starts the runtime in-process for one sandbox, and `grove residue` scans the
+//! host itself (starting a runtime would clean up first and hide what was left).
+
+use std::io::Write as _;
+
+use grove_runtime::{ExecRequest, OutputChunk, ResidueItem};
+
+use super::sandbox::{exit_code, spec_json};
+use super::{CliError, CliResult, RunArgs};
+use crate::config::{Config, Overrides};
+use crate::wire::CreateSandboxRequest;
+
+pub fn run(a: RunArgs) -> CliResult {
+    let config = Config::load(&Overrides::default())
+        .map_err(|e| CliError::Other(crate::error::chain(&e)))?;
+    let req: CreateSandboxRequest = crate::jsonx::parse_json(
+        &serde_json::to_vec(&spec_json(Some(&a.image), &a.spec)?).unwrap_or_default(),
+    )
+    .map_err(|e| CliError::Usage(e.message))?;
+    let spec = crate::api::build_spec(&req, &config.defaults)
+        .map_err(|e| CliError::Usage(format!("{}: {}", e.field.unwrap_or_default(), e.message)))?;
+    let backend = crate::wiring::build(&config).map_err(|e| CliError::Other(format!("{e:#}")))?;
+    let rt = backend.runtime;
+    let info = rt
+        .create(spec)
+        .map_err(|e| CliError::Other(crate::error::chain(&e)));
+    let result = info.and_then(|info| {
+        let mut req = ExecRequest::argv(a.cmd.clone());
+        req.timeout_ms = a.timeout.map(|t| (t * 1000.0).ceil() as u64);
+        let mut out = |c: OutputChunk| {
+            let _ = match c {
+                OutputChunk::Stdout(d) => std::io::stdout()
+                    .write_all(&d)
+                    .and_then(|()| std::io::stdout().flush()),
+                OutputChunk::Stderr(d) => std::io::stderr().write_all(&d),
+            };
+        };
+        let r = rt
+            .exec_stream(&info.id, req, &mut out)
+            .map_err(|e| CliError::Other(crate::error::chain(&e)));
+        let destroyed = rt
+            .destroy(&info.id)
+            .map_err(|e| CliError::Other(crate::error::chain(&e)));
+        let r = r?;
+        destroyed?;
+        Ok(exit_code(r.exit_code, r.signal, r.timed_out))
+    });
+    rt.shutdown();
+    match result? {
+        0 => Ok(()),
+        n => Err(CliError::Exit(n)),
+    }
+}
+
+pub fn residue() -> CliResult {
+    super::misc::print_residue(&scan_host())
+}
+
+/// Everything Grove-named on the host: mounts, cgroups, netns, links, nft tables, grove-init processes, shm.
+pub fn scan_host() -> Vec<ResidueItem> {
+    let mut items = Vec::new();
+    let mut add = |kind: &str, what: String| {
+        items.push(ResidueItem {
+            kind: kind.into(),
+            what,
+        })
+    };
+    if let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") {
+        for line in mi.lines() {
+            let l = line.to_ascii_lowercase();
+            if l.contains("grove") || l.contains("nodefs") {
+                add("mount", line.split(' ').nth(4).unwrap_or(line).to_string());
+            }
+        }
+    }
+    if let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") {
+        for c in ctrls.flatten() {
+            if let Ok(children) = std::fs::read_dir(c.path().join("grove")) {
+                for ch in children.flatten().filter(|e| e.path().is_dir()) {
+                    add("cgroup", ch.path().display().to_string());
+                }
+            }
+        }
+    }
+    for (dir, kind, prefix) in [
+        ("/run/netns", "netns", "grove"),
+        ("/sys/class/net", "link", "grove"),
+        ("/dev/shm", "file", "grove"),
+    ] {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(prefix) {
+                    add(kind, e.path().display().to_string());
+                }
+            }
+        }
+    }
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "grove-init" {
+                add(
+                    "process",
+                    format!("pid {} grove-init", p.file_name().to_string_lossy()),
+                );
+            }
+        }
+    }
+    if let Ok(out) = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+    {
+        for t in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("grove"))
+        {
+            add("nft", t.to_string());
+        }
+    }
+    items
+}
