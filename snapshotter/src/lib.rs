@@ -1,3 +1,15 @@
-//! Grove snapshotter: CRIU checkpoint/restore of whole sandboxes into the content-addressed store.
+//! Grove snapshotter: CRIU checkpoint/restore of whole sandboxes into the content-addressed
+//! store, forks of snapshots into independent branches, and snapshot transfer between nodes.
 
 pub mod criu;
+mod error;
+mod images;
+mod record;
+mod root;
+mod snapshotter;
+mod transfer;
+
+pub use error::Error;
+pub use record::SnapshotInfo;
+pub use root::{NodefsRoot, NodefsRootMount};
+pub use snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, MAX_FORK};

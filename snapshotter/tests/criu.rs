@@ -191,3 +191,85 @@ fn locate_rejects_a_binary_that_fails_check() {
         other => panic!("expected NotFound, got {other:?}"),
     }
 }
+
+/// The runtime freezes with cgroup2's cgroup.freeze: CRIU must seize such a tree and leave it
+/// frozen, and restore must place tasks into a given cgroup2 dir.
+#[test]
+fn dump_of_a_cgroup2_frozen_tree_and_restore_into_cgroup2() {
+    let Some((criu, _serial)) = setup() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("grove-test-criu")
+        .tempdir()
+        .unwrap();
+    let images = work.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    {
+        let t = TestTree::start();
+        tree::wait_for(5, "counter > 1", || t.counter() > 1);
+        t.unified.freeze(true);
+        let at_dump = t.counter();
+        criu.dump(&DumpOptions {
+            pid: t.init_pid,
+            images_dir: images.clone(),
+            work_dir: work.path().join("dump-work"),
+            leave_running: true,
+            freeze_cgroup: Some(t.unified.path()),
+            tcp_established: true,
+            ..Default::default()
+        })
+        .expect("dump");
+        assert!(
+            t.unified.frozen(),
+            "criu must leave a frozen cgroup2 frozen"
+        );
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(t.counter(), at_dump);
+        let copy = OverlayRoot::new(&tree::unique("restored2"), Some(&t.root.upper()));
+        t.unified.freeze(false);
+        tree::wait_for(5, "source runs on", || t.counter() > at_dump + 1);
+
+        let name = tree::unique("restored2");
+        let cg = Freezer::new(&name);
+        let ucg = tree::Unified::new(&name);
+        let (pid, _) = criu
+            .restore(&RestoreOptions {
+                images_dir: images.clone(),
+                work_dir: work.path().join("restore-work"),
+                root: copy.root(),
+                pidfile: work.path().join("restore.pid"),
+                cgroup_roots: vec![
+                    ("freezer".into(), cg.rel.clone().into()),
+                    ("unified".into(), ucg.rel.clone().into()),
+                ],
+                tcp_established: true,
+                ..Default::default()
+            })
+            .expect("restore");
+        assert!(
+            cg.procs().contains(&pid),
+            "restored init lands in the given v1 cgroup"
+        );
+        assert!(
+            ucg.procs().contains(&pid),
+            "restored init lands in the given cgroup2 dir; it is in {:?}; log: {}",
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")),
+            std::fs::read_to_string(work.path().join("restore-work/restore.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("cg") || l.contains("unified"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tree::wait_for(5, "restored tree counts on", || {
+            tree::read_counter(&copy.root()) > at_dump + 2
+        });
+        drop(ucg);
+        cg.kill_all();
+        drop(cg);
+        drop(copy);
+    }
+    let left = tree::host_residue("grove-test-");
+    assert!(left.is_empty(), "residue: {left:?}");
+}

@@ -99,6 +99,8 @@ impl RestoreOptions {
         }
         for (ctrl, path) in &self.cgroup_roots {
             a.push("--cgroup-root".into());
+            // CRIU names the cgroup2 hierarchy by the empty controller name.
+            let ctrl = if ctrl == "unified" { "" } else { ctrl.as_str() };
             let mut v = OsString::from(format!("{ctrl}:/"));
             v.push(path.strip_prefix("/").unwrap_or(path));
             a.push(v);
@@ -178,6 +180,7 @@ mod tests {
             cgroup_roots: vec![
                 ("memory".into(), "grove/sb-2".into()),
                 ("cpuset".into(), "/grove/sb-2".into()),
+                ("unified".into(), "grove/sb-2".into()),
             ],
             external_mounts: vec![("grove-data".into(), "/srv/data".into())],
             tcp_established: false,
@@ -188,7 +191,7 @@ mod tests {
             a,
             "restore -D /i -W /w -v4 -o restore.log --network-lock nftables -d \
              --root /run/grove/sb/root --pidfile /w/pid --manage-cgroups=soft \
-             --cgroup-root memory:/grove/sb-2 --cgroup-root cpuset:/grove/sb-2 \
+             --cgroup-root memory:/grove/sb-2 --cgroup-root cpuset:/grove/sb-2 --cgroup-root :/grove/sb-2 \
              --external mnt[grove-data]:/srv/data --lazy-pages"
         );
     }

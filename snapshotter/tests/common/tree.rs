@@ -163,6 +163,62 @@ impl Drop for Freezer {
     }
 }
 
+/// A cgroup2 directory under the controller-less /sys/fs/cgroup/unified mount.
+pub struct Unified {
+    pub rel: String,
+}
+
+pub const UNIFIED: &str = "/sys/fs/cgroup/unified";
+
+impl Unified {
+    pub fn new(name: &str) -> Unified {
+        std::fs::create_dir(Path::new(UNIFIED).join(name)).unwrap();
+        Unified {
+            rel: name.to_string(),
+        }
+    }
+    pub fn path(&self) -> PathBuf {
+        Path::new(UNIFIED).join(&self.rel)
+    }
+    pub fn freeze(&self, on: bool) {
+        std::fs::write(
+            self.path().join("cgroup.freeze"),
+            if on { "1" } else { "0" },
+        )
+        .unwrap();
+        let want = if on { "frozen 1" } else { "frozen 0" };
+        wait_for(5, "cgroup2 freeze state", || {
+            std::fs::read_to_string(self.path().join("cgroup.events"))
+                .unwrap_or_default()
+                .contains(want)
+        });
+    }
+    pub fn frozen(&self) -> bool {
+        std::fs::read_to_string(self.path().join("cgroup.freeze"))
+            .unwrap_or_default()
+            .trim()
+            == "1"
+    }
+    pub fn procs(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.path().join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Unified {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path().join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(self.path()).is_err() && Instant::now() < deadline {
+            reap_children();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 /// Reaps any of our exited children without blocking (restored trees reparent to us).
 pub fn reap_children() {
     loop {
@@ -180,6 +236,7 @@ pub const LOOP: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sle
 
 /// The namespaced tree: its root, its freezer and the host pid of its pid 1.
 pub struct TestTree {
+    pub unified: Unified,
     pub freezer: Freezer,
     pub root: OverlayRoot,
     pub init_pid: i32,
@@ -190,6 +247,7 @@ impl TestTree {
         let name = unique("tree");
         let root = OverlayRoot::new(&name, None);
         let freezer = Freezer::new(&name);
+        let unified = Unified::new(&name);
         // Scripts live in the sandbox root so no quoting crosses shells.
         std::fs::write(root.root().join("grove-loop.sh"), LOOP).unwrap();
         std::fs::write(
@@ -199,8 +257,10 @@ impl TestTree {
         )
         .unwrap();
         let outer = format!(
-            "echo $$ > {}/cgroup.procs && exec unshare -p -m -n -u -i -f sh ./grove-pivot.sh",
-            freezer.path().display()
+            "echo $$ > {}/cgroup.procs && echo $$ > {}/cgroup.procs && \
+             exec unshare -p -m -n -u -i -f sh ./grove-pivot.sh",
+            freezer.path().display(),
+            unified.path().display()
         );
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
@@ -245,6 +305,7 @@ impl TestTree {
         // unshare stays as the tree's parent; it exits when pid 1 dies and is reaped via `child`.
         std::mem::forget(child);
         TestTree {
+            unified,
             freezer,
             root,
             init_pid,

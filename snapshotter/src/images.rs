@@ -1,0 +1,113 @@
+//! CRIU image directories in the content store: chunking policy on the way in, a per-snapshot
+//! materialized copy on the way out (restores read plain files).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nodefs::{ChunkPolicy, ManifestId, Store};
+use parking_lot::Mutex;
+
+use crate::error::Error;
+
+/// Page images are cut at page size so identical memory pages dedup one by one; the other
+/// (small, structured) images use content-defined chunks.
+pub fn chunk_policy(path: &Path) -> ChunkPolicy {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.starts_with("pages-") && name.ends_with(".img") {
+        ChunkPolicy::Fixed(4096)
+    } else {
+        ChunkPolicy::Cdc
+    }
+}
+
+/// Imports a CRIU image directory.
+pub fn import(store: &Store, dir: &Path) -> Result<ManifestId, Error> {
+    Ok(store.import_dir_with(dir, &chunk_policy)?)
+}
+
+/// Materialized image directories, one per snapshot, under `<run>/snapshots/<id>/images`.
+#[derive(Debug)]
+pub struct ImageCache {
+    dir: PathBuf,
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl ImageCache {
+    pub fn new(dir: PathBuf) -> ImageCache {
+        ImageCache {
+            dir,
+            locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<Mutex<()>> {
+        self.locks.lock().entry(id.to_string()).or_default().clone()
+    }
+
+    /// The materialized images of snapshot `id`, exported from the store on first use.
+    /// Built in a temp dir and renamed, so a crash never leaves a half directory in use.
+    pub fn get(&self, store: &Store, id: &str, images: &ManifestId) -> Result<PathBuf, Error> {
+        let lock = self.lock_for(id);
+        let _g = lock.lock();
+        let base = self.dir.join(id);
+        let done = base.join("images");
+        if done.is_dir() {
+            return Ok(done);
+        }
+        fs::create_dir_all(&base).map_err(|e| Error::io(&base, e))?;
+        let tmp = base.join("images.tmp");
+        let _ = fs::remove_dir_all(&tmp);
+        let res = store
+            .export_dir(images, &tmp)
+            .map_err(Error::from)
+            .and_then(|()| fs::rename(&tmp, &done).map_err(|e| Error::io(&done, e)));
+        if let Err(e) = res {
+            let _ = fs::remove_dir_all(&base);
+            return Err(e);
+        }
+        Ok(done)
+    }
+
+    /// Drops the materialized copy of one snapshot.
+    pub fn drop_snapshot(&self, id: &str) {
+        let lock = self.lock_for(id);
+        let _g = lock.lock();
+        let _ = fs::remove_dir_all(self.dir.join(id));
+        drop(_g);
+        self.locks.lock().remove(id);
+    }
+
+    /// Removes copies whose snapshot no longer exists (e.g. after a crash).
+    pub fn retain(&self, live: &dyn Fn(&str) -> bool) {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !live(&name) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_cut_per_page() {
+        assert_eq!(
+            chunk_policy(Path::new("pages-1.img")),
+            ChunkPolicy::Fixed(4096)
+        );
+        assert_eq!(
+            chunk_policy(Path::new("sub/pages-12.img")),
+            ChunkPolicy::Fixed(4096)
+        );
+        assert_eq!(chunk_policy(Path::new("pagemap-1.img")), ChunkPolicy::Cdc);
+        assert_eq!(chunk_policy(Path::new("core-1.img")), ChunkPolicy::Cdc);
+    }
+}

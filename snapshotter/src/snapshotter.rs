@@ -1,0 +1,491 @@
+//! The `Snapshotter`: snapshot a running sandbox into the store, fork snapshots into branches,
+//! list/get/delete them and move them between nodes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use grove_runtime::{Runtime, SandboxId, SandboxInfo, SandboxState};
+use nodefs::{ManifestId, Store};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+
+use crate::criu::{self, Criu};
+use crate::error::Error;
+use crate::images::{self, ImageCache};
+use crate::record::{self, RecordDir, SnapshotInfo};
+use crate::root::NodefsRootMount;
+
+/// At most this many branches per fork call.
+pub const MAX_FORK: u32 = 64;
+
+/// Where the snapshotter keeps its files. `state_dir` and `run_dir` are the daemon's (records go
+/// to `<state_dir>/snapshots`, materialized images to `<run_dir>/snapshots`).
+#[derive(Debug, Clone)]
+pub struct SnapshotterConfig {
+    pub state_dir: PathBuf,
+    pub run_dir: PathBuf,
+    /// CRIU binary; None = `$GROVE_CRIU`, /var/lib/grove/criu/criu, then PATH.
+    pub criu: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SnapshotOptions {
+    pub name: Option<String>,
+    /// Destroy the source sandbox once the snapshot is committed.
+    #[serde(default)]
+    pub stop: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ForkOptions {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub ttl_secs: Option<u64>,
+    /// Branch i gets hostname `<prefix>-<i>`; None keeps the runtime's default per-sandbox name.
+    pub hostname_prefix: Option<String>,
+}
+
+/// Snapshots and forks of sandboxes.
+pub struct Snapshotter {
+    runtime: Arc<Runtime>,
+    store: Arc<Store>,
+    criu: Criu,
+    records: RecordDir,
+    index: RwLock<BTreeMap<String, SnapshotInfo>>,
+    cache: ImageCache,
+    /// Scratch space of dumps and restores in progress (emptied at start).
+    work_root: PathBuf,
+    /// Sandboxes with a snapshot in progress.
+    busy: Mutex<HashSet<SandboxId>>,
+}
+
+impl std::fmt::Debug for Snapshotter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshotter")
+            .field("criu", &self.criu)
+            .field("snapshots", &self.index.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Store refs that keep a snapshot's manifests alive across gc runs and restarts.
+fn ref_names(id: &str) -> [String; 2] {
+    [
+        format!("grove/snapshots/{id}/fs"),
+        format!("grove/snapshots/{id}/images"),
+    ]
+}
+const REF_PREFIX: &str = "grove/snapshots/";
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
+    hex.parse().map_err(|_| Error::InvalidInput {
+        field: "snapshot",
+        reason: format!("{what} {hex:?} is not a manifest id"),
+    })
+}
+
+/// Removes a scratch directory when dropped (success or failure).
+struct Scratch(PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Snapshotter {
+    pub fn new(
+        cfg: SnapshotterConfig,
+        runtime: Arc<Runtime>,
+        store: Arc<Store>,
+    ) -> Result<Arc<Snapshotter>, Error> {
+        let criu = Criu::locate(cfg.criu.as_deref())?;
+        let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
+        let work_root = cfg.run_dir.join("snapshot-work");
+        let _ = std::fs::remove_dir_all(&work_root);
+        std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
+        let mut index = BTreeMap::new();
+        for info in records.load_all()? {
+            index.insert(info.id.clone(), info);
+        }
+        let s = Snapshotter {
+            runtime,
+            store,
+            criu,
+            records,
+            index: RwLock::new(index),
+            cache: ImageCache::new(cfg.run_dir.join("snapshots")),
+            work_root,
+            busy: Mutex::new(HashSet::new()),
+        };
+        s.drop_orphans();
+        Ok(Arc::new(s))
+    }
+
+    /// After a crash: refs of snapshots never recorded, and materialized images of deleted ones.
+    fn drop_orphans(&self) {
+        let index = self.index.read();
+        if let Ok(refs) = self.store.refs() {
+            for (name, _) in refs {
+                let Some(rest) = name.strip_prefix(REF_PREFIX) else {
+                    continue;
+                };
+                let id = rest.split('/').next().unwrap_or("");
+                if !index.contains_key(id) {
+                    let _ = self.store.delete_ref(&name);
+                }
+            }
+        }
+        self.cache.retain(&|id| index.contains_key(id));
+    }
+
+    pub fn criu(&self) -> &Criu {
+        &self.criu
+    }
+
+    /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
+    /// → images into the store → durable record. Any failure thaws and leaves the source as it
+    /// was; no scratch is left behind.
+    pub fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        opts: SnapshotOptions,
+    ) -> Result<SnapshotInfo, Error> {
+        if let Some(n) = &opts.name {
+            record::validate_name(n)?;
+            self.check_name_free(n, None)?;
+        }
+        let _busy = self.claim(sandbox)?;
+        let view = self.runtime.checkpoint_view(sandbox)?;
+        let mount = view
+            .root
+            .as_any()
+            .downcast_ref::<NodefsRootMount>()
+            .ok_or_else(|| Error::Unsupported {
+                what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
+            })?
+            .mount()
+            .clone();
+        let already_paused = self.runtime.get(sandbox)?.state == SandboxState::Paused;
+        let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
+        let images_dir = scratch.0.join("images");
+        std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
+        let before = self.store.stats().stored_bytes;
+
+        let t0 = Instant::now();
+        if !already_paused {
+            self.runtime.freeze(sandbox)?;
+        }
+        let frozen = (|| -> Result<ManifestId, Error> {
+            self.criu.dump(&criu::DumpOptions {
+                pid: view.init_pid,
+                images_dir: images_dir.clone(),
+                work_dir: scratch.0.join("criu"),
+                leave_running: true,
+                external_mounts: view
+                    .externals
+                    .iter()
+                    .map(|e| (e.sandbox_path.clone(), e.key.clone()))
+                    .collect(),
+                freeze_cgroup: frozen_cgroup(&view.cgroups),
+                tcp_established: true,
+                track_mem: false,
+                prev_images_dir: None,
+            })?;
+            Ok(mount.commit()?)
+        })();
+        let thawed = if already_paused {
+            Ok(())
+        } else {
+            self.runtime.thaw(sandbox)
+        };
+        let dump_ms = t0.elapsed().as_millis() as u64;
+        let fs_root = frozen.map_err(|e| self.conflict_or(sandbox, e))?;
+        thawed?;
+
+        let images_root = images::import(&self.store, &images_dir)?;
+        drop(scratch);
+        let (fs_hex, img_hex) = (fs_root.to_hex(), images_root.to_hex());
+        let id = record::root_hash(&fs_hex, &img_hex, &view.spec);
+        if let Some(existing) = self.index.read().get(&id) {
+            return Ok(existing.clone());
+        }
+        let info = SnapshotInfo {
+            id: id.clone(),
+            name: opts.name,
+            source: sandbox.to_string(),
+            created_at_ms: now_ms(),
+            fs_root: fs_hex,
+            images_root: img_hex,
+            spec: view.spec.clone(),
+            dump_ms,
+            bytes_added: self.store.stats().stored_bytes.saturating_sub(before),
+        };
+        self.commit_record(&info, &fs_root, &images_root)?;
+        tracing::info!(snapshot = %id, %sandbox, dump_ms, bytes_added = info.bytes_added, "snapshot committed");
+        if opts.stop {
+            self.runtime.destroy(sandbox)?;
+        }
+        Ok(info)
+    }
+
+    fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
+        if !self.busy.lock().insert(sandbox.clone()) {
+            return Err(Error::Conflict {
+                sandbox: sandbox.to_string(),
+                reason: "a snapshot of this sandbox is already in progress".into(),
+            });
+        }
+        Ok(BusyGuard {
+            set: &self.busy,
+            id: sandbox.clone(),
+        })
+    }
+
+    /// A dump that met a socket connected outside the sandbox is a state conflict (typically an
+    /// exec in flight holds the control connection), not an internal failure.
+    fn conflict_or(&self, sandbox: &SandboxId, e: Error) -> Error {
+        match e {
+            Error::Criu(criu::Error::ExternalSocket { log_tail, .. }) => Error::Conflict {
+                sandbox: sandbox.to_string(),
+                reason: format!(
+                    "a connection from outside the sandbox is open (an exec in flight?); retry when it ends ({})",
+                    log_tail.first().map(String::as_str).unwrap_or("")
+                ),
+            },
+            other => other,
+        }
+    }
+
+    fn check_name_free(&self, name: &str, except: Option<&str>) -> Result<(), Error> {
+        if let Some(other) = self
+            .index
+            .read()
+            .values()
+            .find(|s| s.name.as_deref() == Some(name))
+        {
+            if Some(other.id.as_str()) != except {
+                return Err(Error::NameTaken {
+                    name: name.into(),
+                    id: other.id.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refs first (so gc keeps the data), then the record (the commit point), then the index.
+    fn commit_record(
+        &self,
+        info: &SnapshotInfo,
+        fs: &ManifestId,
+        imgs: &ManifestId,
+    ) -> Result<(), Error> {
+        let [fs_ref, img_ref] = ref_names(&info.id);
+        self.store.set_ref(&fs_ref, fs)?;
+        self.store.set_ref(&img_ref, imgs)?;
+        if let Err(e) = self.records.write(info) {
+            let _ = self.store.delete_ref(&fs_ref);
+            let _ = self.store.delete_ref(&img_ref);
+            return Err(e);
+        }
+        self.index.write().insert(info.id.clone(), info.clone());
+        Ok(())
+    }
+
+    /// Forks a snapshot into `count` new sandboxes, restored concurrently. The outer error is
+    /// for bad input; each branch has its own result, and a failed branch leaves nothing.
+    pub fn fork(
+        &self,
+        snapshot: &str,
+        count: u32,
+        opts: ForkOptions,
+    ) -> Result<Vec<Result<SandboxInfo, Error>>, Error> {
+        if count == 0 || count > MAX_FORK {
+            return Err(Error::InvalidInput {
+                field: "count",
+                reason: format!("{count}: must be 1..={MAX_FORK}"),
+            });
+        }
+        let info = self.get(snapshot)?;
+        let images_root = parse_manifest(&info.images_root, "images root")?;
+        let images = self.cache.get(&self.store, &info.id, &images_root)?;
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..count)
+                .map(|i| {
+                    let (info, images, opts) = (&info, &images, &opts);
+                    s.spawn(move || self.fork_one(info, images, i, opts))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Unsupported {
+                            what: "a fork branch thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        Ok(results)
+    }
+
+    fn fork_one(
+        &self,
+        info: &SnapshotInfo,
+        images: &Path,
+        i: u32,
+        opts: &ForkOptions,
+    ) -> Result<SandboxInfo, Error> {
+        let mut spec = info.spec.clone();
+        spec.image = info.fs_root.clone();
+        spec.hostname = opts.hostname_prefix.as_ref().map(|p| format!("{p}-{i}"));
+        spec.labels.extend(opts.labels.clone());
+        spec.labels.insert("grove.snapshot".into(), info.id.clone());
+        spec.ttl_secs = opts.ttl_secs.or(spec.ttl_secs);
+        let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+            let scratch = Scratch(self.work_root.join(format!("restore-{}", t.id)));
+            let opts = criu::RestoreOptions {
+                images_dir: images.to_path_buf(),
+                work_dir: scratch.0.clone(),
+                root: t.root_dir.clone(),
+                pidfile: scratch.0.join("restored.pid"),
+                cgroup_roots: t.cgroups.clone(),
+                external_mounts: t.externals.iter().map(|e| (e.key.clone(), e.host_path.clone())).collect(),
+                tcp_established: true,
+                lazy_pages: false,
+            };
+            match self.criu.restore(&opts) {
+                Ok((pid, _)) => Ok(pid),
+                Err(e) => Err(Box::new(e)),
+            }
+        };
+        self.runtime
+            .create_restored(spec, &mut restore)
+            .map_err(unwrap_restore_error)
+    }
+
+    /// All snapshots, oldest first.
+    pub fn list(&self) -> Vec<SnapshotInfo> {
+        let mut v: Vec<_> = self.index.read().values().cloned().collect();
+        v.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        v
+    }
+
+    /// A snapshot by id (hex) or name.
+    pub fn get(&self, snapshot: &str) -> Result<SnapshotInfo, Error> {
+        let index = self.index.read();
+        if let Some(s) = index.get(snapshot) {
+            return Ok(s.clone());
+        }
+        index
+            .values()
+            .find(|s| s.name.as_deref() == Some(snapshot))
+            .cloned()
+            .ok_or_else(|| Error::NotFound {
+                snapshot: snapshot.into(),
+            })
+    }
+
+    /// Deletes the record, the refs and the materialized images. Chunks are freed by the next gc
+    /// unless something else (a branch's root, another snapshot) still reaches them.
+    pub fn delete(&self, snapshot: &str) -> Result<(), Error> {
+        let info = self.get(snapshot)?;
+        self.records.remove(&info.id)?;
+        self.index.write().remove(&info.id);
+        for r in ref_names(&info.id) {
+            self.store.delete_ref(&r)?;
+        }
+        self.cache.drop_snapshot(&info.id);
+        Ok(())
+    }
+
+    /// Manifests every snapshot needs: roots for the store's gc.
+    pub fn live_manifests(&self) -> Vec<ManifestId> {
+        self.index
+            .read()
+            .values()
+            .flat_map(|s| [s.fs_root.parse().ok(), s.images_root.parse().ok()])
+            .flatten()
+            .collect()
+    }
+
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Records an imported snapshot (the transfer module verified it).
+    pub(crate) fn adopt(
+        &self,
+        info: SnapshotInfo,
+        fs: &ManifestId,
+        imgs: &ManifestId,
+    ) -> Result<SnapshotInfo, Error> {
+        if let Some(existing) = self.index.read().get(&info.id) {
+            return Ok(existing.clone());
+        }
+        if let Some(n) = &info.name {
+            self.check_name_free(n, None)?;
+        }
+        self.commit_record(&info, fs, imgs)?;
+        Ok(info)
+    }
+}
+
+struct BusyGuard<'a> {
+    set: &'a Mutex<HashSet<SandboxId>>,
+    id: SandboxId,
+}
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.id);
+    }
+}
+
+/// The freezer CRIU should use: the one the runtime froze the sandbox with (v1 freezer or the
+/// cgroup2 `cgroup.freeze`). CRIU then seizes the frozen tasks and leaves the cgroup frozen.
+fn frozen_cgroup(cgroups: &[(String, PathBuf)]) -> Option<PathBuf> {
+    let rel = |p: &PathBuf| p.strip_prefix("/").unwrap_or(p).to_path_buf();
+    for (ctrl, path) in cgroups {
+        if ctrl == "freezer" {
+            let dir = Path::new("/sys/fs/cgroup/freezer").join(rel(path));
+            let state = std::fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
+            if state.trim() == "FROZEN" {
+                return Some(dir);
+            }
+        }
+    }
+    for (ctrl, path) in cgroups {
+        if ctrl == "unified" {
+            let dir = Path::new("/sys/fs/cgroup/unified").join(rel(path));
+            if std::fs::read_to_string(dir.join("cgroup.freeze"))
+                .unwrap_or_default()
+                .trim()
+                == "1"
+            {
+                return Some(dir);
+            }
+        }
+    }
+    None
+}
+
+/// The runtime wraps our restore error; give callers the typed CRIU error back.
+fn unwrap_restore_error(e: grove_runtime::Error) -> Error {
+    match e {
+        grove_runtime::Error::Restore { id, source } => match source.downcast::<criu::Error>() {
+            Ok(c) => Error::Criu(*c),
+            Err(source) => Error::Runtime(grove_runtime::Error::Restore { id, source }),
+        },
+        other => Error::Runtime(other),
+    }
+}

@@ -1,0 +1,126 @@
+//! Moving snapshots between nodes: one stream = header, record, then the nodefs streams of the
+//! fs manifest and of the images manifest, each holding only objects the receiver lacks.
+//!
+//! Format: `GRVSNAP1`, record length (u32 LE), record JSON, fs stream, images stream.
+
+use std::io::{Read, Write};
+
+use nodefs::ObjectId;
+
+use crate::error::Error;
+use crate::record::{self, SnapshotInfo};
+use crate::snapshotter::Snapshotter;
+
+const MAGIC: &[u8; 8] = b"GRVSNAP1";
+const MAX_RECORD: u32 = 1 << 20;
+
+/// Counts bytes written through it.
+struct Counting<'a> {
+    inner: &'a mut dyn Write,
+    n: u64,
+}
+impl Write for Counting<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.inner.write(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn werr(e: std::io::Error) -> Error {
+    Error::BadStream {
+        reason: format!("write: {e}"),
+    }
+}
+
+impl Snapshotter {
+    /// Writes a self-contained stream of the snapshot; returns the bytes written.
+    pub fn export(&self, snapshot: &str, out: &mut dyn Write) -> Result<u64, Error> {
+        self.export_delta(snapshot, &|_| false, out)
+    }
+
+    /// Like `export`, leaving out the objects `receiver_has` says the receiver already holds.
+    pub fn export_delta(
+        &self,
+        snapshot: &str,
+        receiver_has: &dyn Fn(&ObjectId) -> bool,
+        out: &mut dyn Write,
+    ) -> Result<u64, Error> {
+        let info = self.get(snapshot)?;
+        let fs: ObjectId = parse(&info.fs_root)?;
+        let imgs: ObjectId = parse(&info.images_root)?;
+        let body = serde_json::to_vec(&info).map_err(|e| Error::BadStream {
+            reason: e.to_string(),
+        })?;
+        let mut w = Counting { inner: out, n: 0 };
+        w.write_all(MAGIC).map_err(werr)?;
+        w.write_all(&(body.len() as u32).to_le_bytes())
+            .map_err(werr)?;
+        w.write_all(&body).map_err(werr)?;
+        self.store().export_stream(&fs, receiver_has, &mut w)?;
+        self.store().export_stream(&imgs, receiver_has, &mut w)?;
+        w.flush().map_err(werr)?;
+        Ok(w.n)
+    }
+
+    /// Reads a stream written by `export` and records the snapshot; fails cleanly (nothing
+    /// recorded) if the stream is damaged or lacks objects this store does not have.
+    pub fn import(&self, input: &mut dyn Read) -> Result<SnapshotInfo, Error> {
+        let rerr = |e: std::io::Error| Error::BadStream {
+            reason: format!("read: {e}"),
+        };
+        let mut magic = [0u8; 8];
+        input.read_exact(&mut magic).map_err(rerr)?;
+        if &magic != MAGIC {
+            return Err(Error::BadStream {
+                reason: "not a Grove snapshot stream (bad magic)".into(),
+            });
+        }
+        let mut n = [0u8; 4];
+        input.read_exact(&mut n).map_err(rerr)?;
+        let len = u32::from_le_bytes(n);
+        if len > MAX_RECORD {
+            return Err(Error::BadStream {
+                reason: format!("record of {len} bytes is too large"),
+            });
+        }
+        let mut body = vec![0u8; len as usize];
+        input.read_exact(&mut body).map_err(rerr)?;
+        let info: SnapshotInfo = serde_json::from_slice(&body).map_err(|e| Error::BadStream {
+            reason: format!("record: {e}"),
+        })?;
+        if record::root_hash(&info.fs_root, &info.images_root, &info.spec) != info.id {
+            return Err(Error::BadStream {
+                reason: format!("snapshot {} does not match its root hash", info.id),
+            });
+        }
+        if let Some(name) = &info.name {
+            record::validate_name(name)?;
+        }
+        let fs = self.import_part(input, "filesystem")?;
+        let imgs = self.import_part(input, "images")?;
+        if fs.to_hex() != info.fs_root || imgs.to_hex() != info.images_root {
+            return Err(Error::BadStream {
+                reason: "stream manifests differ from the record".into(),
+            });
+        }
+        self.adopt(info, &fs, &imgs)
+    }
+
+    fn import_part(&self, input: &mut dyn Read, part: &str) -> Result<ObjectId, Error> {
+        self.store()
+            .import_stream(input)
+            .map_err(|e| Error::BadStream {
+                reason: format!("{part} part: {e} (are chunks missing on this node?)"),
+            })
+    }
+}
+
+fn parse(hex: &str) -> Result<ObjectId, Error> {
+    hex.parse().map_err(|_| Error::BadStream {
+        reason: format!("{hex:?} is not a manifest id"),
+    })
+}
