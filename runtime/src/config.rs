@@ -18,6 +18,13 @@ pub struct RuntimeConfig {
     pub cgroup_root: String,
     pub capacity: CapacityOverrides,
     pub defaults: Limits,
+    /// Address pool for egress sandboxes (a /30 each).
+    #[serde(default = "default_pool")]
+    pub net_pool: String,
+}
+
+fn default_pool() -> String {
+    "10.200.0.0/16".into()
 }
 
 impl RuntimeConfig {
@@ -34,6 +41,7 @@ impl RuntimeConfig {
             cgroup_root: "grove".into(),
             capacity: CapacityOverrides::default(),
             defaults: Limits::default(),
+            net_pool: default_pool(),
         }
     }
 }

@@ -2,12 +2,24 @@
 //!
 //! The public API is described in RUNTIME-API.md; everything crossing it is re-exported here.
 
+mod admission;
+mod adopt;
+pub mod cgroup;
+mod client;
 pub mod config;
 pub mod error;
+mod files;
+pub mod init;
 pub mod mounts;
+mod network;
+pub mod proto;
+mod residue;
 pub mod root;
 pub mod runtime;
+mod sandbox;
+mod spawner;
 pub mod types;
+mod validate;
 
 pub use config::RuntimeConfig;
 pub use error::Error;

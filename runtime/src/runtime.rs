@@ -1,14 +1,26 @@
 //! The `Runtime`: sandbox lifecycle, exec, files, admission, reclaim.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::admission::{self, Admission};
+use crate::cgroup::{self, CgroupBackend};
+use crate::client::{self, ClientError};
 use crate::config::RuntimeConfig;
 use crate::error::Error;
-use crate::root::{RootMount, RootProvider};
+use crate::files::Root;
+use crate::network::Network;
+use crate::proto::{self, ExecSpec, SetupConfig};
+use crate::root::{DiskQuota, RootMount, RootProvider};
+use crate::sandbox::{now_ms, Parts, Sandbox};
+use crate::spawner::{self, SpawnError};
 use crate::types::*;
+use crate::validate;
 
 /// A host path bind-mounted into the sandbox, which CRIU must be told about
 /// (dump `--external mnt[<sandbox_path>]:<key>`, restore `--external mnt[<key>]:<host_path>`).
@@ -59,123 +71,614 @@ pub type RestoreFn<'a> =
     dyn FnMut(&RestoreTarget) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> + 'a;
 
 pub struct Runtime {
-    config: RuntimeConfig,
-    roots: Arc<dyn RootProvider>,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) roots: Arc<dyn RootProvider>,
+    pub(crate) cgroups: Arc<dyn CgroupBackend>,
+    pub(crate) net: Network,
+    admission: Admission,
+    pub(crate) sandboxes: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
+    /// Ids being created or destroyed: owned, but not (or no longer) in `sandboxes`.
+    pub(crate) pending: Mutex<HashSet<SandboxId>>,
+    subscribers: Mutex<Vec<Sender<Event>>>,
 }
 
-fn unsupported<T>(what: &str) -> Result<T, Error> {
-    Err(Error::Unsupported { what: what.into() })
+fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
 }
 
 impl Runtime {
-    /// Cleans residue of a previous run it does not own.
+    /// Sets up the host side (cgroup parents, run dir) and cleans residue of a previous run.
     pub fn new(config: RuntimeConfig, roots: Arc<dyn RootProvider>) -> Result<Arc<Runtime>, Error> {
-        Ok(Arc::new(Runtime { config, roots }))
+        if !config.cgroup_root.starts_with("grove")
+            || !config
+                .cgroup_root
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(Error::invalid(
+                "cgroup_root",
+                "must start with \"grove\" and be [A-Za-z0-9_-]",
+            ));
+        }
+        if !config.init_binary.is_absolute() || !config.init_binary.is_file() {
+            return Err(Error::invalid(
+                "init_binary",
+                format!("{} is not a file", config.init_binary.display()),
+            ));
+        }
+        // Sandbox pid 1s are reparented to us when the setup process exits: reap them ourselves.
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        let cgroups = cgroup::detect(&config.cgroup_root);
+        cgroups.prepare().map_err(|e| Error::Cgroup {
+            path: e.path.clone(),
+            source: e.source,
+        })?;
+        let sb_dir = config.run_dir.join("sandboxes");
+        std::fs::create_dir_all(&sb_dir).map_err(io_err(format!("create {}", sb_dir.display())))?;
+        let table = config.cgroup_root.replace('-', "_");
+        let net =
+            Network::new(&table, &config.net_pool).map_err(|e| Error::invalid("net_pool", e))?;
+        let total = admission::detect(&config.capacity, &[&config.state_dir, &config.run_dir]);
+        let rt = Arc::new(Runtime {
+            config,
+            roots,
+            cgroups,
+            net,
+            admission: Admission::new(total),
+            sandboxes: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashSet::new()),
+            subscribers: Mutex::new(Vec::new()),
+        });
+        rt.clean_residue();
+        Ok(rt)
     }
+
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
     }
+
+    fn emit(&self, sandbox: &SandboxId, kind: EventKind, reason: Option<String>) {
+        let ev = Event {
+            at_ms: now_ms(),
+            sandbox: sandbox.clone(),
+            kind,
+            reason,
+        };
+        self.subscribers
+            .lock()
+            .retain(|s| s.send(ev.clone()).is_ok());
+    }
+
+    fn sandbox(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
+        self.sandboxes
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound { id: id.to_string() })
+    }
+
+    fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
+        let sb = self.sandbox(id)?;
+        let st = *sb.state.lock();
+        if st != SandboxState::Running {
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: format!("sandbox is {st:?}, not running"),
+            });
+        }
+        Ok(sb)
+    }
+
     pub fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, Error> {
-        let _ = (&spec, &self.roots);
-        unsupported("create")
+        self.create_inner(spec, None)
     }
+
+    /// Create a sandbox whose process tree is brought by `restore` (CRIU) instead of a fresh init: the
+    /// runtime does admission, mounts the root from `spec.image`, makes the cgroups, calls `restore`
+    /// (which returns the host pid of the restored init), then adopts it. Any failure undoes every step.
+    pub fn create_restored(
+        &self,
+        spec: SandboxSpec,
+        restore: &mut RestoreFn<'_>,
+    ) -> Result<SandboxInfo, Error> {
+        self.create_inner(spec, Some(restore))
+    }
+
+    fn create_inner(
+        &self,
+        spec: SandboxSpec,
+        restore: Option<&mut RestoreFn<'_>>,
+    ) -> Result<SandboxInfo, Error> {
+        validate::spec(&spec)?;
+        let limits = spec.limits.unwrap_or(self.config.defaults);
+        validate::limits(&limits)?;
+        if !self.roots.image_exists(&spec.image) {
+            return Err(Error::ImageNotFound {
+                image: spec.image.clone(),
+            });
+        }
+        self.admission.reserve(&limits)?;
+        let id = loop {
+            let id = SandboxId::generate();
+            if !self.sandboxes.lock().contains_key(&id) && self.pending.lock().insert(id.clone()) {
+                break id;
+            }
+        };
+        let mut parts = Parts::default();
+        let res = self.build(&id, &spec, &limits, restore, &mut parts);
+        let result = match res {
+            Ok(sb) => {
+                let info = sb.info();
+                self.sandboxes.lock().insert(id.clone(), sb);
+                self.emit(&id, EventKind::Created, None);
+                Ok(info)
+            }
+            Err(e) => {
+                if let Err(undo) = self.reclaim(&id, parts) {
+                    tracing::error!(sandbox = %id, error = %undo, "undo of a failed create is incomplete");
+                }
+                self.admission.release(&limits);
+                self.emit(&id, EventKind::Failed, Some(e.to_string()));
+                Err(e)
+            }
+        };
+        self.pending.lock().remove(&id);
+        result
+    }
+
+    /// The steps of a create; each records what it made in `parts` so a failure can be undone.
+    fn build(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        limits: &Limits,
+        restore: Option<&mut RestoreFn<'_>>,
+        parts: &mut Parts,
+    ) -> Result<Arc<Sandbox>, Error> {
+        let dir = self.config.run_dir.join("sandboxes").join(id.as_str());
+        std::fs::create_dir(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        parts.dir = Some(dir.clone());
+        let root_dir = dir.join("root");
+        std::fs::create_dir(&root_dir).map_err(io_err(format!("create {}", root_dir.display())))?;
+        let quota = DiskQuota {
+            bytes: Some(limits.disk_mb << 20),
+            inodes: None,
+        };
+        let root: Arc<dyn RootMount> =
+            Arc::from(self.roots.mount_root(id, &spec.image, &root_dir, &quota)?);
+        parts.root = Some(root.clone());
+        self.cgroups
+            .create(id.as_str(), limits)
+            .map_err(|e| Error::Cgroup {
+                path: e.path.clone(),
+                source: e.source,
+            })?;
+        parts.cgroups = true;
+        let hostname = spec.hostname.clone().unwrap_or_else(|| id.to_string());
+        let init_pid = match restore {
+            None => {
+                let cfg = SetupConfig {
+                    root: root_dir.display().to_string(),
+                    hostname: hostname.clone(),
+                    cgroup_procs: self
+                        .cgroups
+                        .procs_files(id.as_str())
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                    init_binary: self.config.init_binary.display().to_string(),
+                    tmp_size_mb: (limits.memory_mb / 2).max(8),
+                    shm_size_mb: (limits.memory_mb / 4).max(4),
+                    open_files: u64::from(limits.open_files),
+                    new_netns: true,
+                };
+                spawner::spawn_init(&self.config.init_binary, &cfg).map_err(|e| {
+                    if let SpawnError::Failed { pid: Some(p), .. } = &e {
+                        parts.init_pid = Some(*p);
+                    }
+                    Error::Init {
+                        id: id.clone(),
+                        reason: e.to_string(),
+                    }
+                })?
+            }
+            Some(restore) => {
+                let target = RestoreTarget {
+                    id: id.clone(),
+                    root_dir: root_dir.clone(),
+                    cgroups: self.cgroups.criu_paths(id.as_str()),
+                    externals: self.externals(),
+                    hostname: hostname.clone(),
+                };
+                let pid = restore(&target).map_err(|source| Error::Restore {
+                    id: id.clone(),
+                    source,
+                })?;
+                parts.init_pid = Some(pid);
+                crate::adopt::set_hostname(pid, &hostname).map_err(|e| Error::Init {
+                    id: id.clone(),
+                    reason: format!("set hostname: {e}"),
+                })?;
+                client::ping(pid).map_err(|e| Error::Init {
+                    id: id.clone(),
+                    reason: format!("restored init: {e}"),
+                })?;
+                pid
+            }
+        };
+        parts.init_pid = Some(init_pid);
+        let net = match &spec.network {
+            NetworkPolicy::None => None,
+            NetworkPolicy::Egress { allow } => {
+                let lease = self
+                    .net
+                    .setup(id, init_pid, allow, &spec.ports)
+                    .map_err(|reason| Error::Network {
+                        id: id.clone(),
+                        reason,
+                    })?;
+                parts.net = Some(lease.clone());
+                Some(lease)
+            }
+        };
+        let created_at_ms = now_ms();
+        Ok(Arc::new(Sandbox {
+            id: id.clone(),
+            spec: spec.clone(),
+            limits: *limits,
+            hostname,
+            created_at_ms,
+            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| created_at_ms + t * 1000)),
+            state: parking_lot::Mutex::new(SandboxState::Running),
+            init_pid,
+            dir,
+            root,
+            net,
+        }))
+    }
+
+    /// Removes everything in `parts`, in reverse order of making; every step is tried and verified.
+    pub(crate) fn reclaim(&self, id: &SandboxId, parts: Parts) -> Result<(), Error> {
+        let mut errors: Vec<String> = Vec::new();
+        if parts.cgroups {
+            if let Err(e) = self.cgroups.kill_all(id.as_str()) {
+                errors.push(format!("kill: {e}"));
+            }
+        }
+        if let Some(pid) = parts.init_pid {
+            if !parts.cgroups {
+                // SAFETY: kill(2) with plain integers; the pid is this sandbox's init, our child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            // Reap our (adopted) child; ECHILD when it was never ours.
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        }
+        if let Some(lease) = &parts.net {
+            if let Err(e) = self.net.teardown(lease) {
+                errors.push(format!("network: {e}"));
+            }
+        }
+        if parts.cgroups {
+            if let Err(e) = self.cgroups.remove(id.as_str()) {
+                errors.push(format!("cgroups: {e}"));
+            }
+        }
+        if let Some(root) = &parts.root {
+            if let Err(e) = root.unmount() {
+                errors.push(format!("root: {e}"));
+            }
+        }
+        if let Some(dir) = &parts.dir {
+            let mounted = crate::mounts::mount_points()
+                .map(|m| m.iter().any(|p| p.starts_with(dir)))
+                .unwrap_or(true);
+            if mounted {
+                errors.push(format!("{} still has mounts; left in place", dir.display()));
+            } else if let Err(e) = std::fs::remove_dir_all(dir) {
+                errors.push(format!("remove {}: {e}", dir.display()));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Cleanup {
+                id: id.clone(),
+                reason: errors.join("; "),
+            })
+        }
+    }
+
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
-        Err(Error::NotFound { id: id.to_string() })
+        Ok(self.sandbox(id)?.info())
     }
+
     pub fn list(&self) -> Vec<SandboxInfo> {
-        Vec::new()
+        let mut v: Vec<SandboxInfo> = self.sandboxes.lock().values().map(|s| s.info()).collect();
+        v.sort_by_key(|i| i.created_at_ms);
+        v
     }
+
+    /// Kill every process (cgroup.kill), tear down network, cgroups and root, remove the run dir.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
-        Err(Error::NotFound { id: id.to_string() })
+        self.destroy_with(id, EventKind::Destroyed)
     }
-    pub fn set_ttl(&self, id: &SandboxId, _ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
-        Err(Error::NotFound { id: id.to_string() })
+
+    fn destroy_with(&self, id: &SandboxId, kind: EventKind) -> Result<(), Error> {
+        let sb = {
+            let mut map = self.sandboxes.lock();
+            let sb = map
+                .remove(id)
+                .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
+            self.pending.lock().insert(id.clone());
+            sb
+        };
+        *sb.state.lock() = SandboxState::Destroying;
+        let parts = Parts {
+            dir: Some(sb.dir.clone()),
+            root: Some(sb.root.clone()),
+            cgroups: true,
+            init_pid: Some(sb.init_pid),
+            net: sb.net.clone(),
+        };
+        let res = self.reclaim(id, parts);
+        self.admission.release(&sb.limits);
+        self.pending.lock().remove(id);
+        match &res {
+            Ok(()) => {
+                *sb.state.lock() = SandboxState::Destroyed;
+                self.emit(id, kind, None);
+            }
+            Err(e) => {
+                *sb.state.lock() = SandboxState::Failed;
+                self.emit(id, EventKind::Failed, Some(e.to_string()));
+            }
+        }
+        res
     }
+
+    pub fn set_ttl(&self, id: &SandboxId, ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
+        if ttl_secs == Some(0) {
+            return Err(Error::invalid("ttl_secs", "0 (use None for no expiry)"));
+        }
+        let sb = self.sandbox(id)?;
+        *sb.expires_at_ms.lock() = ttl_secs.map(|t| now_ms() + t * 1000);
+        Ok(sb.info())
+    }
+
     pub fn exec(&self, id: &SandboxId, req: ExecRequest) -> Result<ExecResult, Error> {
         self.exec_stream(id, req, &mut |_| {})
     }
+
     pub fn exec_stream(
         &self,
-        _id: &SandboxId,
-        _req: ExecRequest,
-        _on_output: &mut dyn FnMut(OutputChunk),
+        id: &SandboxId,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputChunk),
     ) -> Result<ExecResult, Error> {
-        unsupported("exec")
+        let sb = self.running(id)?;
+        let argv = validate::exec_argv(&req)?;
+        let mut env = sb.spec.env.clone();
+        env.extend(req.env);
+        let cwd = req
+            .cwd
+            .or_else(|| sb.spec.workdir.clone())
+            .unwrap_or_else(|| "/".into());
+        let spec = ExecSpec {
+            argv,
+            env,
+            cwd,
+            stdin: req.stdin,
+            timeout_ms: req.timeout_ms,
+            background: req.background,
+        };
+        client::exec(sb.init_pid, spec, on_output).map_err(|e| self.client_error(id, e))
     }
-    pub fn processes(&self, _id: &SandboxId) -> Result<Vec<ProcessInfo>, Error> {
-        unsupported("processes")
+
+    fn client_error(&self, id: &SandboxId, e: ClientError) -> Error {
+        match e {
+            ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
+                field: "cwd".into(),
+                reason: m,
+            },
+            ClientError::Init(m) if m.starts_with("exec") => Error::InvalidSpec {
+                field: "argv".into(),
+                reason: m,
+            },
+            e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {
+                id: format!("{id} (destroyed: {e})"),
+            },
+            e => Error::Init {
+                id: id.clone(),
+                reason: e.to_string(),
+            },
+        }
     }
-    pub fn signal(&self, _id: &SandboxId, _pid: i32, _signal: i32) -> Result<(), Error> {
-        unsupported("signal")
+
+    pub fn processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, Error> {
+        let sb = self.running(id)?;
+        let list = client::processes(sb.init_pid).map_err(|e| self.client_error(id, e))?;
+        Ok(list
+            .into_iter()
+            .map(|p| ProcessInfo {
+                pid: p.pid,
+                argv: p.argv,
+                running: p.running,
+            })
+            .collect())
     }
-    pub fn read_file(&self, _id: &SandboxId, _path: &str) -> Result<Vec<u8>, Error> {
-        unsupported("read_file")
+
+    pub fn signal(&self, id: &SandboxId, pid: i32, signal: i32) -> Result<(), Error> {
+        if pid <= 1 {
+            return Err(Error::invalid("pid", format!("{pid} cannot be signalled")));
+        }
+        if !(1..=64).contains(&signal) {
+            return Err(Error::invalid(
+                "signal",
+                format!("{signal} is not a signal number"),
+            ));
+        }
+        let sb = self.running(id)?;
+        client::signal(sb.init_pid, pid, signal).map_err(|e| match e {
+            ClientError::Init(m) => Error::invalid("pid", m),
+            e => self.client_error(id, e),
+        })
     }
+
+    fn root_of(&self, id: &SandboxId) -> Result<Root, Error> {
+        Root::open(self.sandbox(id)?.init_pid)
+    }
+
+    pub fn read_file(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+        self.root_of(id)?.read(path)
+    }
+
     pub fn write_file(
         &self,
-        _id: &SandboxId,
-        _path: &str,
-        _data: &[u8],
-        _mode: Option<u32>,
+        id: &SandboxId,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
     ) -> Result<(), Error> {
-        unsupported("write_file")
+        self.root_of(id)?.write(path, data, mode)
     }
-    pub fn list_dir(&self, _id: &SandboxId, _path: &str) -> Result<Vec<DirEntry>, Error> {
-        unsupported("list_dir")
+
+    pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {
+        self.root_of(id)?.list(path)
     }
+
     pub fn upload_tar(
         &self,
-        _id: &SandboxId,
-        _dir: &str,
-        _tar: &mut dyn std::io::Read,
+        id: &SandboxId,
+        dir: &str,
+        tar: &mut dyn std::io::Read,
     ) -> Result<(), Error> {
-        unsupported("upload_tar")
+        self.root_of(id)?.upload_tar(dir, tar)
     }
+
     pub fn download_tar(
         &self,
-        _id: &SandboxId,
-        _dir: &str,
-        _out: &mut dyn std::io::Write,
+        id: &SandboxId,
+        dir: &str,
+        out: &mut dyn std::io::Write,
     ) -> Result<(), Error> {
-        unsupported("download_tar")
+        self.root_of(id)?.download_tar(dir, out)
     }
-    pub fn pause(&self, _id: &SandboxId) -> Result<SandboxInfo, Error> {
-        unsupported("pause")
+
+    /// Freezes the sandbox's cgroup (snapshot-based pause comes later).
+    pub fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
+        let sb = self.running(id)?;
+        self.freeze(id)?;
+        *sb.state.lock() = SandboxState::Paused;
+        self.emit(id, EventKind::Paused, None);
+        Ok(sb.info())
     }
-    pub fn resume(&self, _id: &SandboxId) -> Result<SandboxInfo, Error> {
-        unsupported("resume")
+
+    pub fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
+        let sb = self.sandbox(id)?;
+        if *sb.state.lock() != SandboxState::Paused {
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: "sandbox is not paused".into(),
+            });
+        }
+        self.thaw(id)?;
+        *sb.state.lock() = SandboxState::Running;
+        self.emit(id, EventKind::Resumed, None);
+        Ok(sb.info())
     }
-    pub fn usage(&self, _id: &SandboxId) -> Result<Usage, Error> {
-        unsupported("usage")
+
+    pub fn usage(&self, id: &SandboxId) -> Result<Usage, Error> {
+        let sb = self.sandbox(id)?;
+        let cg = self.cgroups.usage(id.as_str());
+        let disk = sb.root.usage();
+        let (rx, tx) = sb
+            .net
+            .as_ref()
+            .map(crate::network::counters)
+            .unwrap_or((0, 0));
+        Ok(Usage {
+            cpu_usec: cg.cpu_usec,
+            memory_bytes: cg.memory_bytes,
+            pids: cg.pids,
+            disk_bytes: disk.bytes,
+            disk_inodes: disk.inodes,
+            net_rx_bytes: rx,
+            net_tx_bytes: tx,
+        })
     }
+
     pub fn capacity(&self) -> Capacity {
-        Capacity::default()
+        self.admission.capacity()
     }
-    pub fn residue(&self) -> ResidueReport {
-        ResidueReport::default()
+
+    pub fn subscribe(&self) -> Receiver<Event> {
+        let (tx, rx) = channel();
+        self.subscribers.lock().push(tx);
+        rx
     }
-    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
-        std::sync::mpsc::channel().1
-    }
+
+    /// Destroys sandboxes past their TTL; groved calls it on a timer.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
-        Vec::new()
+        let now = now_ms();
+        let expired: Vec<SandboxId> = self
+            .sandboxes
+            .lock()
+            .values()
+            .filter(|s| s.expires_at_ms.lock().is_some_and(|t| t <= now))
+            .map(|s| s.id.clone())
+            .collect();
+        expired
+            .into_iter()
+            .filter(|id| self.destroy_with(id, EventKind::Expired).is_ok())
+            .collect()
     }
-    pub fn shutdown(&self) {}
-    pub fn checkpoint_view(&self, _id: &SandboxId) -> Result<CheckpointView, Error> {
-        unsupported("checkpoint_view")
+
+    /// Destroys every sandbox.
+    pub fn shutdown(&self) {
+        let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = self.destroy(&id) {
+                tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
+            }
+        }
     }
-    pub fn freeze(&self, _id: &SandboxId) -> Result<(), Error> {
-        unsupported("freeze")
+
+    /// Host paths bind-mounted into every sandbox (declare them to CRIU).
+    pub fn externals(&self) -> Vec<ExternalMount> {
+        vec![ExternalMount {
+            key: "grove-init".into(),
+            sandbox_path: proto::INIT_PATH.into(),
+            host_path: self.config.init_binary.clone(),
+        }]
     }
-    pub fn thaw(&self, _id: &SandboxId) -> Result<(), Error> {
-        unsupported("thaw")
+
+    pub fn checkpoint_view(&self, id: &SandboxId) -> Result<CheckpointView, Error> {
+        let sb = self.sandbox(id)?;
+        Ok(CheckpointView {
+            id: id.clone(),
+            init_pid: sb.init_pid,
+            spec: sb.spec.clone(),
+            root_dir: sb.root_dir(),
+            cgroups: self.cgroups.criu_paths(id.as_str()),
+            externals: self.externals(),
+            root: sb.root.clone(),
+        })
     }
-    /// Create a sandbox whose process tree is brought by `restore` (CRIU) instead of a fresh init.
-    pub fn create_restored(
-        &self,
-        _spec: SandboxSpec,
-        _restore: &mut RestoreFn<'_>,
-    ) -> Result<SandboxInfo, Error> {
-        unsupported("create_restored")
+
+    pub fn freeze(&self, id: &SandboxId) -> Result<(), Error> {
+        self.sandbox(id)?;
+        self.cgroups.freeze(id.as_str()).map_err(|e| Error::Cgroup {
+            path: e.path.clone(),
+            source: e.source,
+        })
+    }
+
+    pub fn thaw(&self, id: &SandboxId) -> Result<(), Error> {
+        self.sandbox(id)?;
+        self.cgroups.thaw(id.as_str()).map_err(|e| Error::Cgroup {
+            path: e.path.clone(),
+            source: e.source,
+        })
     }
 }

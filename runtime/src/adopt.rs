@@ -1,0 +1,18 @@
+//! Adopting a restored process tree: give it the new sandbox's hostname.
+
+use std::os::fd::AsFd;
+
+/// Sets the hostname in the UTS namespace of `pid`. setns(CLONE_NEWUTS) is per thread, so a
+/// short-lived thread does it and the daemon's own threads are untouched.
+pub fn set_hostname(pid: i32, hostname: &str) -> Result<(), String> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/uts"))
+        .map_err(|e| format!("open uts ns of {pid}: {e}"))?;
+    let name = hostname.to_string();
+    std::thread::spawn(move || {
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUTS)
+            .map_err(|e| format!("setns: {e}"))?;
+        nix::unistd::sethostname(&name).map_err(|e| format!("sethostname: {e}"))
+    })
+    .join()
+    .map_err(|_| "hostname thread panicked".to_string())?
+}

@@ -1,0 +1,84 @@
+//! Operations of a cgroup2 directory used by both backends: freeze, kill, wait for empty.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::{CgroupError, CgroupFs, Result};
+
+fn events_has(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<bool> {
+    let p = dir.join("cgroup.events");
+    let text = fs.read(&p).map_err(|e| CgroupError::new("read", &p, e))?;
+    Ok(text.lines().any(|l| l.split_once(' ') == Some((key, want))))
+}
+
+/// Polls `cgroup.events` until `key` reads `want` (fast at first, then backing off) or 5 s pass.
+fn wait_for(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<()> {
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(50);
+    while !events_has(fs, dir, key, want)? {
+        if start.elapsed() > Duration::from_secs(5) {
+            let err = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{key} never became {want}"),
+            );
+            return Err(CgroupError::new("wait", dir, err));
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+pub fn freeze(fs: &dyn CgroupFs, dir: &Path, on: bool) -> Result<()> {
+    let p = dir.join("cgroup.freeze");
+    fs.write(&p, if on { "1" } else { "0" })
+        .map_err(|e| CgroupError::new("write", &p, e))?;
+    wait_for(fs, dir, "frozen", if on { "1" } else { "0" })
+}
+
+/// cgroup.kill is atomic against concurrent forks, so no freeze is needed first.
+pub fn kill(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
+    if !fs.exists(dir) {
+        return Ok(());
+    }
+    let p = dir.join("cgroup.kill");
+    fs.write(&p, "1")
+        .map_err(|e| CgroupError::new("write", &p, e))?;
+    wait_for(fs, dir, "populated", "0")
+}
+
+/// rmdir, retrying briefly on EBUSY (exiting tasks can hold the dir for a moment).
+pub fn rmdir(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        match fs.rmdir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && start.elapsed() < Duration::from_secs(2) =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(CgroupError::new("rmdir", dir, e)),
+        }
+    }
+}
+
+/// Parses `usage_usec` from a cgroup2 cpu.stat.
+pub fn cpu_usec(fs: &dyn CgroupFs, dir: &Path) -> u64 {
+    fs.read(&dir.join("cpu.stat"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn read_u64(fs: &dyn CgroupFs, p: &Path) -> u64 {
+    fs.read(p)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}

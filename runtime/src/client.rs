@@ -1,0 +1,138 @@
+//! Runtime side of init's control socket: one connection per request.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::proto::{self, ExecSpec, Proc, Reply, Request, KIND_JSON, KIND_STDERR, KIND_STDOUT};
+use crate::types::{ExecResult, OutputChunk};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("connect to {}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("talk to init")]
+    Io(#[from] std::io::Error),
+    #[error("init: {0}")]
+    Init(String),
+    #[error("bad reply from init: {0}")]
+    Protocol(String),
+}
+
+pub fn socket_path(init_pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{init_pid}/root{}", proto::SOCKET_PATH))
+}
+
+fn connect(init_pid: i32, req: &Request) -> Result<UnixStream, ClientError> {
+    let path = socket_path(init_pid);
+    let mut s =
+        UnixStream::connect(&path).map_err(|source| ClientError::Connect { path, source })?;
+    s.write_all(&proto::encode_json(req))?;
+    Ok(s)
+}
+
+fn read_reply(s: &mut UnixStream) -> Result<Reply, ClientError> {
+    match proto::read_frame(s)? {
+        Some((KIND_JSON, body)) => {
+            serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+        }
+        Some((k, _)) => Err(ClientError::Protocol(format!("unexpected frame kind {k}"))),
+        None => Err(ClientError::Protocol("connection closed".into())),
+    }
+}
+
+fn simple(init_pid: i32, req: &Request) -> Result<Reply, ClientError> {
+    let mut s = connect(init_pid, req)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    match read_reply(&mut s)? {
+        Reply::Error { message } => Err(ClientError::Init(message)),
+        r => Ok(r),
+    }
+}
+
+pub fn ping(init_pid: i32) -> Result<(), ClientError> {
+    simple(init_pid, &Request::Ping).map(|_| ())
+}
+
+pub fn processes(init_pid: i32) -> Result<Vec<Proc>, ClientError> {
+    match simple(init_pid, &Request::Processes)? {
+        Reply::Processes { list } => Ok(list),
+        r => Err(ClientError::Protocol(format!("{r:?}"))),
+    }
+}
+
+pub fn signal(init_pid: i32, pid: i32, signal: i32) -> Result<(), ClientError> {
+    simple(init_pid, &Request::Signal { pid, signal }).map(|_| ())
+}
+
+/// Runs a command, streaming its output to `on_output` (and collecting it in the result).
+pub fn exec(
+    init_pid: i32,
+    spec: ExecSpec,
+    on_output: &mut dyn FnMut(OutputChunk),
+) -> Result<ExecResult, ClientError> {
+    let start = Instant::now();
+    let background = spec.background;
+    let timeout = spec.timeout_ms;
+    let mut s = connect(init_pid, &Request::Exec(spec))?;
+    // A safety net against a wedged init; init itself enforces the command timeout.
+    s.set_read_timeout(timeout.map(|ms| Duration::from_millis(ms) + Duration::from_secs(30)))?;
+    let mut res = ExecResult::default();
+    match read_reply(&mut s)? {
+        Reply::Started { pid, log_path } => {
+            res.pid = Some(pid);
+            res.log_path = log_path;
+        }
+        Reply::Error { message } => return Err(ClientError::Init(message)),
+        r => return Err(ClientError::Protocol(format!("{r:?}"))),
+    }
+    if background {
+        res.duration_ms = start.elapsed().as_millis() as u64;
+        return Ok(res);
+    }
+    loop {
+        match proto::read_frame(&mut s)? {
+            Some((KIND_STDOUT, data)) => {
+                res.stdout.extend_from_slice(&data);
+                on_output(OutputChunk::Stdout(data));
+            }
+            Some((KIND_STDERR, data)) => {
+                res.stderr.extend_from_slice(&data);
+                on_output(OutputChunk::Stderr(data));
+            }
+            Some((KIND_JSON, body)) => {
+                match serde_json::from_slice(&body)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?
+                {
+                    Reply::Exit {
+                        exit_code,
+                        signal,
+                        timed_out,
+                        duration_ms,
+                    } => {
+                        res.exit_code = exit_code;
+                        res.signal = signal;
+                        res.timed_out = timed_out;
+                        res.duration_ms = duration_ms;
+                        return Ok(res);
+                    }
+                    Reply::Error { message } => return Err(ClientError::Init(message)),
+                    r => return Err(ClientError::Protocol(format!("{r:?}"))),
+                }
+            }
+            Some((k, _)) => {
+                return Err(ClientError::Protocol(format!("unexpected frame kind {k}")))
+            }
+            None => {
+                return Err(ClientError::Protocol(
+                    "init closed the connection before the exit status".into(),
+                ))
+            }
+        }
+    }
+}

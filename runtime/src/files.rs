@@ -1,0 +1,365 @@
+//! Files API: every path is resolved inside the sandbox's root (as its processes see it, via
+//! /proc/<init>/root) with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so symlinks pointing out
+//! resolve inside and `..` can't climb out. A path whose `..` would climb above `/` is refused, as is
+//! anything on the sandbox's procfs/sysfs (the runtime holds host privileges the sandbox does not).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::error::Error;
+use crate::types::DirEntry;
+
+/// Normalizes a sandbox path into components; `..` above the root is an error.
+pub fn components(path: &str) -> Result<Vec<String>, Error> {
+    if path.contains('\0') {
+        return Err(Error::invalid("path", "NUL byte"));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                if out.pop().is_none() {
+                    return Err(Error::PathOutsideSandbox {
+                        path: path.to_string(),
+                    });
+                }
+            }
+            c => out.push(c.to_string()),
+        }
+    }
+    Ok(out)
+}
+
+fn join(c: &[String]) -> String {
+    if c.is_empty() {
+        ".".into()
+    } else {
+        c.join("/")
+    }
+}
+
+/// The sandbox's root directory, as seen by its init.
+pub struct Root {
+    fd: OwnedFd,
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+impl Root {
+    pub fn open(init_pid: i32) -> Result<Root, Error> {
+        let p = CString::new(format!("/proc/{init_pid}/root")).expect("no NUL");
+        // SAFETY: p is a valid C string; the result is checked and wrapped.
+        let fd = unsafe {
+            libc::open(
+                p.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::io(format!("open root of pid {init_pid}"), errno()));
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(Root {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// openat2 below the root; maps resolution errors to the API's errors.
+    fn open_at(&self, shown: &str, rel: &str, flags: i32, mode: u32) -> Result<OwnedFd, Error> {
+        let c = CString::new(rel).map_err(|_| Error::invalid("path", "NUL byte"))?;
+        // SAFETY: open_how is plain old data; zeroed is valid (and required for future fields).
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = (flags | libc::O_CLOEXEC) as u64;
+        how.mode = if flags & libc::O_CREAT != 0 {
+            u64::from(mode)
+        } else {
+            0
+        };
+        how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+        // SAFETY: valid dirfd, C string and open_how for the duration of the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd < 0 {
+            let e = errno();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOENT) => Error::FileNotFound {
+                    path: shown.to_string(),
+                },
+                Some(libc::EXDEV) | Some(libc::ELOOP) => Error::PathOutsideSandbox {
+                    path: shown.to_string(),
+                },
+                _ => Error::io(format!("open {shown:?} in the sandbox"), e),
+            });
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        refuse_pseudo_fs(&fd, shown)?;
+        Ok(fd)
+    }
+
+    pub fn read(&self, path: &str) -> Result<Vec<u8>, Error> {
+        let rel = join(&components(path)?);
+        let fd = self.open_at(path, &rel, libc::O_RDONLY, 0)?;
+        let mut f = File::from(fd);
+        if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(Error::invalid("path", format!("{path:?} is a directory")));
+        }
+        let mut out = Vec::new();
+        f.read_to_end(&mut out)
+            .map_err(|e| Error::io(format!("read {path:?}"), e))?;
+        Ok(out)
+    }
+
+    /// Makes every directory of `comps` (like mkdir -p), one component at a time.
+    fn mkdir_p(&self, shown: &str, comps: &[String]) -> Result<(), Error> {
+        for i in 0..comps.len() {
+            let rel = join(&comps[..=i]);
+            match self.open_at(shown, &rel, libc::O_PATH | libc::O_DIRECTORY, 0) {
+                Ok(_) => continue,
+                Err(Error::FileNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            let parent = self.open_at(
+                shown,
+                &join(&comps[..i]),
+                libc::O_PATH | libc::O_DIRECTORY,
+                0,
+            )?;
+            let name =
+                CString::new(comps[i].as_str()).map_err(|_| Error::invalid("path", "NUL byte"))?;
+            // SAFETY: valid dirfd and C string; mkdirat does not follow a final symlink.
+            let rc = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o755) };
+            if rc != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
+                return Err(Error::io(format!("mkdir {rel:?} in the sandbox"), errno()));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn write(&self, path: &str, data: &[u8], mode: Option<u32>) -> Result<(), Error> {
+        let comps = components(path)?;
+        if comps.is_empty() {
+            return Err(Error::invalid("path", "is the root directory"));
+        }
+        self.mkdir_p(path, &comps[..comps.len() - 1])?;
+        let mode = mode.unwrap_or(0o644) & 0o7777;
+        let fd = self.open_at(
+            path,
+            &join(&comps),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            mode,
+        )?;
+        let mut f = File::from(fd);
+        f.write_all(data)
+            .map_err(|e| Error::io(format!("write {path:?}"), e))?;
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(format!("chmod {path:?}"), e))
+    }
+
+    pub fn list(&self, path: &str) -> Result<Vec<DirEntry>, Error> {
+        let rel = join(&components(path)?);
+        let fd = self.open_at(path, &rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let mut out = Vec::new();
+        let mut dir = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(fd))
+            .map_err(|e| Error::io(format!("list {path:?}"), e.into()))?;
+        let dfd = dir.as_raw_fd();
+        for ent in dir.iter().flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name == "." || name == ".." {
+                continue;
+            }
+            let Ok(st) = nix::sys::stat::fstatat(
+                Some(dfd),
+                ent.file_name(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) else {
+                continue;
+            };
+            out.push(DirEntry {
+                name,
+                kind: kind_of(st.st_mode).into(),
+                size: st.st_size as u64,
+                mode: st.st_mode & 0o7777,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Unpacks a tar stream under `dir` (each member resolved inside the root like any other path).
+    pub fn upload_tar(&self, dir: &str, tar: &mut dyn Read) -> Result<(), Error> {
+        let base = components(dir)?;
+        self.mkdir_p(dir, &base)?;
+        let mut ar = tar::Archive::new(tar);
+        let entries = ar.entries().map_err(|e| Error::io("read tar", e))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| Error::io("read tar entry", e))?;
+            let name = entry
+                .path()
+                .map_err(|e| Error::io("tar entry path", e))?
+                .to_string_lossy()
+                .into_owned();
+            let mut comps = base.clone();
+            let rel =
+                components(&name).map_err(|_| Error::PathOutsideSandbox { path: name.clone() })?;
+            comps.extend(rel);
+            let shown = format!("/{}", comps.join("/"));
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+            match entry.header().entry_type() {
+                tar::EntryType::Directory => self.mkdir_p(&shown, &comps)?,
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let mut data = Vec::new();
+                    entry
+                        .read_to_end(&mut data)
+                        .map_err(|e| Error::io("read tar data", e))?;
+                    self.write(&shown, &data, Some(mode))?;
+                }
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name()
+                        .ok()
+                        .flatten()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .ok_or_else(|| {
+                            Error::invalid("tar", format!("symlink {name:?} without target"))
+                        })?;
+                    self.symlink(&shown, &comps, &target)?;
+                }
+                other => {
+                    return Err(Error::invalid(
+                        "tar",
+                        format!("{name:?}: unsupported entry type {other:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn symlink(&self, shown: &str, comps: &[String], target: &str) -> Result<(), Error> {
+        let (last, parent) = comps
+            .split_last()
+            .ok_or_else(|| Error::invalid("path", "is the root directory"))?;
+        self.mkdir_p(shown, parent)?;
+        let pfd = self.open_at(shown, &join(parent), libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let name = CString::new(last.as_str()).map_err(|_| Error::invalid("path", "NUL byte"))?;
+        let t = CString::new(target).map_err(|_| Error::invalid("tar", "NUL byte"))?;
+        // SAFETY: valid dirfd and C strings. unlinkat/symlinkat act on the entry itself, never
+        // following it.
+        unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
+        // SAFETY: as above.
+        if unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) } != 0 {
+            return Err(Error::io(format!("symlink {shown:?}"), errno()));
+        }
+        Ok(())
+    }
+
+    /// Writes `dir` (recursively) as a tar stream; symlinks are stored as links, never followed.
+    pub fn download_tar(&self, dir: &str, out: &mut dyn Write) -> Result<(), Error> {
+        let base = components(dir)?;
+        let mut b = tar::Builder::new(out);
+        let mut stack: Vec<Vec<String>> = vec![Vec::new()];
+        while let Some(sub) = stack.pop() {
+            let mut comps = base.clone();
+            comps.extend(sub.iter().cloned());
+            let shown = format!("/{}", comps.join("/"));
+            for e in self.list(&shown)? {
+                let mut rel = sub.clone();
+                rel.push(e.name.clone());
+                let name = rel.join("/");
+                let mut h = tar::Header::new_gnu();
+                h.set_mode(e.mode);
+                h.set_mtime(0);
+                let path = format!("{shown}/{}", e.name);
+                let io = |e: std::io::Error| Error::io("write tar", e);
+                match e.kind.as_str() {
+                    "dir" => {
+                        h.set_entry_type(tar::EntryType::Directory);
+                        h.set_size(0);
+                        b.append_data(&mut h, format!("{name}/"), std::io::empty())
+                            .map_err(io)?;
+                        stack.push(rel);
+                    }
+                    "file" => {
+                        let data = self.read(&path)?;
+                        h.set_entry_type(tar::EntryType::Regular);
+                        h.set_size(data.len() as u64);
+                        b.append_data(&mut h, &name, &data[..]).map_err(io)?;
+                    }
+                    "symlink" => {
+                        let target = self.readlink(&comps, &e.name)?;
+                        h.set_entry_type(tar::EntryType::Symlink);
+                        h.set_size(0);
+                        b.append_link(&mut h, &name, target).map_err(io)?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        b.finish().map_err(|e| Error::io("finish tar", e))
+    }
+
+    fn readlink(&self, parent: &[String], name: &str) -> Result<String, Error> {
+        let pfd = self.open_at(name, &join(parent), libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let target = nix::fcntl::readlinkat(Some(pfd.as_raw_fd()), name)
+            .map_err(|e| Error::io(format!("readlink {name:?}"), e.into()))?;
+        Ok(target.to_string_lossy().into_owned())
+    }
+}
+
+fn kind_of(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "file",
+        libc::S_IFDIR => "dir",
+        libc::S_IFLNK => "symlink",
+        _ => "other",
+    }
+}
+
+/// The runtime must not act on the sandbox's /proc or /sys with host privileges.
+fn refuse_pseudo_fs(fd: &OwnedFd, shown: &str) -> Result<(), Error> {
+    const PROC: i64 = 0x9fa0;
+    const SYSFS: i64 = 0x6265_6572;
+    let st = nix::sys::statfs::fstatfs(fd)
+        .map_err(|e| Error::io(format!("statfs {shown:?}"), e.into()))?;
+    let t = st.filesystem_type().0 as i64;
+    if t == PROC || t == SYSFS {
+        return Err(Error::invalid(
+            "path",
+            format!("{shown:?} is on /proc or /sys"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalizes_and_refuses_climbing_out() {
+        assert_eq!(components("/a/./b/../c").unwrap(), vec!["a", "c"]);
+        assert_eq!(components("a//b/").unwrap(), vec!["a", "b"]);
+        assert_eq!(
+            components("../../etc/passwd").unwrap_err().code(),
+            "path_outside_sandbox"
+        );
+        assert_eq!(
+            components("/tmp/../../x").unwrap_err().code(),
+            "path_outside_sandbox"
+        );
+    }
+}

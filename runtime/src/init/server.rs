@@ -1,0 +1,362 @@
+//! `grove-init --serve`: sandbox pid 1. Reaps zombies, forwards SIGTERM/SIGINT, and serves one request
+//! per connection on the control socket. Single-threaded: one poll loop over the listener, a signalfd,
+//! and each running exec's pipes.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::{procs, spawn};
+use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
+
+/// A foreground exec bound to its client connection.
+struct Exec {
+    conn: UnixStream,
+    pid: i32,
+    stdin: Option<(OwnedFd, Vec<u8>, usize)>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    deadline: Option<Instant>,
+    started: Instant,
+    timed_out: bool,
+    status: Option<WaitStatus>,
+    /// The client went away: the tree was killed, nothing more is sent.
+    abandoned: bool,
+}
+
+pub fn main() -> ! {
+    match serve() {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            println!("error {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+fn serve() -> Result<(), String> {
+    // SAFETY: setting SIGPIPE to ignored; writes to gone clients then fail with EPIPE.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        mask.add(s);
+    }
+    mask.thread_block()
+        .map_err(|e| format!("block signals: {e}"))?;
+    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    let _ = std::fs::remove_file(SOCKET_PATH);
+    let listener =
+        UnixListener::bind(SOCKET_PATH).map_err(|e| format!("bind {SOCKET_PATH}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("nonblocking: {e}"))?;
+
+    // Tell the runtime we are up, then detach stdout/stderr from its pipe.
+    let mut out = std::io::stdout();
+    let _ = out.write_all(b"ready\n").and_then(|_| out.flush());
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
+    }
+
+    let mut execs: HashMap<i32, Exec> = HashMap::new();
+    loop {
+        let timeout = next_timeout(&execs);
+        let mut fds: Vec<libc::pollfd> = vec![
+            pfd(listener.as_raw_fd(), libc::POLLIN),
+            pfd(sfd.as_fd().as_raw_fd(), libc::POLLIN),
+        ];
+        for e in execs.values() {
+            if e.status.is_some() {
+                continue;
+            }
+            fds.push(pfd(e.conn.as_raw_fd(), libc::POLLIN));
+            for fd in [&e.stdout, &e.stderr].into_iter().flatten() {
+                fds.push(pfd(fd.as_raw_fd(), libc::POLLIN));
+            }
+            if let Some((fd, ..)) = &e.stdin {
+                fds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
+            }
+        }
+        // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n < 0 {
+            continue; // EINTR
+        }
+        let ready: HashMap<RawFd, i16> = fds
+            .iter()
+            .filter(|p| p.revents != 0)
+            .map(|p| (p.fd, p.revents))
+            .collect();
+
+        if ready.contains_key(&sfd.as_fd().as_raw_fd()) {
+            handle_signals(&sfd, &mut execs);
+        }
+        if ready.contains_key(&listener.as_raw_fd()) {
+            while let Ok((conn, _)) = listener.accept() {
+                if let Some(e) = handle_conn(conn) {
+                    execs.insert(e.pid, e);
+                }
+            }
+        }
+        for e in execs.values_mut() {
+            pump(e, &ready);
+        }
+        let now = Instant::now();
+        for e in execs.values_mut() {
+            if e.status.is_none() && !e.timed_out && e.deadline.is_some_and(|d| now >= d) {
+                e.timed_out = true;
+                procs::kill_tree(e.pid);
+            }
+        }
+        let done: Vec<i32> = execs
+            .iter()
+            .filter(|(_, e)| e.status.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        for pid in done {
+            if let Some(e) = execs.remove(&pid) {
+                finish(e);
+            }
+        }
+    }
+}
+
+fn pfd(fd: RawFd, events: i16) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+fn next_timeout(execs: &HashMap<i32, Exec>) -> i32 {
+    let now = Instant::now();
+    execs
+        .values()
+        .filter(|e| !e.timed_out && e.status.is_none())
+        .filter_map(|e| e.deadline)
+        .map(|d| d.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1)
+        .min()
+        .unwrap_or(-1)
+}
+
+fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>) {
+    while let Ok(Some(info)) = sfd.read_signal() {
+        let sig = info.ssi_signo as i32;
+        if sig == libc::SIGTERM || sig == libc::SIGINT || sig == libc::SIGHUP {
+            // From pid 1, kill(-1) reaches every other process of the namespace.
+            // SAFETY: kill(2) with a plain signal number.
+            unsafe { libc::kill(-1, sig) };
+        }
+    }
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => break,
+            Ok(st) => {
+                if let Some(pid) = st.pid() {
+                    if let Some(e) = execs.get_mut(&pid.as_raw()) {
+                        e.status = Some(st);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn send(conn: &mut UnixStream, kind: u8, payload: &[u8]) -> bool {
+    proto::write_frame(conn, kind, payload).is_ok()
+}
+
+fn reply(conn: &mut UnixStream, r: &Reply) {
+    let _ = conn.write_all(&proto::encode_json(r));
+}
+
+/// Reads the single request of a new connection and serves it; returns a started foreground exec.
+fn handle_conn(mut conn: UnixStream) -> Option<Exec> {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = match proto::read_frame(&mut conn) {
+        Ok(Some((proto::KIND_JSON, body))) => {
+            serde_json::from_slice::<Request>(&body).map_err(|e| e.to_string())
+        }
+        Ok(_) => Err("expected a JSON request frame".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let req = match req {
+        Ok(r) => r,
+        Err(message) => {
+            reply(&mut conn, &Reply::Error { message });
+            return None;
+        }
+    };
+    match req {
+        Request::Ping => reply(&mut conn, &Reply::Ok),
+        Request::Processes => reply(
+            &mut conn,
+            &Reply::Processes {
+                list: procs::list(),
+            },
+        ),
+        Request::Signal { pid, signal } => {
+            let r = if pid <= 1 {
+                Reply::Error {
+                    message: format!("pid {pid} cannot be signalled"),
+                }
+            } else {
+                // SAFETY: kill(2) with plain integers.
+                match unsafe { libc::kill(pid, signal) } {
+                    0 => Reply::Ok,
+                    _ => Reply::Error {
+                        message: format!("kill {pid}: {}", std::io::Error::last_os_error()),
+                    },
+                }
+            };
+            reply(&mut conn, &r);
+        }
+        Request::Exec(spec) => return start_exec(conn, spec),
+    }
+    None
+}
+
+fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
+    let started = Instant::now();
+    let s = match spawn::spawn(&spec) {
+        Ok(s) => s,
+        Err(message) => {
+            reply(&mut conn, &Reply::Error { message });
+            return None;
+        }
+    };
+    reply(
+        &mut conn,
+        &Reply::Started {
+            pid: s.pid,
+            log_path: s.log_path.clone(),
+        },
+    );
+    if spec.background {
+        return None;
+    }
+    let _ = conn.set_nonblocking(true);
+    Some(Exec {
+        conn,
+        pid: s.pid,
+        stdin: s.stdin.map(|fd| (fd, spec.stdin.unwrap_or_default(), 0)),
+        stdout: s.stdout,
+        stderr: s.stderr,
+        deadline: spec
+            .timeout_ms
+            .map(|ms| started + Duration::from_millis(ms)),
+        started,
+        timed_out: false,
+        status: None,
+        abandoned: false,
+    })
+}
+
+/// Moves data for one exec: stdin out, stdout/stderr in (forwarded as frames), client hang-up.
+fn pump(e: &mut Exec, ready: &HashMap<RawFd, i16>) {
+    if let Some((fd, data, off)) = &mut e.stdin {
+        if ready.contains_key(&fd.as_raw_fd()) || *off >= data.len() {
+            loop {
+                if *off >= data.len() {
+                    e.stdin = None; // closes the pipe: EOF for the command
+                    break;
+                }
+                match nix::unistd::write(&*fd, &data[*off..]) {
+                    Ok(n) => *off += n,
+                    Err(nix::errno::Errno::EAGAIN) => break,
+                    Err(_) => {
+                        e.stdin = None;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    drain(e, ready, false);
+    if ready.contains_key(&e.conn.as_raw_fd()) && e.status.is_none() && !e.abandoned {
+        let mut buf = [0u8; 64];
+        match e.conn.read(&mut buf) {
+            Ok(0) => {
+                e.abandoned = true;
+                procs::kill_tree(e.pid);
+            }
+            Err(err) if err.kind() != std::io::ErrorKind::WouldBlock => {
+                e.abandoned = true;
+                procs::kill_tree(e.pid);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Reads available output; `all` drains until EAGAIN/EOF regardless of poll readiness.
+fn drain(e: &mut Exec, ready: &HashMap<RawFd, i16>, all: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    for (slot, kind) in [(&mut e.stdout, KIND_STDOUT), (&mut e.stderr, KIND_STDERR)] {
+        let Some(fd) = slot.as_ref() else { continue };
+        if !all && !ready.contains_key(&fd.as_raw_fd()) {
+            continue;
+        }
+        loop {
+            match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+                Ok(0) => {
+                    *slot = None;
+                    break;
+                }
+                Ok(n) => {
+                    if !e.abandoned && !send_blocking(&mut e.conn, kind, &buf[..n]) {
+                        e.abandoned = true;
+                    }
+                    if !all {
+                        break;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break, // EAGAIN: nothing more now
+            }
+        }
+    }
+}
+
+/// Frames to the client are written blocking (the runtime reads continuously).
+fn send_blocking(conn: &mut UnixStream, kind: u8, payload: &[u8]) -> bool {
+    let _ = conn.set_nonblocking(false);
+    let ok = send(conn, kind, payload);
+    let _ = conn.set_nonblocking(true);
+    ok
+}
+
+fn finish(mut e: Exec) {
+    drain(&mut e, &HashMap::new(), true);
+    if e.abandoned {
+        return;
+    }
+    let (exit_code, signal) = match e.status {
+        Some(WaitStatus::Exited(_, c)) => (Some(c), None),
+        Some(WaitStatus::Signaled(_, s, _)) => (None, Some(s as i32)),
+        _ => (None, None),
+    };
+    let r = Reply::Exit {
+        exit_code,
+        signal,
+        timed_out: e.timed_out,
+        duration_ms: e.started.elapsed().as_millis() as u64,
+    };
+    let _ = e.conn.set_nonblocking(false);
+    reply(&mut e.conn, &r);
+}

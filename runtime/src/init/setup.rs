@@ -1,0 +1,409 @@
+//! `grove-init --setup`: joins the cgroups, unshares the namespaces, forks sandbox pid 1, which builds
+//! the sandbox's mount table, pivots into the root, hardens itself and re-execs the init server from
+//! inside the sandbox (so its exe is visible to CRIU).
+//!
+//! Protocol on stdout (to the runtime): `pid <host pid>` from the intermediate process, then either
+//! `ready` (from the server, once its socket listens) or `error <message>` from pid 1.
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nix::unistd::{chdir, fork, pivot_root, sethostname, setsid, ForkResult};
+
+use super::harden;
+use crate::proto::{SetupConfig, INIT_PATH, LOG_DIR};
+
+type R<T> = Result<T, String>;
+
+/// Entry point of the intermediate (host-side) process.
+pub fn main() -> ! {
+    let code = match stage1() {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("error {e}");
+            1
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code)
+}
+
+fn stage1() -> R<()> {
+    let mut raw = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("read config: {e}"))?;
+    let cfg: SetupConfig =
+        serde_json::from_slice(&raw).map_err(|e| format!("parse config: {e}"))?;
+    close_fds_from(3);
+    let me = std::process::id().to_string();
+    for procs in &cfg.cgroup_procs {
+        std::fs::write(procs, &me).map_err(|e| format!("join cgroup {procs}: {e}"))?;
+    }
+    let mut flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWCGROUP;
+    if cfg.new_netns {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    unshare(flags).map_err(|e| format!("unshare: {e}"))?;
+    // SAFETY: this process is single-threaded (grove-init uses no threads), so fork is sound.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Parent { child } => {
+            println!("pid {child}");
+            Ok(())
+        }
+        ForkResult::Child => {
+            let e = stage2(&cfg).unwrap_err();
+            println!("error {e}");
+            let _ = std::io::stdout().flush();
+            // SAFETY: _exit is always safe; skips atexit handlers of the forked copy.
+            unsafe { libc::_exit(1) }
+        }
+    }
+}
+
+/// Closes every fd >= `from`.
+pub fn close_fds_from(from: u32) {
+    // SAFETY: close_range only closes descriptors; nothing in this process holds them afterwards.
+    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+}
+
+fn mnt(
+    src: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> R<()> {
+    mount(src, target, fstype, flags, data).map_err(|e| {
+        format!(
+            "mount {} on {}: {e}",
+            fstype.or(src).unwrap_or("-"),
+            target.display()
+        )
+    })
+}
+
+fn ensure_dir(p: &Path, mode: u32) -> R<()> {
+    if !p.is_dir() {
+        std::fs::DirBuilder::new()
+            .mode(mode)
+            .recursive(true)
+            .create(p)
+            .map_err(|e| format!("mkdir {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+const NOSUID_NODEV_NOEXEC: MsFlags = MsFlags::MS_NOSUID
+    .union(MsFlags::MS_NODEV)
+    .union(MsFlags::MS_NOEXEC);
+
+/// Sandbox pid 1 before exec: returns only on error.
+fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
+    mnt(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )?;
+    let root = Path::new(&cfg.root);
+    mnt(
+        Some(&cfg.root),
+        root,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+    )?;
+
+    let proc_dir = root.join("proc");
+    ensure_dir(&proc_dir, 0o555)?;
+    mnt(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        NOSUID_NODEV_NOEXEC,
+        None,
+    )?;
+
+    setup_dev(root, cfg)?;
+
+    let sys = root.join("sys");
+    ensure_dir(&sys, 0o555)?;
+    mnt(
+        Some("sysfs"),
+        &sys,
+        Some("sysfs"),
+        NOSUID_NODEV_NOEXEC | MsFlags::MS_RDONLY,
+        None,
+    )?;
+
+    let tmp = root.join("tmp");
+    ensure_dir(&tmp, 0o1777)?;
+    let data = format!("mode=1777,size={}m", cfg.tmp_size_mb.max(1));
+    mnt(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(&data),
+    )?;
+
+    setup_run(root, cfg)?;
+    mask_paths(root)?;
+
+    chdir(root).map_err(|e| format!("chdir root: {e}"))?;
+    pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
+    chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+
+    sethostname(&cfg.hostname).map_err(|e| format!("sethostname: {e}"))?;
+    loopback_up()?;
+    setsid().map_err(|e| format!("setsid: {e}"))?;
+
+    // stdin -> /dev/null; stdout stays the pipe to the runtime until the server says ready.
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("open /dev/null: {e}"))?;
+    nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0)
+        .map_err(|e| format!("dup2: {e}"))?;
+    drop(null);
+    close_fds_from(3);
+
+    harden::set_rlimits(cfg.open_files)?;
+    harden::drop_bounding_caps()?;
+    harden::lock_down()?;
+
+    let path = CString::new(INIT_PATH).expect("no NUL");
+    let argv = [
+        CString::new("grove-init").expect("no NUL"),
+        CString::new("--serve").expect("no NUL"),
+    ];
+    let env: [CString; 0] = [];
+    let e = nix::unistd::execve(&path, &argv, &env).unwrap_err();
+    Err(format!("exec {INIT_PATH}: {e}"))
+}
+
+fn setup_dev(root: &Path, cfg: &SetupConfig) -> R<()> {
+    let dev = root.join("dev");
+    ensure_dir(&dev, 0o755)?;
+    mnt(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    )?;
+    // Device nodes are made with mknod (not bind mounts from the host): CRIU then dumps /dev as plain
+    // tmpfs content and needs no external-mount declarations for them.
+    for (name, major, minor) in [
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ] {
+        let p = dev.join(name);
+        mknod(
+            &p,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(major, minor),
+        )
+        .map_err(|e| format!("mknod {}: {e}", p.display()))?;
+        // mknod honours the umask; make the mode exact.
+        nix::sys::stat::fchmodat(
+            None,
+            &p,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+        ("core", "/proc/kcore"),
+    ] {
+        symlink(target, dev.join(link)).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+    }
+    let pts = dev.join("pts");
+    ensure_dir(&pts, 0o755)?;
+    mnt(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )?;
+    let shm = dev.join("shm");
+    ensure_dir(&shm, 0o1777)?;
+    let data = format!("mode=1777,size={}m", cfg.shm_size_mb.max(1));
+    mnt(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        NOSUID_NODEV_NOEXEC,
+        Some(&data),
+    )?;
+    Ok(())
+}
+
+/// /run as a small tmpfs holding /run/grove (socket, logs) and the init binary's mount point.
+fn setup_run(root: &Path, cfg: &SetupConfig) -> R<()> {
+    let run = root.join("run");
+    ensure_dir(&run, 0o755)?;
+    mnt(
+        Some("tmpfs"),
+        &run,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=755,size=16m"),
+    )?;
+    ensure_dir(&run.join("lock"), 0o1777)?;
+    let grove = root
+        .join(INIT_PATH.trim_start_matches('/'))
+        .parent()
+        .map(Path::to_path_buf);
+    let grove = grove.ok_or("INIT_PATH has no parent")?;
+    ensure_dir(&grove, 0o700)?;
+    ensure_dir(&root.join(LOG_DIR.trim_start_matches('/')), 0o700)?;
+    let target = root.join(INIT_PATH.trim_start_matches('/'));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o500)
+        .open(&target)
+        .map_err(|e| format!("create {}: {e}", target.display()))?;
+    mnt(
+        Some(&cfg.init_binary),
+        &target,
+        None,
+        MsFlags::MS_BIND,
+        None,
+    )?;
+    mnt(
+        None,
+        &target,
+        None,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None,
+    )
+}
+
+/// Masks like runc's defaults.
+fn mask_paths(root: &Path) -> R<()> {
+    let null = root.join("dev/null");
+    for f in [
+        "proc/kcore",
+        "proc/keys",
+        "proc/timer_list",
+        "proc/sched_debug",
+        "proc/latency_stats",
+        "proc/timer_stats",
+    ] {
+        let p = root.join(f);
+        if p.exists() {
+            mnt(
+                Some(null.to_str().unwrap_or("/dev/null")),
+                &p,
+                None,
+                MsFlags::MS_BIND,
+                None,
+            )?;
+        }
+    }
+    for d in [
+        "proc/acpi",
+        "proc/scsi",
+        "sys/firmware",
+        "sys/devices/virtual/powercap",
+    ] {
+        let p = root.join(d);
+        if p.is_dir() {
+            mnt(
+                Some("tmpfs"),
+                &p,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY,
+                Some("size=0"),
+            )?;
+        }
+    }
+    for ro in [
+        "proc/bus",
+        "proc/fs",
+        "proc/irq",
+        "proc/sys",
+        "proc/sysrq-trigger",
+    ] {
+        let p = root.join(ro);
+        if p.exists() {
+            mnt(
+                Some(p.to_str().unwrap_or_default()),
+                &p,
+                None,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None,
+            )?;
+            mnt(
+                None,
+                &p,
+                None,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV_NOEXEC,
+                None,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Brings `lo` up in the new network namespace (the kernel adds 127.0.0.1 with it).
+fn loopback_up() -> R<()> {
+    // SAFETY: plain socket(2) call; the fd is wrapped right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into a properly sized ifreq.
+    if unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(format!(
+            "SIOCGIFFLAGS lo: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the union field ifru_flags is the one SIOCGIFFLAGS filled.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads a properly sized ifreq.
+    if unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(format!(
+            "SIOCSIFFLAGS lo: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! Starting a command from init: fork, new session, subreaper, stdio wiring, PATH lookup, exec.
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::fcntl::OFlag;
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
+use nix::unistd::{fork, ForkResult};
+
+use crate::proto::{ExecSpec, LOG_DIR};
+
+pub struct Spawned {
+    pub pid: i32,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    pub log_path: Option<String>,
+}
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    let _ = nix::fcntl::fcntl(
+        fd.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK),
+    );
+}
+
+/// Starts `spec`. Exec failures (missing binary, bad cwd) are reported as Err, not as an exit code.
+pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
+    if spec.argv.is_empty() {
+        return Err("empty argv".into());
+    }
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/root".into()),
+        ("TERM".into(), "xterm".into()),
+    ];
+    for (k, v) in &spec.env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let path_var = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let cstr = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstr(a))
+        .collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| cstr(&format!("{k}={v}")))
+        .collect::<Result<_, _>>()?;
+    let cwd = cstr(if spec.cwd.is_empty() { "/" } else { &spec.cwd })?;
+    let candidates: Vec<CString> = if spec.argv[0].contains('/') {
+        vec![argv[0].clone()]
+    } else {
+        path_var
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .filter_map(|d| CString::new(format!("{d}/{}", spec.argv[0])).ok())
+            .collect()
+    };
+
+    let (in_r, in_w) = if spec.background || spec.stdin.is_none() {
+        (None, None)
+    } else {
+        let (r, w) = pipe()?;
+        (Some(r), Some(w))
+    };
+    let (out_r, out_w, err_r, err_w) = if spec.background {
+        (None, None, None, None)
+    } else {
+        let (a, b) = pipe()?;
+        let (c, d) = pipe()?;
+        (Some(a), Some(b), Some(c), Some(d))
+    };
+    let (status_r, status_w) = pipe()?;
+    let devnull = cstr("/dev/null")?;
+
+    // SAFETY: init is single-threaded, so the child may run arbitrary code after fork.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            let err = child(ChildArgs {
+                argv: &argv,
+                envp: &envp,
+                cwd: &cwd,
+                candidates: &candidates,
+                stdin: in_r.as_ref().map(AsRawFd::as_raw_fd),
+                stdout: out_w.as_ref().map(AsRawFd::as_raw_fd),
+                stderr: err_w.as_ref().map(AsRawFd::as_raw_fd),
+                background: spec.background,
+                devnull: &devnull,
+            });
+            let _ = nix::unistd::write(&status_w, err.as_bytes());
+            // SAFETY: _exit in a forked child is always sound.
+            unsafe { libc::_exit(127) }
+        }
+        ForkResult::Parent { child } => {
+            drop((in_r, out_w, err_w, status_w));
+            // EOF on the CLOEXEC status pipe = exec succeeded; bytes = the child's error.
+            let mut msg = String::new();
+            // SAFETY: status_r is an fd we own; File takes it over.
+            let mut f = unsafe { std::fs::File::from_raw_fd(into_raw(status_r)) };
+            let _ = f.read_to_string(&mut msg);
+            if !msg.is_empty() {
+                let _ = nix::sys::wait::waitpid(child, None);
+                return Err(msg);
+            }
+            for fd in [&in_w, &out_r, &err_r].into_iter().flatten() {
+                set_nonblocking(fd);
+            }
+            let log_path = spec.background.then(|| format!("{LOG_DIR}/{child}.log"));
+            Ok(Spawned {
+                pid: child.as_raw(),
+                stdin: in_w,
+                stdout: out_r,
+                stderr: err_r,
+                log_path,
+            })
+        }
+    }
+}
+
+fn into_raw(fd: OwnedFd) -> RawFd {
+    std::os::fd::IntoRawFd::into_raw_fd(fd)
+}
+
+struct ChildArgs<'a> {
+    argv: &'a [CString],
+    envp: &'a [CString],
+    cwd: &'a CString,
+    candidates: &'a [CString],
+    stdin: Option<RawFd>,
+    stdout: Option<RawFd>,
+    stderr: Option<RawFd>,
+    background: bool,
+    devnull: &'a CString,
+}
+
+/// Runs in the forked child; returns only with an error message.
+fn child(a: ChildArgs<'_>) -> String {
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    // SAFETY: resetting dispositions to default in the child before exec.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    if let Err(e) = nix::unistd::setsid() {
+        return format!("setsid: {e}");
+    }
+    // SAFETY: prctl with integer arguments only. The command becomes a subreaper so that its
+    // double-forked descendants stay in its subtree (the timeout kill walks that subtree).
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let null = || {
+        nix::fcntl::open(
+            a.devnull.as_c_str(),
+            OFlag::O_RDWR,
+            nix::sys::stat::Mode::empty(),
+        )
+    };
+    let stdin = match a.stdin {
+        Some(fd) => fd,
+        None => match null() {
+            Ok(fd) => fd,
+            Err(e) => return format!("open /dev/null: {e}"),
+        },
+    };
+    let (stdout, stderr) = if a.background {
+        let path = format!("{LOG_DIR}/{}.log", std::process::id());
+        match nix::fcntl::open(
+            path.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND,
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        ) {
+            Ok(fd) => (fd, fd),
+            Err(e) => return format!("open {path}: {e}"),
+        }
+    } else {
+        (a.stdout.unwrap_or(2), a.stderr.unwrap_or(2))
+    };
+    for (from, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+        if let Err(e) = nix::unistd::dup2(from, to) {
+            return format!("dup2: {e}");
+        }
+    }
+    if let Err(e) = nix::unistd::chdir(a.cwd.as_c_str()) {
+        return format!("cwd {:?}: {e}", a.cwd);
+    }
+    let mut last = nix::errno::Errno::ENOENT;
+    for c in a.candidates {
+        match nix::unistd::execve(c, a.argv, a.envp) {
+            Err(nix::errno::Errno::ENOENT) | Err(nix::errno::Errno::ENOTDIR) => {}
+            Err(e) => last = e,
+            Ok(never) => match never {},
+        }
+    }
+    format!("exec {:?}: {last}", a.argv[0])
+}

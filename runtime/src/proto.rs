@@ -1,0 +1,163 @@
+//! Wire protocol between the runtime and grove-init's control socket.
+//!
+//! A frame is `[u32 BE length][u8 kind][payload]` where length counts kind + payload. One request per
+//! connection; the connection closes after the final frame (CRIU needs no connection open at dump time).
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Path of init's control socket inside the sandbox.
+pub const SOCKET_PATH: &str = "/run/grove/init.sock";
+/// Where the init binary is bind-mounted inside the sandbox (CRIU must see the exe).
+pub const INIT_PATH: &str = "/run/grove/init";
+/// Directory for background exec logs inside the sandbox.
+pub const LOG_DIR: &str = "/run/grove/logs";
+
+pub const KIND_JSON: u8 = 1;
+pub const KIND_STDOUT: u8 = 2;
+pub const KIND_STDERR: u8 = 3;
+
+/// Frames larger than this are refused (protects init from a bad peer).
+pub const MAX_FRAME: usize = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Exec(ExecSpec),
+    Processes,
+    Signal { pid: i32, signal: i32 },
+    Ping,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Full argv (argv[0] looked up in PATH).
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout_ms: Option<u64>,
+    pub background: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// The command started (pid inside the sandbox); for background execs this is the only frame.
+    Started {
+        pid: i32,
+        log_path: Option<String>,
+    },
+    Exit {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+    Processes {
+        list: Vec<Proc>,
+    },
+    Ok,
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Proc {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub running: bool,
+}
+
+/// Encodes one frame.
+pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + payload.len());
+    out.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(payload);
+    out
+}
+
+pub fn encode_json<T: Serialize>(v: &T) -> Vec<u8> {
+    encode(KIND_JSON, &serde_json::to_vec(v).unwrap_or_default())
+}
+
+pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> io::Result<()> {
+    w.write_all(&encode(kind, payload))
+}
+
+/// Reads one frame; `Ok(None)` at a clean EOF before the frame started.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len == 0 || len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad frame length {len}"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf)?;
+    let kind = buf.remove(0);
+    Ok(Some((kind, buf)))
+}
+
+/// Parses a complete frame from the front of `buf`, returning it and the bytes consumed.
+pub fn parse_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, String> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len == 0 || len > MAX_FRAME {
+        return Err(format!("bad frame length {len}"));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    Ok(Some((buf[4], &buf[5..4 + len], 4 + len)))
+}
+
+/// Config handed by the runtime to `grove-init --setup` on stdin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupConfig {
+    /// Host path of the mounted root.
+    pub root: String,
+    pub hostname: String,
+    /// cgroup.procs files to join (host paths).
+    pub cgroup_procs: Vec<String>,
+    /// Host path of the init binary (bind-mounted at INIT_PATH).
+    pub init_binary: String,
+    pub tmp_size_mb: u64,
+    pub shm_size_mb: u64,
+    pub open_files: u64,
+    /// Create a new network namespace (always true today; false is for tests of the setup itself).
+    pub new_netns: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_roundtrip() {
+        let f = encode(KIND_STDOUT, b"hello");
+        let (k, p, n) = parse_frame(&f).unwrap().unwrap();
+        assert_eq!((k, p, n), (KIND_STDOUT, &b"hello"[..], f.len()));
+        assert!(parse_frame(&f[..6]).unwrap().is_none());
+        let mut r = &f[..];
+        assert_eq!(
+            read_frame(&mut r).unwrap().unwrap(),
+            (KIND_STDOUT, b"hello".to_vec())
+        );
+        assert!(read_frame(&mut r).unwrap().is_none());
+        assert!(parse_frame(&[0, 0, 0, 0, 1]).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! Residue: every Grove-owned thing on the host that belongs to no live sandbox of this runtime, and
+//! the cleanup of a previous run's leftovers at start-up.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::mounts;
+use crate::network::host_if;
+use crate::runtime::Runtime;
+use crate::types::{ResidueItem, ResidueReport, SandboxId};
+
+fn item(kind: &str, what: impl Into<String>) -> ResidueItem {
+    ResidueItem {
+        kind: kind.into(),
+        what: what.into(),
+    }
+}
+
+/// The sandbox id in a path component like `sb-0123456789ab`, if any.
+fn id_in(path: &Path) -> Option<SandboxId> {
+    path.components()
+        .find_map(|c| c.as_os_str().to_str()?.parse().ok())
+}
+
+impl Runtime {
+    fn owned(&self) -> HashSet<SandboxId> {
+        let mut ids: HashSet<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
+        ids.extend(self.pending.lock().iter().cloned());
+        ids
+    }
+
+    fn sandboxes_dir(&self) -> PathBuf {
+        self.config.run_dir.join("sandboxes")
+    }
+
+    /// Everything Grove-owned on the host not belonging to a live sandbox. Empty = clean.
+    pub fn residue(&self) -> ResidueReport {
+        let owned = self.owned();
+        let mut items = Vec::new();
+        let run = &self.config.run_dir;
+        for m in mounts::mount_points().unwrap_or_default() {
+            let ours = if m.starts_with(run) && m != *run {
+                true
+            } else {
+                m.starts_with(&self.config.state_dir) && id_in(&m).is_some()
+            };
+            if ours && !id_in(&m).is_some_and(|id| owned.contains(&id)) {
+                items.push(item("mount", m.display().to_string()));
+            }
+        }
+        for id in self.cgroups.existing() {
+            if id.parse::<SandboxId>().is_ok_and(|i| owned.contains(&i)) {
+                continue;
+            }
+            for d in self.cgroups.dirs(&id) {
+                items.push(item("cgroup", d.display().to_string()));
+            }
+        }
+        for name in dir_names(Path::new("/run/netns"))
+            .into_iter()
+            .filter(|n| n.starts_with("grove"))
+        {
+            items.push(item("netns", name));
+        }
+        let links: HashSet<String> = owned.iter().map(host_if).collect();
+        for name in dir_names(Path::new("/sys/class/net")) {
+            if name.starts_with("grove") && !links.contains(&name) {
+                items.push(item("link", name));
+            }
+        }
+        if let Some(chains) = self.net.table_chains() {
+            if !self.net.has_leases() {
+                items.push(item("nft", format!("table inet {}", self.net.table())));
+            } else {
+                let live: HashSet<String> = owned
+                    .iter()
+                    .map(|id| format!("sb_{}", id.short()))
+                    .collect();
+                for c in chains.iter().filter(|c| c.starts_with("sb_")) {
+                    if !live.contains(c.trim_end_matches("_out")) {
+                        items.push(item("nft", format!("chain {c}")));
+                    }
+                }
+            }
+        }
+        for (pid, what) in self.stray_inits(&owned) {
+            items.push(item("process", format!("{pid} {what}")));
+        }
+        for name in dir_names(&self.sandboxes_dir()) {
+            if !name
+                .parse::<SandboxId>()
+                .is_ok_and(|id| owned.contains(&id))
+            {
+                items.push(item(
+                    "file",
+                    self.sandboxes_dir().join(name).display().to_string(),
+                ));
+            }
+        }
+        ResidueReport { items }
+    }
+
+    /// grove-init processes that are not part of an owned sandbox (nor another runtime's cgroup root).
+    fn stray_inits(&self, owned: &HashSet<SandboxId>) -> Vec<(i32, String)> {
+        let me = std::process::id() as i32;
+        let marker = format!("/{}/", self.config.cgroup_root);
+        let mut out = Vec::new();
+        for pid in dir_names(Path::new("/proc"))
+            .iter()
+            .filter_map(|n| n.parse::<i32>().ok())
+        {
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let argv0 = cmd.split(|&b| b == 0).next().unwrap_or_default();
+            if !argv0.ends_with(b"grove-init") {
+                continue;
+            }
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let mine = cg.lines().find_map(|l| {
+                let path = l.splitn(3, ':').nth(2)?;
+                let rest = path.split_once(&marker)?.1;
+                rest.split('/').next()?.parse::<SandboxId>().ok()
+            });
+            match mine {
+                Some(id) if owned.contains(&id) => continue,
+                None if cg.contains("/grove") => continue, // another runtime's sandbox
+                _ => {}
+            }
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s[s.rfind(')')? + 2..]
+                        .split(' ')
+                        .nth(1)?
+                        .parse::<i32>()
+                        .ok()
+                });
+            if ppid == Some(me) && mine.is_none() {
+                continue; // a setup process of a create in flight
+            }
+            out.push((
+                pid,
+                String::from_utf8_lossy(&cmd)
+                    .replace('\0', " ")
+                    .trim()
+                    .to_string(),
+            ));
+        }
+        out
+    }
+
+    /// Removes a previous run's leftovers (there is no re-attach yet). Runs before any create.
+    pub(crate) fn clean_residue(&self) {
+        let mut ids: HashSet<String> = self.cgroups.existing().into_iter().collect();
+        ids.extend(dir_names(&self.sandboxes_dir()));
+        for id in &ids {
+            if let Err(e) = self.cgroups.kill_all(id) {
+                tracing::warn!(sandbox = %id, error = %e, "kill leftover processes");
+            }
+            let dir = self.sandboxes_dir().join(id);
+            let mut under: Vec<PathBuf> = mounts::mount_points()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m.starts_with(&dir))
+                .collect();
+            under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+            for m in under {
+                let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+            }
+            if let Ok(sid) = id.parse::<SandboxId>() {
+                let link = host_if(&sid);
+                if Path::new("/sys/class/net").join(&link).exists() {
+                    let _ = std::process::Command::new("ip")
+                        .args(["link", "del", &link])
+                        .status();
+                }
+            }
+            if let Err(e) = self.cgroups.remove(id) {
+                tracing::warn!(sandbox = %id, error = %e, "remove leftover cgroups");
+            }
+            let still_mounted = mounts::mount_points()
+                .unwrap_or_default()
+                .iter()
+                .any(|m| m.starts_with(&dir));
+            if dir.exists() && !still_mounted {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        if self.net.table_chains().is_some() {
+            self.net.delete_table();
+        }
+    }
+}
+
+fn dir_names(p: &Path) -> Vec<String> {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}

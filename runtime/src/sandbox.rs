@@ -1,0 +1,60 @@
+//! One live sandbox's record, and the parts a create has made so far (what reclaim undoes).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::network::NetLease;
+use crate::root::RootMount;
+use crate::types::{Limits, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
+
+pub struct Sandbox {
+    pub id: SandboxId,
+    pub spec: SandboxSpec,
+    pub limits: Limits,
+    pub hostname: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Mutex<Option<u64>>,
+    pub state: Mutex<SandboxState>,
+    pub init_pid: i32,
+    pub dir: PathBuf,
+    pub root: Arc<dyn RootMount>,
+    pub net: Option<NetLease>,
+}
+
+impl Sandbox {
+    pub fn info(&self) -> SandboxInfo {
+        SandboxInfo {
+            id: self.id.clone(),
+            state: *self.state.lock(),
+            spec: self.spec.clone(),
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: *self.expires_at_ms.lock(),
+            init_pid: Some(self.init_pid),
+            hostname: self.hostname.clone(),
+            address: self.net.as_ref().map(|n| n.sandbox_addr.to_string()),
+        }
+    }
+
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+}
+
+/// What exists of a sandbox on the host; reclaim removes exactly these, in reverse order of making.
+#[derive(Default)]
+pub struct Parts {
+    pub dir: Option<PathBuf>,
+    pub root: Option<Arc<dyn RootMount>>,
+    pub cgroups: bool,
+    pub init_pid: Option<i32>,
+    pub net: Option<NetLease>,
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,184 @@
+//! Spec validation: every field checked before anything is made.
+
+use std::net::Ipv4Addr;
+
+use crate::error::Error;
+use crate::types::{EgressRule, ExecRequest, Limits, NetworkPolicy, SandboxSpec};
+
+/// Limits outside these bounds are refused as absurd (capacity is checked separately).
+pub fn limits(l: &Limits) -> Result<(), Error> {
+    let check = |field: &str, v: u64, min: u64, max: u64| {
+        if v < min || v > max {
+            Err(Error::invalid(
+                &format!("limits.{field}"),
+                format!("{v} is outside {min}..={max}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    check("cpu_millis", u64::from(l.cpu_millis), 1, 1_024_000)?;
+    check("memory_mb", l.memory_mb, 16, 1 << 24)?;
+    check("pids", u64::from(l.pids), 8, 4_194_304)?;
+    check("open_files", u64::from(l.open_files), 64, 1 << 20)?;
+    check("disk_mb", l.disk_mb, 1, 1 << 30)?;
+    Ok(())
+}
+
+pub fn hostname(h: &str) -> Result<(), Error> {
+    let ok = !h.is_empty()
+        && h.len() <= 63
+        && !h.starts_with('-')
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "hostname",
+            format!("{h:?} is not a valid hostname"),
+        ))
+    }
+}
+
+fn env_map(field: &str, env: &std::collections::BTreeMap<String, String>) -> Result<(), Error> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(Error::invalid(field, format!("bad variable {k:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// Parses "a.b.c.d/n" (IPv4; IPv6 is not supported yet).
+pub fn cidr(s: &str) -> Result<(Ipv4Addr, u8), Error> {
+    let bad = |why: &str| Error::invalid("network.allow.cidr", format!("{s:?}: {why}"));
+    let (ip, len) = s.split_once('/').ok_or_else(|| bad("missing /prefix"))?;
+    let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
+    let len: u8 = len.parse().map_err(|_| bad("prefix is not a number"))?;
+    if len > 32 {
+        return Err(bad("prefix longer than 32"));
+    }
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    if u32::from(ip) & !mask != 0 {
+        return Err(bad("host bits set"));
+    }
+    Ok((ip, len))
+}
+
+pub fn egress(rules: &[EgressRule]) -> Result<(), Error> {
+    for r in rules {
+        cidr(&r.cidr)?;
+        if r.ports.contains(&0) {
+            return Err(Error::invalid("network.allow.ports", "port 0"));
+        }
+    }
+    Ok(())
+}
+
+/// Everything but the image (the root provider answers for it) and capacity.
+pub fn spec(s: &SandboxSpec) -> Result<(), Error> {
+    if s.image.is_empty() {
+        return Err(Error::invalid("image", "empty"));
+    }
+    if let Some(l) = &s.limits {
+        limits(l)?;
+    }
+    env_map("env", &s.env)?;
+    if let Some(w) = &s.workdir {
+        if !w.starts_with('/') || w.contains('\0') {
+            return Err(Error::invalid(
+                "workdir",
+                format!("{w:?} is not an absolute path"),
+            ));
+        }
+    }
+    if let Some(h) = &s.hostname {
+        hostname(h)?;
+    }
+    if let NetworkPolicy::Egress { allow } = &s.network {
+        egress(allow)?;
+    }
+    if !s.ports.is_empty() && s.network == NetworkPolicy::None {
+        return Err(Error::invalid(
+            "ports",
+            "published ports need network mode egress",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for p in &s.ports {
+        if p.host_port == 0 || p.sandbox_port == 0 {
+            return Err(Error::invalid("ports", "port 0"));
+        }
+        if !seen.insert(p.host_port) {
+            return Err(Error::invalid(
+                "ports",
+                format!("host port {} twice", p.host_port),
+            ));
+        }
+    }
+    if s.ttl_secs == Some(0) {
+        return Err(Error::invalid("ttl_secs", "0 (omit it for no expiry)"));
+    }
+    Ok(())
+}
+
+/// Turns an exec request into the argv to run.
+pub fn exec_argv(r: &ExecRequest) -> Result<Vec<String>, Error> {
+    env_map("env", &r.env)?;
+    let argv = match (&r.shell, r.argv.is_empty()) {
+        (Some(_), false) => return Err(Error::invalid("argv", "give argv or shell, not both")),
+        (None, true) => return Err(Error::invalid("argv", "give argv or shell")),
+        (Some(sh), true) => vec!["/bin/sh".into(), "-c".into(), sh.clone()],
+        (None, false) => r.argv.clone(),
+    };
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(Error::invalid("argv", "NUL byte"));
+    }
+    if r.cwd.as_ref().is_some_and(|c| !c.starts_with('/')) {
+        return Err(Error::invalid("cwd", "must be absolute"));
+    }
+    if r.timeout_ms == Some(0) {
+        return Err(Error::invalid("timeout_ms", "0"));
+    }
+    Ok(argv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        assert!(cidr("10.0.0.0/8").is_ok());
+        assert!(cidr("10.1.2.3/32").is_ok());
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.1/8",
+            "300.0.0.0/8",
+            "10.0.0.0/33",
+            "x/8",
+            "::1/128",
+        ] {
+            assert_eq!(cidr(bad).unwrap_err().code(), "invalid_spec", "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_bounds() {
+        assert!(limits(&Limits::default()).is_ok());
+        let zero_mem = Limits {
+            memory_mb: 0,
+            ..Limits::default()
+        };
+        assert_eq!(
+            limits(&zero_mem).unwrap_err().field(),
+            Some("limits.memory_mb")
+        );
+        let absurd = Limits {
+            pids: u32::MAX,
+            ..Limits::default()
+        };
+        assert_eq!(limits(&absurd).unwrap_err().field(), Some("limits.pids"));
+    }
+}

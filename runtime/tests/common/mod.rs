@@ -1,0 +1,78 @@
+//! Shared setup for the runtime's root-only integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use grove_runtime::{
+    ExecRequest, ExecResult, OverlayRoot, Runtime, RuntimeConfig, SandboxId, SandboxSpec,
+};
+
+pub const IMAGE: &str = "debian12";
+pub const STATE_DIR: &str = "/var/lib/grove";
+
+/// A config of its own (run dir, cgroup root, nft table, address pool) so these tests never touch
+/// a groved running on the same machine.
+pub fn config(instance: &str) -> RuntimeConfig {
+    let mut c = RuntimeConfig::default_paths();
+    c.state_dir = PathBuf::from(STATE_DIR);
+    c.run_dir = PathBuf::from(format!("/run/{instance}"));
+    c.cgroup_root = instance.to_string();
+    c.init_binary = PathBuf::from(env!("CARGO_BIN_EXE_grove-init"));
+    c.net_pool = "10.211.0.0/16".into();
+    c
+}
+
+/// Whether the machine can run these tests at all; if not, says so loudly.
+pub fn can_run() -> bool {
+    let ok = nix::unistd::geteuid().is_root()
+        && PathBuf::from(STATE_DIR)
+            .join("images")
+            .join(IMAGE)
+            .join("bin/sh")
+            .exists();
+    if !ok {
+        eprintln!("SKIPPED: needs root and the base image {STATE_DIR}/images/{IMAGE}");
+    }
+    ok
+}
+
+/// One runtime per test binary (tests in it run in parallel threads).
+pub fn rt() -> Arc<Runtime> {
+    static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RT.get_or_init(|| {
+        let roots = Arc::new(OverlayRoot::new(STATE_DIR));
+        Runtime::new(config("grove-rtest"), roots).expect("runtime")
+    })
+    .clone()
+}
+
+pub fn spec() -> SandboxSpec {
+    SandboxSpec::from_image(IMAGE)
+}
+
+pub fn sh(rt: &Runtime, id: &SandboxId, cmd: &str) -> ExecResult {
+    rt.exec(id, ExecRequest::shell(cmd)).expect("exec")
+}
+
+pub fn out(r: &ExecResult) -> String {
+    String::from_utf8_lossy(&r.stdout).trim().to_string()
+}
+
+/// Asserts nothing of `id` is left, and that the runtime reports no residue apart from other live
+/// sandboxes (which residue() never lists).
+pub fn assert_gone(rt: &Runtime, id: &SandboxId) {
+    let r = rt.residue();
+    assert!(r.items.is_empty(), "residue after {id}: {:#?}", r.items);
+    let cg = rt.config().cgroup_root.clone();
+    for ctrl in ["memory", "pids", "cpu", "unified"] {
+        let d = PathBuf::from(format!("/sys/fs/cgroup/{ctrl}/{cg}/{id}"));
+        assert!(!d.exists(), "{} left", d.display());
+    }
+    assert!(!rt
+        .config()
+        .run_dir
+        .join("sandboxes")
+        .join(id.as_str())
+        .exists());
+}
