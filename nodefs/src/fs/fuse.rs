@@ -369,32 +369,50 @@ impl Filesystem for Fs {
         if write {
             tryr!(reply, self.rw());
         }
+        // The kernel requires every open of an inode in passthrough mode to be passthrough
+        // too, and refuses passthrough while cached opens exist.
+        let pt_opens = self
+            .s()
+            .backing
+            .lock()
+            .get(&ino.0)
+            .map(|b| b.1)
+            .unwrap_or(0);
         let pristine_base = {
             let mut st = self.s().state.lock();
             let i = tryr!(reply, st.get_mut(ino.0));
-            i.open += 1;
+            let others_cached = i.open > pt_opens;
             match &mut i.content {
                 Content::File(f) => {
                     if write {
+                        if pt_opens > 0 {
+                            reply.error(Errno::ETXTBSY);
+                            return;
+                        }
                         tryr!(
                             reply,
                             f.upper_file()
                                 .map(|_| ())
                                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
                         );
+                        i.open += 1;
                         None
-                    } else if f.is_pristine() && f.size > 0 && f.version == 0 {
+                    } else if f.is_pristine() && f.size > 0 && f.version == 0 && !others_cached {
+                        i.open += 1;
                         Some(f.base.clone())
                     } else {
+                        i.open += 1;
                         None
                     }
                 }
                 Content::Dir(_) => {
-                    i.open -= 1;
                     reply.error(Errno::EISDIR);
                     return;
                 }
-                _ => None,
+                _ => {
+                    i.open += 1;
+                    None
+                }
             }
         };
         if let Some(base) = pristine_base.filter(|_| self.s().passthrough.load(Ordering::Relaxed)) {
@@ -404,7 +422,7 @@ impl Filesystem for Fs {
                 let b = b.clone();
                 drop(backing);
                 let fh = self.open_handle(ino.0, true);
-                reply.opened_passthrough(fh, FopenFlags::FOPEN_KEEP_CACHE, &b);
+                reply.opened_passthrough(fh, FopenFlags::empty(), &b);
                 return;
             }
             match passthrough::materialize(&self.s().store, &base)
@@ -415,7 +433,7 @@ impl Filesystem for Fs {
                     backing.insert(ino.0, (b.clone(), 1));
                     drop(backing);
                     let fh = self.open_handle(ino.0, true);
-                    reply.opened_passthrough(fh, FopenFlags::FOPEN_KEEP_CACHE, &b);
+                    reply.opened_passthrough(fh, FopenFlags::empty(), &b);
                     return;
                 }
                 Err(err) => tracing::debug!(error = %err, "passthrough unavailable; serving reads"),

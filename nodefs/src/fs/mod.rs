@@ -150,7 +150,7 @@ impl NodeFs {
         ];
         config.acl = SessionACL::All;
         config.n_threads = Some(2);
-        config.clone_fd = true;
+        config.clone_fd = std::env::var_os("NODEFS_CLONE_FD").is_some();
         let cleanup = || {
             let _ = std::fs::remove_dir_all(upper);
         };

@@ -1,0 +1,515 @@
+//! POSIX semantics through a real nodefs mount (root + /dev/fuse).
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use common::*;
+use nodefs::MountOptions;
+
+fn c(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// A base image with a large file, a small file and a directory.
+fn base_env() -> (Env, nodefs::ManifestId) {
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 42);
+    let id = env.store.import_dir(&src).unwrap();
+    (env, id)
+}
+
+#[test]
+fn reads_base_and_writes_copy_on_write() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint().to_path_buf();
+    compare_trees(&env.path("src"), &mp);
+    assert_eq!(
+        m.commit().unwrap(),
+        id,
+        "an untouched mount commits to its base"
+    );
+    fs::write(mp.join("small.txt"), b"new").unwrap();
+    assert_eq!(fs::read(mp.join("small.txt")).unwrap(), b"new");
+    assert_eq!(
+        fs::read(env.path("src/small.txt")).unwrap(),
+        b"hello nodefs\n"
+    );
+    // The hard link sees the change too.
+    assert_eq!(fs::read(mp.join("a/b/hard.txt")).unwrap(), b"new");
+    let c1 = m.commit().unwrap();
+    assert_ne!(c1, id);
+    let out = env.path("out");
+    env.store.export_dir(&c1, &out).unwrap();
+    assert_eq!(fs::read(out.join("a/b/hard.txt")).unwrap(), b"new");
+    assert_eq!(
+        fs::metadata(out.join("small.txt")).unwrap().ino(),
+        fs::metadata(out.join("a/b/hard.txt")).unwrap().ino()
+    );
+}
+
+#[test]
+fn small_write_into_large_file_copies_a_block_not_the_file() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let p = m.mountpoint().join("a/big.bin");
+    let mut f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.seek(SeekFrom::Start(1_000_001)).unwrap();
+    f.write_all(b"XYZ").unwrap();
+    drop(f);
+    assert!(m.usage().bytes <= 8192, "usage {:?}", m.usage());
+    let mut want = fs::read(env.path("src/a/big.bin")).unwrap();
+    want[1_000_001..1_000_004].copy_from_slice(b"XYZ");
+    assert!(fs::read(&p).unwrap() == want);
+    // Commit re-chunks only around the write: most chunks are shared with the base.
+    let before = env.store.stats().chunks;
+    let c1 = m.commit().unwrap();
+    let added = env.store.stats().chunks - before;
+    assert!(added <= 4, "added {added} chunks");
+    let out = env.path("out");
+    env.store.export_dir(&c1, &out).unwrap();
+    assert!(fs::read(out.join("a/big.bin")).unwrap() == want);
+}
+
+#[test]
+fn rename_over_existing_and_directories() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    fs::write(mp.join("x"), b"x").unwrap();
+    fs::rename(mp.join("x"), mp.join("small.txt")).unwrap();
+    assert_eq!(fs::read(mp.join("small.txt")).unwrap(), b"x");
+    assert!(!mp.join("x").exists());
+    // The other hard link keeps the old content.
+    assert_eq!(
+        fs::read(mp.join("a/b/hard.txt")).unwrap(),
+        b"hello nodefs\n"
+    );
+    fs::create_dir(mp.join("d1")).unwrap();
+    fs::create_dir(mp.join("d2")).unwrap();
+    fs::write(mp.join("d2/f"), b"f").unwrap();
+    let e = fs::rename(mp.join("d1"), mp.join("d2")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    fs::remove_file(mp.join("d2/f")).unwrap();
+    fs::rename(mp.join("d1"), mp.join("d2")).unwrap();
+    assert!(!mp.join("d1").exists());
+    let e = fs::rename(mp.join("a"), mp.join("a/b/inside")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    fs::rename(mp.join("a/b"), mp.join("moved")).unwrap();
+    assert_eq!(
+        fs::read(mp.join("moved/mid.bin")).unwrap(),
+        fs::read(env.path("src/a/b/mid.bin")).unwrap()
+    );
+    let e = fs::remove_dir(mp.join("moved")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    // Many entries list completely.
+    fs::create_dir(mp.join("many")).unwrap();
+    for i in 0..1500 {
+        File::create(mp.join(format!("many/file-{i:05}"))).unwrap();
+    }
+    assert_eq!(fs::read_dir(mp.join("many")).unwrap().count(), 1500);
+}
+
+#[test]
+fn unlink_while_open_and_hard_links() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mp.join("tmp"))
+        .unwrap();
+    f.write_all(b"still here").unwrap();
+    fs::remove_file(mp.join("tmp")).unwrap();
+    assert!(!mp.join("tmp").exists());
+    f.write_all(b"!").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still here!");
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    drop(f);
+    // RELEASE reaches the server asynchronously after close.
+    let t = std::time::Instant::now();
+    while m.usage().inodes != 0 && t.elapsed() < std::time::Duration::from_secs(2) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(m.usage().inodes, 0, "the unlinked inode is freed on close");
+
+    fs::write(mp.join("orig"), b"1").unwrap();
+    fs::hard_link(mp.join("orig"), mp.join("a/alias")).unwrap();
+    let (a, b) = (
+        fs::metadata(mp.join("orig")).unwrap(),
+        fs::metadata(mp.join("a/alias")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.nlink(), 2);
+    fs::write(mp.join("a/alias"), b"2").unwrap();
+    assert_eq!(fs::read(mp.join("orig")).unwrap(), b"2");
+    fs::remove_file(mp.join("orig")).unwrap();
+    assert_eq!(fs::metadata(mp.join("a/alias")).unwrap().nlink(), 1);
+    let c = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert_eq!(fs::read(out.join("a/alias")).unwrap(), b"2");
+    let e = fs::hard_link(mp.join("a"), mp.join("dirlink")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+}
+
+#[test]
+fn append_truncate_sparse_fallocate() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    // O_APPEND from two handles.
+    let mut a = OpenOptions::new()
+        .append(true)
+        .open(mp.join("small.txt"))
+        .unwrap();
+    let mut b = OpenOptions::new()
+        .append(true)
+        .open(mp.join("small.txt"))
+        .unwrap();
+    a.write_all(b"A").unwrap();
+    b.write_all(b"B").unwrap();
+    a.write_all(b"C").unwrap();
+    drop((a, b));
+    assert_eq!(
+        fs::read(mp.join("small.txt")).unwrap(),
+        b"hello nodefs\nABC"
+    );
+
+    // Truncate a base file down, then up: the hidden tail reads as zeros.
+    let big = mp.join("a/big.bin");
+    let orig = fs::read(env.path("src/a/big.bin")).unwrap();
+    let f = OpenOptions::new().write(true).open(&big).unwrap();
+    f.set_len(10_000).unwrap();
+    f.set_len(20_000).unwrap();
+    drop(f);
+    let got = fs::read(&big).unwrap();
+    assert_eq!(got.len(), 20_000);
+    assert!(got[..10_000] == orig[..10_000]);
+    assert!(got[10_000..].iter().all(|b| *b == 0));
+
+    // Sparse file: a write far out; the gap reads as zeros and costs nothing.
+    let mut s = File::create(mp.join("sparse")).unwrap();
+    s.seek(SeekFrom::Start(100 << 20)).unwrap();
+    s.write_all(b"end").unwrap();
+    drop(s);
+    let md = fs::metadata(mp.join("sparse")).unwrap();
+    assert_eq!(md.len(), (100 << 20) + 3);
+    assert!(m.usage().bytes < (1 << 20), "{:?}", m.usage());
+    let mut s = File::open(mp.join("sparse")).unwrap();
+    let mut buf = vec![1u8; 4096];
+    s.seek(SeekFrom::Start(50 << 20)).unwrap();
+    s.read_exact(&mut buf).unwrap();
+    assert!(buf.iter().all(|b| *b == 0));
+
+    // fallocate: extend, keep-size, punch hole.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mp.join("fa"))
+        .unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: fd is open.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 2 << 20) },
+        0
+    );
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    drop(f);
+    fs::write(mp.join("fa"), vec![7u8; 65536]).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(mp.join("fa"))
+        .unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            1000,
+            10_000,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    drop(f);
+    let got = fs::read(mp.join("fa")).unwrap();
+    assert_eq!(got.len(), 65536);
+    assert!(got[..1000].iter().all(|b| *b == 7));
+    assert!(got[1000..11_000].iter().all(|b| *b == 0));
+    assert!(got[11_000..].iter().all(|b| *b == 7));
+}
+
+#[test]
+fn mmap_shared_writes_and_fsync() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let p = m.mountpoint().join("a/b/mid.bin");
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: mapping 8192 bytes of an open file, unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            4096,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    // SAFETY: ptr maps 8192 writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(b"MMAP!".as_ptr(), (ptr as *mut u8).add(10), 5);
+        assert_eq!(libc::msync(ptr, 8192, libc::MS_SYNC), 0);
+        libc::munmap(ptr, 8192);
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let got = fs::read(&p).unwrap();
+    assert_eq!(&got[4106..4111], b"MMAP!");
+    let c = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert_eq!(
+        &fs::read(out.join("a/b/mid.bin")).unwrap()[4106..4111],
+        b"MMAP!"
+    );
+}
+
+#[test]
+fn metadata_xattrs_statfs_special_files() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(
+        &id,
+        "m",
+        MountOptions {
+            quota_bytes: Some(64 << 20),
+            quota_inodes: Some(1000),
+            ..Default::default()
+        },
+    );
+    let mp = m.mountpoint();
+    let p = mp.join("small.txt");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o4711)).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o4711);
+    // chown clears setuid (the kernel asks for it), so set the mode again after.
+    std::os::unix::fs::chown(&p, Some(1234), Some(5678)).unwrap();
+    let md = fs::metadata(&p).unwrap();
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    assert_eq!(md.mode() & 0o7777, 0o711);
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o4711)).unwrap();
+    let ts = [
+        libc::timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 5,
+        },
+        libc::timespec {
+            tv_sec: 2_000_000,
+            tv_nsec: 7,
+        },
+    ];
+    // SAFETY: valid path and timespec array.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(&p).unwrap();
+    assert_eq!(
+        (md.atime(), md.mtime(), md.mtime_nsec()),
+        (1_000_000, 2_000_000, 7)
+    );
+
+    // xattrs: base value, set, list, remove, create/replace flags.
+    let mut buf = [0u8; 64];
+    // SAFETY: valid strings and buffer.
+    let n = unsafe {
+        libc::getxattr(
+            c(&p).as_ptr(),
+            c"user.k".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            64,
+        )
+    };
+    assert_eq!(&buf[..n as usize], b"v");
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(
+                c(&p).as_ptr(),
+                c"user.new".as_ptr(),
+                b"xyz".as_ptr().cast(),
+                3,
+                0
+            ),
+            0
+        );
+        assert_eq!(
+            libc::setxattr(
+                c(&p).as_ptr(),
+                c"user.new".as_ptr(),
+                b"xyz".as_ptr().cast(),
+                3,
+                libc::XATTR_CREATE
+            ),
+            -1
+        );
+        let n = libc::listxattr(c(&p).as_ptr(), buf.as_mut_ptr().cast(), 64);
+        assert_eq!(&buf[..n as usize], b"user.k\0user.new\0");
+        assert_eq!(libc::removexattr(c(&p).as_ptr(), c"user.k".as_ptr()), 0);
+        assert_eq!(
+            libc::getxattr(
+                c(&p).as_ptr(),
+                c"user.k".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                64
+            ),
+            -1
+        );
+    }
+
+    // statfs reflects the quota.
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    assert_eq!(unsafe { libc::statvfs(c(mp).as_ptr(), &mut sv) }, 0);
+    assert_eq!(sv.f_blocks * sv.f_frsize, 64 << 20);
+    assert_eq!(sv.f_files, 1000);
+
+    // fifo, device node, unix socket bound on the mount.
+    // SAFETY: valid path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c(&mp.join("pipe")).as_ptr(), 0o600) },
+        0
+    );
+    assert!(fs::metadata(mp.join("pipe")).unwrap().file_type().is_fifo());
+    // SAFETY: valid path.
+    assert_eq!(
+        unsafe {
+            libc::mknod(
+                c(&mp.join("null")).as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(1, 3),
+            )
+        },
+        0
+    );
+    fs::write(mp.join("null"), b"discarded").unwrap();
+    assert_eq!(
+        fs::metadata(mp.join("null")).unwrap().rdev(),
+        libc::makedev(1, 3)
+    );
+    let sock = mp.join("ctl.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"pong").unwrap();
+    });
+    let mut cl = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let mut got = String::new();
+    cl.read_to_string(&mut got).unwrap();
+    t.join().unwrap();
+    assert_eq!(got, "pong");
+    assert!(fs::metadata(&sock).unwrap().file_type().is_socket());
+
+    // Metadata survives a commit.
+    let cm = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&cm, &out).unwrap();
+    let md = fs::metadata(out.join("small.txt")).unwrap();
+    assert_eq!(
+        (md.mode() & 0o7777, md.uid(), md.gid(), md.mtime()),
+        (0o4711, 1234, 5678, 2_000_000)
+    );
+    assert!(fs::symlink_metadata(out.join("ctl.sock"))
+        .unwrap()
+        .file_type()
+        .is_socket());
+}
+
+#[test]
+fn o_tmpfile_where_the_kernel_allows() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let r = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(m.mountpoint());
+    match r {
+        Ok(mut f) => {
+            f.write_all(b"tmp").unwrap();
+        }
+        Err(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "unexpected {e}");
+            eprintln!("NOTE: O_TMPFILE is refused by this kernel's FUSE (EOPNOTSUPP)");
+        }
+    }
+}
+
+#[test]
+fn read_only_mount_refuses_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(
+        &id,
+        "m",
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    let e = fs::write(m.mountpoint().join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        fs::read(m.mountpoint().join("small.txt")).unwrap(),
+        b"hello nodefs\n"
+    );
+}

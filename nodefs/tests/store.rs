@@ -1,0 +1,333 @@
+//! Content store: roundtrip, dedup, reproducibility, integrity, tar, gc, streams.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::process::Command;
+
+use common::*;
+use nodefs::{ChunkPolicy, Error, ObjectId, Store, StoreError};
+
+fn diff_trees(a: &std::path::Path, b: &std::path::Path) {
+    compare_trees(a, b);
+}
+
+#[test]
+fn roundtrip_and_dedup() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 1);
+    let id = env.store.import_dir(&src).unwrap();
+    let s1 = env.store.stats();
+    assert!(s1.chunks > 10, "{s1:?}");
+    assert!(env.store.contains(&id));
+    // Importing the same tree again adds (almost) nothing.
+    let id2 = env.store.import_dir(&src).unwrap();
+    assert_eq!(id, id2);
+    let s2 = env.store.stats();
+    assert_eq!(s1.chunks, s2.chunks);
+    assert!(s2.stored_bytes - s1.stored_bytes < 1024, "{s1:?} {s2:?}");
+
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    diff_trees(&src, &out);
+    let a = fs::metadata(out.join("small.txt")).unwrap();
+    let b = fs::metadata(out.join("a/b/hard.txt")).unwrap();
+    assert_eq!(a.ino(), b.ino(), "hard link preserved");
+    assert!(fs::symlink_metadata(out.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(
+        fs::symlink_metadata(out.join("a/big.bin")).unwrap().mtime(),
+        fs::symlink_metadata(src.join("a/big.bin")).unwrap().mtime()
+    );
+    assert_eq!(
+        env.store.manifest_bytes(&id).unwrap(),
+        13 + (3 << 20) + 300_000
+    );
+}
+
+#[test]
+fn same_tree_same_root_hash() {
+    let env = Env::new();
+    let (a, b) = (env.path("a"), env.path("b"));
+    make_tree(&a, 7);
+    make_tree(&b, 7);
+    // Same mtimes on both sides.
+    Command::new("touch")
+        .args(["-h", "-d", "2020-01-01"])
+        .args(walk(&a))
+        .status()
+        .unwrap();
+    Command::new("touch")
+        .args(["-h", "-d", "2020-01-01"])
+        .args(walk(&b))
+        .status()
+        .unwrap();
+    let other = Store::open(&env.path("store2")).unwrap();
+    let ia = env.store.import_dir(&a).unwrap();
+    let ib = other.import_dir(&b).unwrap();
+    assert_eq!(ia, ib);
+    fs::write(b.join("small.txt"), b"changed").unwrap();
+    assert_ne!(ia, other.import_dir(&b).unwrap());
+}
+
+fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v = vec![p.to_path_buf()];
+    for e in fs::read_dir(p).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            v.extend(walk(&e.path()));
+        } else {
+            v.push(e.path());
+        }
+    }
+    v
+}
+
+#[test]
+fn fixed_chunking_dedups_pages() {
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let page = random_bytes(3, 4096);
+    let mut data = Vec::new();
+    for i in 0..64 {
+        data.extend_from_slice(if i % 2 == 0 { &page } else { &[0u8; 4096][..] });
+    }
+    fs::write(src.join("pages-1.img"), &data).unwrap();
+    let id = env
+        .store
+        .import_dir_with(&src, &|p| {
+            if p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("pages-")
+            {
+                ChunkPolicy::Fixed(4096)
+            } else {
+                ChunkPolicy::Cdc
+            }
+        })
+        .unwrap();
+    assert_eq!(env.store.stats().chunks, 2, "two distinct pages");
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    assert_eq!(fs::read(out.join("pages-1.img")).unwrap(), data);
+}
+
+#[test]
+fn corrupt_chunk_is_named_never_wrong_bytes() {
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = random_bytes(9, 200_000);
+    fs::write(src.join("f"), &data).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
+    env.store.set_ref("img", &id).unwrap();
+    let Env { tmp, store, fs } = env;
+    drop(fs);
+    let store_dir = tmp.path().join("store");
+    drop(store);
+    // Flip a byte in the middle of the pack (inside some chunk payload).
+    let pack = fs::read_dir(store_dir.join("packs"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let mut bytes = fs::read(&pack).unwrap();
+    let mid = bytes.len() / 3;
+    bytes[mid] ^= 0xff;
+    fs::write(&pack, &bytes).unwrap();
+    let store = Store::open(&store_dir).unwrap();
+    let rep = store.fsck().unwrap();
+    assert!(!rep.is_clean(), "fsck must find the damage");
+    let bad = rep.bad[0].0;
+    let out = tmp.path().join("out");
+    let err = store.export_dir(&id, &out).unwrap_err();
+    let msg = format!("{err}");
+    assert!(msg.contains(&bad.to_hex()), "error names the object: {msg}");
+    assert!(
+        matches!(err, Error::Store(StoreError::Corrupt { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn truncated_pack_tail_is_cut_at_open() {
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), random_bytes(4, 100_000)).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
+    env.store.set_ref("keep", &id).unwrap();
+    let dir = env.path("store");
+    let pack = fs::read_dir(dir.join("packs"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let len = fs::metadata(&pack).unwrap().len();
+    // A torn append: half a header of garbage.
+    let mut f = fs::OpenOptions::new().append(true).open(&pack).unwrap();
+    std::io::Write::write_all(&mut f, b"GRVRgarbage").unwrap();
+    drop(f);
+    let s = Store::open(&dir).unwrap();
+    assert_eq!(fs::metadata(&pack).unwrap().len(), len);
+    assert!(s.fsck().unwrap().is_clean());
+    // A missing chunk (pack truncated into the last record) is named, not garbage.
+    drop(s);
+    let f = fs::OpenOptions::new().write(true).open(&pack).unwrap();
+    f.set_len(len - 10).unwrap();
+    let s = Store::open(&dir).unwrap();
+    let rep = s.fsck().unwrap();
+    assert!(!rep.is_clean());
+    assert!(rep.bad[0].1.contains("missing"), "{:?}", rep.bad);
+}
+
+#[test]
+fn refs_are_durable_and_validated() {
+    let env = Env::new();
+    let id = env.empty();
+    env.store.set_ref("images/base", &id).unwrap();
+    assert_eq!(env.store.get_ref("images/base").unwrap(), Some(id));
+    assert_eq!(env.store.resolve("images/base").unwrap(), id);
+    assert_eq!(env.store.resolve(&id.to_hex()).unwrap(), id);
+    assert!(env.store.resolve("nope").is_err());
+    assert!(matches!(
+        env.store.set_ref("../x", &id),
+        Err(Error::BadRefName(_))
+    ));
+    assert!(env.store.set_ref("x", &ObjectId([7; 32])).is_err());
+    let reopened = Store::open(&env.path("store")).unwrap();
+    assert_eq!(
+        reopened.refs().unwrap(),
+        vec![("images/base".to_string(), id)]
+    );
+    env.store.delete_ref("images/base").unwrap();
+    assert_eq!(env.store.get_ref("images/base").unwrap(), None);
+}
+
+fn tar_of(dir: &std::path::Path) -> Vec<u8> {
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .args(["--xattrs", "-cf", "-", "."])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+#[test]
+fn tar_import_matches_dir_import() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 5);
+    let t = tar_of(&src);
+    let id = env.store.import_tar(&mut &t[..]).unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    diff_trees(&src, &out);
+    assert_eq!(
+        fs::metadata(out.join("small.txt")).unwrap().ino(),
+        fs::metadata(out.join("a/b/hard.txt")).unwrap().ino()
+    );
+}
+
+#[test]
+fn malformed_tar_names_the_entry() {
+    let env = Env::new();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(3);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    // Write the raw name so tar-rs does not refuse it on our side.
+    h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"../escape.txt");
+    h.set_cksum();
+    b.append(&h, &b"abc"[..]).unwrap();
+    let data = b.into_inner().unwrap();
+    match env.store.import_tar(&mut &data[..]) {
+        Err(Error::BadTar { entry, .. }) => assert!(entry.contains("escape.txt"), "{entry}"),
+        other => panic!("expected BadTar, got {other:?}"),
+    }
+    // Truncated content.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_path("short.bin").unwrap();
+    h.set_size(100_000);
+    h.set_cksum();
+    let mut data = Vec::new();
+    b.append(&h, &random_bytes(1, 100_000)[..]).unwrap();
+    data.extend_from_slice(&b.into_inner().unwrap()[..50_000]);
+    let err = env.store.import_tar(&mut &data[..]).unwrap_err();
+    assert!(format!("{err}").contains("short.bin"), "{err}");
+}
+
+#[test]
+fn gc_drops_unreferenced_and_keeps_live() {
+    let env = Env::new();
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    fs::write(a.join("f"), random_bytes(1, 500_000)).unwrap();
+    fs::write(b.join("g"), random_bytes(2, 500_000)).unwrap();
+    let ia = env.store.import_dir(&a).unwrap();
+    let ib = env.store.import_dir(&b).unwrap();
+    env.store.set_ref("a", &ia).unwrap();
+    let before = env.store.stats();
+    let rep = env.store.gc(&[]).unwrap();
+    assert!(rep.removed_objects > 0);
+    let after = env.store.stats();
+    assert!(
+        after.stored_bytes + 400_000 < before.stored_bytes,
+        "{before:?} {after:?}"
+    );
+    assert!(!env.store.contains(&ib));
+    assert!(env.store.fsck().unwrap().is_clean());
+    env.store.export_dir(&ia, &env.path("out")).unwrap();
+    // `live` roots survive.
+    let ib = env.store.import_dir(&b).unwrap();
+    env.store.gc(&[ib]).unwrap();
+    assert!(env.store.contains(&ib));
+    // A reopened store sees the compacted packs.
+    let s = Store::open(&env.path("store")).unwrap();
+    assert!(s.contains(&ia) && s.contains(&ib));
+}
+
+#[test]
+fn stream_sends_only_missing_objects() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 11);
+    let id = env.store.import_dir(&src).unwrap();
+    let other = Store::open(&env.path("other")).unwrap();
+    let mut buf = Vec::new();
+    let st = env
+        .store
+        .export_stream(&id, &|o| other.has_object(o), &mut buf)
+        .unwrap();
+    assert!(st.objects > 10);
+    let got = other.import_stream(&mut &buf[..]).unwrap();
+    assert_eq!(got, id);
+    other.export_dir(&id, &env.path("out")).unwrap();
+    diff_trees(&src, &env.path("out"));
+    // Second transfer: nothing to send.
+    let mut buf2 = Vec::new();
+    let st2 = env
+        .store
+        .export_stream(&id, &|o| other.has_object(o), &mut buf2)
+        .unwrap();
+    assert_eq!(st2.objects, 0);
+    assert_eq!(other.import_stream(&mut &buf2[..]).unwrap(), id);
+    // A damaged stream is refused.
+    let mut bad = buf.clone();
+    let n = bad.len();
+    bad[n / 2] ^= 1;
+    let third = Store::open(&env.path("third")).unwrap();
+    assert!(third.import_stream(&mut &bad[..]).is_err());
+}
