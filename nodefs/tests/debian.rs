@@ -1,0 +1,153 @@
+//! A real Debian userland on nodefs: import the base image once, chroot into a writable
+//! mount, run git, python and dpkg, then commit and check the result.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use common::*;
+use nodefs::MountOptions;
+
+const IMAGE: &str = "/var/lib/grove/images/debian12";
+
+/// Run `script` with sh inside a chroot at `root`, in a private mount namespace that has
+/// /proc and /dev (those mounts die with the namespace).
+fn in_chroot(root: &Path, script: &str) -> String {
+    let r = root.display();
+    let outer = format!(
+        "set -e; mount -t proc proc {r}/proc; mount --rbind /dev {r}/dev; \
+         exec chroot {r} /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 /bin/sh -ec \"$0\""
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &outer, script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "chroot script failed: {script}\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn build_deb(dir: &Path) -> std::path::PathBuf {
+    let pkg = dir.join("pkg");
+    fs::create_dir_all(pkg.join("DEBIAN")).unwrap();
+    fs::create_dir_all(pkg.join("usr/share/grove-nodefs-test")).unwrap();
+    fs::write(
+        pkg.join("DEBIAN/control"),
+        "Package: grove-nodefs-test\nVersion: 1.0\nArchitecture: all\nMaintainer: grove <grove@example.invalid>\nDescription: nodefs test package\n",
+    )
+    .unwrap();
+    fs::write(
+        pkg.join("usr/share/grove-nodefs-test/hello.txt"),
+        "hello from a deb\n",
+    )
+    .unwrap();
+    let deb = dir.join("grove-nodefs-test.deb");
+    let st = Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&pkg)
+        .arg(&deb)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    deb
+}
+
+#[test]
+fn debian_userland_runs_on_nodefs() {
+    if !fuse_available() {
+        return;
+    }
+    if !Path::new(IMAGE).join("usr/bin/git").exists() {
+        eprintln!("SKIPPED: base image {IMAGE} not present (run scripts/setup)");
+        return;
+    }
+    let env = Env::new();
+    let t = Instant::now();
+    let id = env.store.import_dir(Path::new(IMAGE)).unwrap();
+    let st = env.store.stats();
+    eprintln!(
+        "imported {IMAGE} in {:?}: {} chunks, {} MB logical, {} MB stored",
+        t.elapsed(),
+        st.chunks,
+        st.logical_bytes >> 20,
+        st.stored_bytes >> 20
+    );
+    let t = Instant::now();
+    assert_eq!(env.store.import_dir(Path::new(IMAGE)).unwrap(), id);
+    let st2 = env.store.stats();
+    eprintln!(
+        "re-import took {:?}, added {} bytes",
+        t.elapsed(),
+        st2.stored_bytes - st.stored_bytes
+    );
+    assert!(st2.stored_bytes - st.stored_bytes < 4096);
+
+    let deb = build_deb(env.tmp.path());
+    let m = env.mount(&id, "root", MountOptions::default());
+    let root = m.mountpoint().to_path_buf();
+    fs::copy(&deb, root.join("tmp/grove-nodefs-test.deb")).unwrap();
+
+    let t = Instant::now();
+    in_chroot(&root, "python3 -c 'import json, email, http.client'");
+    eprintln!("python3 imports (cold): {:?}", t.elapsed());
+
+    let log = in_chroot(
+        &root,
+        "mkdir -p /root/repo && cd /root/repo && git init -q && git config user.email t@example.invalid \
+         && git config user.name t && echo hello > README && mkdir src && seq 1 1000 > src/n.txt \
+         && git add -A && git commit -qm first && echo more >> README && git commit -qam second \
+         && git log --oneline && git fsck --no-progress",
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("first") || l.contains("second"))
+            .count(),
+        2,
+        "{log}"
+    );
+
+    in_chroot(&root, "dpkg -i /tmp/grove-nodefs-test.deb >/dev/null && dpkg -s grove-nodefs-test | grep -q 'Status: install ok installed'");
+    assert_eq!(
+        fs::read_to_string(root.join("usr/share/grove-nodefs-test/hello.txt")).unwrap(),
+        "hello from a deb\n"
+    );
+
+    let t = Instant::now();
+    let c = m.commit().unwrap();
+    eprintln!("commit after the workload: {:?}", t.elapsed());
+    // The snapshot holds the workload's results; a fresh mount of it sees them.
+    let v = env.mount(
+        &c,
+        "view",
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    assert!(v.mountpoint().join("root/repo/.git/HEAD").exists());
+    assert_eq!(
+        fs::read_to_string(v.mountpoint().join("usr/share/grove-nodefs-test/hello.txt")).unwrap(),
+        "hello from a deb\n"
+    );
+    let status = fs::read_to_string(v.mountpoint().join("var/lib/dpkg/status")).unwrap();
+    assert!(status.contains("Package: grove-nodefs-test"));
+    in_chroot(
+        v.mountpoint(),
+        "cd /root/repo && git log --oneline | grep -q second",
+    );
+    // The base image itself is untouched.
+    assert!(!Path::new(IMAGE)
+        .join("usr/share/grove-nodefs-test")
+        .exists());
+}

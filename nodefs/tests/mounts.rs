@@ -1,0 +1,270 @@
+//! Commit, fork and quota behaviour through real mounts.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nodefs::MountOptions;
+
+#[test]
+fn commit_while_writing_is_a_consistent_snapshot() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(&base, "m", MountOptions::default());
+    let mp = m.mountpoint().to_path_buf();
+    // A writer appends fixed-size numbered records; every snapshot must hold a prefix of
+    // whole records (each write is one FUSE request, and commit holds writes off).
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = {
+        let stop = stop.clone();
+        let mp = mp.clone();
+        std::thread::spawn(move || {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(mp.join("log"))
+                .unwrap();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                f.write_all(format!("{i:015}\n").as_bytes()).unwrap();
+                i += 1;
+                if i % 64 == 0 {
+                    fs::write(mp.join(format!("f{}", i / 64 % 8)), i.to_string()).unwrap();
+                }
+            }
+            i
+        })
+    };
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        ids.push(m.commit().unwrap());
+        eprintln!("commit took {:?}", t.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let total = w.join().unwrap();
+    assert!(total > 100, "writer made progress: {total}");
+    let mut last_len = 0;
+    for (k, id) in ids.iter().enumerate() {
+        let out = env.path(&format!("out{k}"));
+        env.store.export_dir(id, &out).unwrap();
+        let log = fs::read(out.join("log")).unwrap_or_default();
+        assert_eq!(log.len() % 16, 0, "snapshot {k} holds whole records");
+        for (j, rec) in log.chunks(16).enumerate() {
+            assert_eq!(
+                rec,
+                format!("{j:015}\n").as_bytes(),
+                "snapshot {k} record {j}"
+            );
+        }
+        assert!(log.len() >= last_len, "snapshots grow");
+        last_len = log.len();
+    }
+    // The mount goes on after the commits.
+    fs::write(mp.join("after"), b"ok").unwrap();
+    assert_eq!(fs::read(mp.join("after")).unwrap(), b"ok");
+}
+
+#[test]
+fn forks_diverge_independently() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 3);
+    let base = env.store.import_dir(&src).unwrap();
+    let m0 = env.mount(&base, "m0", MountOptions::default());
+    fs::write(m0.mountpoint().join("shared"), b"from parent").unwrap();
+    let snap = m0.commit().unwrap();
+    let t = Instant::now();
+    let a = env.mount(&snap, "a", MountOptions::default());
+    let b = env.mount(&snap, "b", MountOptions::default());
+    eprintln!("two fork mounts took {:?}", t.elapsed());
+    fs::write(a.mountpoint().join("shared"), b"A").unwrap();
+    fs::remove_file(b.mountpoint().join("small.txt")).unwrap();
+    fs::write(b.mountpoint().join("only-b"), b"B").unwrap();
+    assert_eq!(fs::read(a.mountpoint().join("shared")).unwrap(), b"A");
+    assert_eq!(
+        fs::read(b.mountpoint().join("shared")).unwrap(),
+        b"from parent"
+    );
+    assert!(a.mountpoint().join("small.txt").exists());
+    assert!(!a.mountpoint().join("only-b").exists());
+    assert_eq!(
+        fs::read(m0.mountpoint().join("shared")).unwrap(),
+        b"from parent"
+    );
+    let (ca, cb) = (a.commit().unwrap(), b.commit().unwrap());
+    assert_ne!(ca, cb);
+    let oa = env.path("oa");
+    env.store.export_dir(&ca, &oa).unwrap();
+    assert_eq!(fs::read(oa.join("shared")).unwrap(), b"A");
+    assert!(oa.join("small.txt").exists() && !oa.join("only-b").exists());
+    assert_eq!(a.base(), snap);
+    assert_eq!(env.fs.mounts().len(), 3);
+    a.unmount().unwrap();
+    a.unmount().unwrap();
+    assert_eq!(env.fs.mounts().len(), 2);
+    assert!(!env.path("upper-a").exists(), "upper dir removed");
+}
+
+#[test]
+fn byte_and_inode_quotas() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(
+        &base,
+        "m",
+        MountOptions {
+            quota_bytes: Some(4 << 20),
+            quota_inodes: Some(50),
+            ..Default::default()
+        },
+    );
+    let mp = m.mountpoint();
+    let mut f = File::create(mp.join("fill")).unwrap();
+    let chunk = vec![1u8; 256 << 10];
+    let mut written = 0usize;
+    let err = loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) => break e,
+        }
+        assert!(written <= 5 << 20, "quota not enforced");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    assert!(written >= 3 << 20, "wrote {written}");
+    drop(f);
+    let u = m.usage();
+    assert!(u.bytes <= 4 << 20 && u.bytes >= 3 << 20, "{u:?}");
+    // Deleting frees the space again.
+    fs::remove_file(mp.join("fill")).unwrap();
+    let t = Instant::now();
+    while m.usage().bytes != 0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(m.usage().bytes, 0);
+    fs::write(mp.join("again"), vec![2u8; 1 << 20]).unwrap();
+    // Inodes.
+    let mut made = 0;
+    let err = loop {
+        match File::create(mp.join(format!("n{made}"))) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made <= 60, "inode quota not enforced");
+    };
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)),
+        "{err}"
+    );
+    assert_eq!(m.usage().inodes, 50);
+}
+
+#[test]
+fn commit_of_a_small_change_is_fast_and_cheap() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for d in 0..20 {
+        fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+        for i in 0..20 {
+            fs::write(
+                src.join(format!("d{d}/f{i}")),
+                random_bytes(d * 100 + i, 50_000),
+            )
+            .unwrap();
+        }
+    }
+    let base = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&base, "m", MountOptions::default());
+    fs::write(m.mountpoint().join("d3/f7"), b"changed").unwrap();
+    let before = env.store.stats();
+    let t = Instant::now();
+    let c = m.commit().unwrap();
+    let took = t.elapsed();
+    let after = env.store.stats();
+    eprintln!(
+        "commit of one changed file: {took:?}, +{} bytes",
+        after.stored_bytes - before.stored_bytes
+    );
+    assert!(
+        after.stored_bytes - before.stored_bytes < 8192,
+        "{before:?} {after:?}"
+    );
+    // Only the root and d3 directory objects are new.
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert_eq!(fs::read(out.join("d3/f7")).unwrap(), b"changed");
+    assert_eq!(
+        fs::read(out.join("d4/f7")).unwrap(),
+        fs::read(src.join("d4/f7")).unwrap()
+    );
+}
+
+#[test]
+fn mounting_is_fast_and_leaves_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    let mut times = Vec::new();
+    for i in 0..10 {
+        let t = Instant::now();
+        let m = env.mount(&base, &format!("x{i}"), MountOptions::default());
+        times.push(t.elapsed());
+        fs::write(m.mountpoint().join("f"), b"x").unwrap();
+        drop(m);
+    }
+    times.sort();
+    eprintln!("mount median {:?}", times[5]);
+    assert_no_mounts_under(env.tmp.path());
+    for i in 0..10 {
+        assert!(!env.path(&format!("upper-x{i}")).exists());
+    }
+    // A bad base or a busy upper dir is refused without leaving anything behind.
+    let mp = env.path("bad");
+    fs::create_dir_all(&mp).unwrap();
+    let r = env.fs.mount(
+        &nodefs::ObjectId([9; 32]),
+        &mp,
+        MountOptions {
+            upper_dir: env.path("u1"),
+            ..Default::default()
+        },
+    );
+    assert!(r.is_err());
+    let u2 = env.path("u2");
+    fs::create_dir_all(&u2).unwrap();
+    fs::write(u2.join("junk"), b"").unwrap();
+    assert!(env
+        .fs
+        .mount(
+            &base,
+            &mp,
+            MountOptions {
+                upper_dir: u2.clone(),
+                ..Default::default()
+            }
+        )
+        .is_err());
+    assert!(u2.join("junk").exists(), "a user's dir is never removed");
+    assert_no_mounts_under(env.tmp.path());
+}
