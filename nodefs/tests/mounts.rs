@@ -36,7 +36,7 @@ fn commit_while_writing_is_a_consistent_snapshot() {
             while !stop.load(Ordering::Relaxed) {
                 f.write_all(format!("{i:015}\n").as_bytes()).unwrap();
                 i += 1;
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     fs::write(mp.join(format!("f{}", i / 64 % 8)), i.to_string()).unwrap();
                 }
             }

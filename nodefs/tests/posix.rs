@@ -243,10 +243,8 @@ fn append_truncate_sparse_fallocate() {
     assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
     assert_eq!(f.metadata().unwrap().len(), 1 << 20);
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 2 << 20) },
-        0
-    );
+    let rc = unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 0, 2 << 20) };
+    assert_eq!(rc, 0);
     assert_eq!(f.metadata().unwrap().len(), 1 << 20);
     drop(f);
     fs::write(mp.join("fa"), vec![7u8; 65536]).unwrap();
@@ -351,10 +349,8 @@ fn metadata_xattrs_statfs_special_files() {
         },
     ];
     // SAFETY: valid path and timespec array.
-    assert_eq!(
-        unsafe { libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), ts.as_ptr(), 0) },
-        0
-    );
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), ts.as_ptr(), 0) };
+    assert_eq!(rc, 0);
     let md = fs::metadata(&p).unwrap();
     assert_eq!(
         (md.atime(), md.mtime(), md.mtime_nsec()),
@@ -419,22 +415,18 @@ fn metadata_xattrs_statfs_special_files() {
 
     // fifo, device node, unix socket bound on the mount.
     // SAFETY: valid path.
-    assert_eq!(
-        unsafe { libc::mkfifo(c(&mp.join("pipe")).as_ptr(), 0o600) },
-        0
-    );
+    let rc = unsafe { libc::mkfifo(c(&mp.join("pipe")).as_ptr(), 0o600) };
+    assert_eq!(rc, 0);
     assert!(fs::metadata(mp.join("pipe")).unwrap().file_type().is_fifo());
     // SAFETY: valid path.
-    assert_eq!(
-        unsafe {
-            libc::mknod(
-                c(&mp.join("null")).as_ptr(),
-                libc::S_IFCHR | 0o666,
-                libc::makedev(1, 3),
-            )
-        },
-        0
-    );
+    let rc = unsafe {
+        libc::mknod(
+            c(&mp.join("null")).as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 3),
+        )
+    };
+    assert_eq!(rc, 0);
     fs::write(mp.join("null"), b"discarded").unwrap();
     assert_eq!(
         fs::metadata(mp.join("null")).unwrap().rdev(),

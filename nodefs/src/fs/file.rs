@@ -205,10 +205,10 @@ impl FileData {
         let end = off + data.len() as u64;
         let first = off / BLOCK;
         let last = (end - 1) / BLOCK;
-        if off % BLOCK != 0 {
+        if !off.is_multiple_of(BLOCK) {
             self.copy_up(store, first)?;
         }
-        if end % BLOCK != 0 {
+        if !end.is_multiple_of(BLOCK) {
             self.copy_up(store, last)?;
         }
         let f = self.upper_file()?;
@@ -226,7 +226,7 @@ impl FileData {
     /// Change the size; bytes past a shrink read as zeros if the file grows again.
     pub fn truncate(&mut self, store: &Store, size: u64) -> std::io::Result<()> {
         if size < self.size {
-            if size % BLOCK != 0 && size < self.base_len {
+            if !size.is_multiple_of(BLOCK) && size < self.base_len {
                 self.copy_up(store, size / BLOCK)?;
             }
             self.base_len = self.base_len.min(size);
@@ -259,7 +259,7 @@ impl FileData {
         while pos < end {
             let b = pos / BLOCK;
             let bend = ((b + 1) * BLOCK).min(end);
-            if pos % BLOCK == 0 && (bend % BLOCK == 0 || bend == self.size) {
+            if pos.is_multiple_of(BLOCK) && (bend.is_multiple_of(BLOCK) || bend == self.size) {
                 let f = self.upper_file()?;
                 f.write_all_at(&vec![0u8; (bend - pos) as usize], pos)?;
                 self.set_present(b);

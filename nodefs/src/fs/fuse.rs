@@ -55,6 +55,16 @@ impl Shared {
     }
 }
 
+/// The attribute changes of one setattr request.
+struct SetAttr {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
 /// The [`fuser::Filesystem`] of one mount.
 pub struct Fs(pub Arc<Shared>);
 
@@ -105,16 +115,15 @@ impl Fs {
         FileHandle(fh)
     }
 
-    fn do_setattr(
-        &self,
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-    ) -> R<fuser::FileAttr> {
+    fn do_setattr(&self, ino: u64, a: SetAttr) -> R<fuser::FileAttr> {
+        let SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+        } = a;
         if mode.is_some() || uid.is_some() || gid.is_some() || size.is_some() || mtime.is_some() {
             self.rw()?;
         }
@@ -124,7 +133,7 @@ impl Fs {
             let extra = {
                 let f = st.file_mut(ino)?;
                 // Shrinking inside a base block copies up at most one block.
-                if size < f.size && size % BLOCK != 0 && !f.is_present(size / BLOCK) {
+                if size < f.size && !size.is_multiple_of(BLOCK) && !f.is_present(size / BLOCK) {
                     1
                 } else {
                     0
@@ -227,10 +236,15 @@ impl Filesystem for Fs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let attr = tryr!(
-            reply,
-            self.do_setattr(ino.0, mode, uid, gid, size, atime, mtime)
-        );
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+        };
+        let attr = tryr!(reply, self.do_setattr(ino.0, a));
         reply.attr(&TTL, &attr);
     }
 
