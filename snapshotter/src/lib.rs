@@ -3,7 +3,7 @@
 
 pub mod criu;
 mod error;
-mod images;
+pub mod images;
 mod record;
 mod root;
 mod snapshotter;

@@ -1,6 +1,7 @@
 //! Driving the CRIU binary: locating it, probing kernel features once, dump and restore.
 
 mod args;
+mod compat;
 mod error;
 pub mod log;
 
@@ -29,6 +30,7 @@ pub struct Features {
 pub struct Criu {
     binary: PathBuf,
     features: OnceLock<Features>,
+    shim: Option<compat::Shim>,
 }
 
 /// How long a dump or restore took.
@@ -62,6 +64,7 @@ impl Criu {
             let criu = Criu {
                 binary: c.clone(),
                 features: OnceLock::new(),
+                shim: compat::Shim::load(),
             };
             match criu.check() {
                 Ok(()) => return Ok(criu),
@@ -74,6 +77,11 @@ impl Criu {
         Err(Error::NotFound { tried })
     }
 
+    /// Whether the socket-option compatibility shim is preloaded into CRIU.
+    pub fn has_socket_shim(&self) -> bool {
+        self.shim.is_some()
+    }
+
     pub fn binary(&self) -> &Path {
         &self.binary
     }
@@ -81,7 +89,11 @@ impl Criu {
     fn command(&self) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.stdin(Stdio::null());
-        close_inherited_fds(&mut cmd);
+        let shim = self.shim.as_ref().map(|s| s.raw());
+        if shim.is_some() {
+            cmd.env("LD_PRELOAD", compat::Shim::preload_path());
+        }
+        prepare_fds(&mut cmd, shim);
         cmd
     }
 
@@ -202,14 +214,28 @@ fn read_log(path: &Path) -> Vec<String> {
 }
 
 /// CRIU must not inherit the daemon's descriptors (FUSE sessions, sockets): it would dump or hold
-/// them. Rust opens its own fds close-on-exec, but other code in the daemon may not.
-fn close_inherited_fds(cmd: &mut Command) {
+/// them. Rust opens its own fds close-on-exec, but other code in the daemon may not. The shim,
+/// if any, is the one fd passed on, at `SHIM_FD`.
+fn prepare_fds(cmd: &mut Command, shim: Option<std::os::fd::RawFd>) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs between fork and exec and only issues the async-signal-safe
-    // close_range syscall; it touches no memory of the parent.
+    // SAFETY: the closure runs between fork and exec and only issues async-signal-safe syscalls
+    // (dup2, close_range) on plain integers; it touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        cmd.pre_exec(move || {
+            let mut first_closed = 3u32;
+            if let Some(fd) = shim {
+                // dup2 onto itself would keep close-on-exec set; clear it explicitly then.
+                let r = if fd == compat::SHIM_FD {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, compat::SHIM_FD)
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                first_closed = compat::SHIM_FD as u32 + 1;
+            }
+            libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, 0u32);
             Ok(())
         });
     }

@@ -243,67 +243,11 @@ pub struct TestTree {
 }
 
 impl TestTree {
+    /// The counter loop in an overlayfs root.
     pub fn start() -> TestTree {
         let name = unique("tree");
         let root = OverlayRoot::new(&name, None);
-        let freezer = Freezer::new(&name);
-        let unified = Unified::new(&name);
-        // Scripts live in the sandbox root so no quoting crosses shells.
-        std::fs::write(root.root().join("grove-loop.sh"), LOOP).unwrap();
-        std::fs::write(
-            root.root().join("grove-pivot.sh"),
-            "mount --make-rprivate / && pivot_root . mnt && cd / && mount -t proc proc /proc && \
-             umount -l /mnt && exec setsid sh -c \"$(cat /grove-loop.sh)\" </dev/null >/dev/null 2>&1\n",
-        )
-        .unwrap();
-        let outer = format!(
-            "echo $$ > {}/cgroup.procs && echo $$ > {}/cgroup.procs && \
-             exec unshare -p -m -n -u -i -f sh ./grove-pivot.sh",
-            freezer.path().display(),
-            unified.path().display()
-        );
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(outer)
-            .current_dir(root.root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        // Whatever started the tests may have left fds open without CLOEXEC; CRIU would see
-        // them as files on host mounts.
-        // SAFETY: only the async-signal-safe close_range syscall runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
-        let unshare_pid = child.id() as i32;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let init_pid = loop {
-            let kids =
-                std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
-                    .unwrap_or_default();
-            if let Some(pid) = kids
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<i32>().ok())
-            {
-                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-                let counter = root.upper().join("tmp/counter");
-                if exe.ends_with("dash") && counter.exists() {
-                    break pid;
-                }
-            }
-            assert!(Instant::now() < deadline, "test tree did not start");
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("unshare exited early: {st}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // unshare stays as the tree's parent; it exits when pid 1 dies and is reaped via `child`.
-        std::mem::forget(child);
+        let (unified, freezer, init_pid) = spawn_tree(&name, &root.root(), LOOP, "tmp/counter");
         TestTree {
             unified,
             freezer,
@@ -321,6 +265,71 @@ impl Drop for TestTree {
     fn drop(&mut self) {
         self.freezer.kill_all();
     }
+}
+
+/// Starts `script` as a setsid'd pid 1 in new pid/mnt/net/uts/ipc namespaces pivoted into
+/// `root` (already mounted), inside new v1-freezer and cgroup2 dirs named `name`. Returns once
+/// `ready` (a path relative to the root) exists.
+pub fn spawn_tree(name: &str, root: &Path, script: &str, ready: &str) -> (Unified, Freezer, i32) {
+    let freezer = Freezer::new(name);
+    let unified = Unified::new(name);
+    // Scripts live in the sandbox root so no quoting crosses shells.
+    std::fs::write(root.join("grove-loop.sh"), script).unwrap();
+    std::fs::write(
+        root.join("grove-pivot.sh"),
+        "mount --make-rprivate / && pivot_root . mnt && cd / && mount -t proc proc /proc && \
+         umount -l /mnt && ip link set lo up 2>/dev/null; \
+         exec setsid sh -c \"$(cat /grove-loop.sh)\" </dev/null >/dev/null 2>&1\n",
+    )
+    .unwrap();
+    let outer = format!(
+        "echo $$ > {}/cgroup.procs && echo $$ > {}/cgroup.procs && \
+         exec unshare -p -m -n -u -i -f sh ./grove-pivot.sh",
+        freezer.path().display(),
+        unified.path().display()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(outer)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // Whatever started the tests may have left fds open without CLOEXEC; CRIU would see
+    // them as files on host mounts.
+    // SAFETY: only the async-signal-safe close_range syscall runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let unshare_pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let init_pid = loop {
+        let kids =
+            std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
+                .unwrap_or_default();
+        if let Some(pid) = kids
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+        {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            if exe.ends_with("dash") && root.join(ready).exists() {
+                break pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "test tree did not start");
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("unshare exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // unshare stays as the tree's parent; it exits when pid 1 dies and is reaped via `child`.
+    std::mem::forget(child);
+    (unified, freezer, init_pid)
 }
 
 pub fn read_counter(root: &Path) -> u64 {
