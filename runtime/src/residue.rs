@@ -24,9 +24,10 @@ fn id_in(path: &Path) -> Option<SandboxId> {
 
 impl Runtime {
     fn owned(&self) -> HashSet<SandboxId> {
-        let mut ids: HashSet<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
-        ids.extend(self.pending.lock().iter().cloned());
-        ids
+        // Both locks at once (same order as create/destroy) so an id moving between them is seen.
+        let live = self.sandboxes.lock();
+        let pending = self.pending.lock();
+        live.keys().chain(pending.iter()).cloned().collect()
     }
 
     fn sandboxes_dir(&self) -> PathBuf {

@@ -201,7 +201,8 @@ impl Runtime {
         self.admission.reserve(&limits)?;
         let id = loop {
             let id = SandboxId::generate();
-            if !self.sandboxes.lock().contains_key(&id) && self.pending.lock().insert(id.clone()) {
+            let live = self.sandboxes.lock();
+            if !live.contains_key(&id) && self.pending.lock().insert(id.clone()) {
                 break id;
             }
         };
@@ -210,7 +211,10 @@ impl Runtime {
         let result = match res {
             Ok(sb) => {
                 let info = sb.info();
-                self.sandboxes.lock().insert(id.clone(), sb);
+                let mut live = self.sandboxes.lock();
+                live.insert(id.clone(), sb);
+                self.pending.lock().remove(&id);
+                drop(live);
                 self.emit(&id, EventKind::Created, None);
                 Ok(info)
             }
@@ -237,7 +241,11 @@ impl Runtime {
         parts: &mut Parts,
     ) -> Result<Arc<Sandbox>, Error> {
         let dir = self.config.run_dir.join("sandboxes").join(id.as_str());
-        std::fs::create_dir(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let mut made = std::fs::create_dir(&dir);
+        if matches!(&made, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+            made = std::fs::create_dir_all(&dir);
+        }
+        made.map_err(io_err(format!("create {}", dir.display())))?;
         parts.dir = Some(dir.clone());
         let root_dir = dir.join("root");
         std::fs::create_dir(&root_dir).map_err(io_err(format!("create {}", root_dir.display())))?;
@@ -634,13 +642,18 @@ impl Runtime {
             .collect()
     }
 
-    /// Destroys every sandbox.
+    /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.
     pub fn shutdown(&self) {
         let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
         for id in ids {
             if let Err(e) = self.destroy(&id) {
                 tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
             }
+        }
+        if self.sandboxes.lock().is_empty() && self.pending.lock().is_empty() {
+            self.cgroups.unprepare();
+            let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));
+            let _ = std::fs::remove_dir(&self.config.run_dir);
         }
     }
 

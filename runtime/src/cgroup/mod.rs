@@ -68,6 +68,8 @@ pub fn controllers() -> Vec<Box<dyn Controller>> {
 pub trait CgroupBackend: Send + Sync {
     /// Makes the parent `<root>` dirs (idempotent).
     fn prepare(&self) -> Result<()>;
+    /// Removes the parent `<root>` dirs if empty (at shutdown).
+    fn unprepare(&self);
     /// Makes the sandbox's cgroups with `limits`; on error removes what it made.
     fn create(&self, id: &str, limits: &Limits) -> Result<()>;
     /// cgroup.procs files a process writes itself into to join.

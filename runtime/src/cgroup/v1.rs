@@ -106,6 +106,15 @@ impl CgroupBackend for V1 {
         Ok(())
     }
 
+    fn unprepare(&self) {
+        for h in self.hierarchies() {
+            let _ = self.fs.rmdir(&self.base.join(h).join(&self.root));
+        }
+        if let Some(u) = &self.unified {
+            let _ = self.fs.rmdir(&u.join(&self.root));
+        }
+    }
+
     fn create(&self, id: &str, limits: &Limits) -> Result<()> {
         let mut made: Vec<PathBuf> = Vec::new();
         let res = (|| {

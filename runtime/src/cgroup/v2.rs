@@ -49,6 +49,10 @@ impl CgroupBackend for V2 {
         Ok(())
     }
 
+    fn unprepare(&self) {
+        let _ = self.fs.rmdir(&self.base.join(&self.root));
+    }
+
     fn create(&self, id: &str, limits: &Limits) -> Result<()> {
         let d = self.dir(id);
         self.fs

@@ -42,9 +42,21 @@ pub fn rt() -> Arc<Runtime> {
     static RT: OnceLock<Arc<Runtime>> = OnceLock::new();
     RT.get_or_init(|| {
         let roots = Arc::new(OverlayRoot::new(STATE_DIR));
-        Runtime::new(config("grove-rtest"), roots).expect("runtime")
+        let rt = Runtime::new(config("grove-rtest"), roots).expect("runtime");
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe { libc::atexit(remove_parents) };
+        rt
     })
     .clone()
+}
+
+/// At exit of the test binary: drop the (empty) parent cgroup dirs and run dir this instance made.
+extern "C" fn remove_parents() {
+    for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/grove-rtest"));
+    }
+    let _ = std::fs::remove_dir("/run/grove-rtest/sandboxes");
+    let _ = std::fs::remove_dir("/run/grove-rtest");
 }
 
 pub fn spec() -> SandboxSpec {
