@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use grove_runtime::{Runtime, SandboxId, SandboxInfo, SandboxState};
 use nodefs::{ManifestId, Store};
@@ -16,6 +16,9 @@ use crate::error::Error;
 use crate::images::{self, ImageCache};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
+
+/// Dump attempts when a transient control connection is open at the freeze instant.
+const DUMP_ATTEMPTS: u32 = 4;
 
 /// At most this many branches per fork call.
 pub const MAX_FORK: u32 = 64;
@@ -177,39 +180,43 @@ impl Snapshotter {
         let already_paused = self.runtime.get(sandbox)?.state == SandboxState::Paused;
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
         let images_dir = scratch.0.join("images");
-        std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
         let before = self.store.stats().stored_bytes;
 
-        let t0 = Instant::now();
-        if !already_paused {
-            self.runtime.freeze(sandbox)?;
-        }
-        let frozen = (|| -> Result<ManifestId, Error> {
-            self.criu.dump(&criu::DumpOptions {
-                pid: view.init_pid,
-                images_dir: images_dir.clone(),
-                work_dir: scratch.0.join("criu"),
-                leave_running: true,
-                external_mounts: view
-                    .externals
-                    .iter()
-                    .map(|e| (e.sandbox_path.clone(), e.key.clone()))
-                    .collect(),
-                freeze_cgroup: frozen_cgroup(&view.cgroups),
-                tcp_established: true,
-                track_mem: false,
-                prev_images_dir: None,
-            })?;
-            Ok(mount.commit()?)
-        })();
-        let thawed = if already_paused {
-            Ok(())
-        } else {
-            self.runtime.thaw(sandbox)
+        // A per-request control connection (an exec just finishing, a ping) may be open at the
+        // freeze instant; CRIU then refuses the dump. Such connections close within
+        // milliseconds, so retry a few times before reporting a conflict.
+        let mut attempt = 0;
+        let (fs_root, dump_ms) = loop {
+            attempt += 1;
+            let _ = std::fs::remove_dir_all(&images_dir);
+            std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
+            let t0 = Instant::now();
+            if !already_paused {
+                self.runtime.freeze(sandbox)?;
+            }
+            let frozen = self.dump_and_commit(&view, &mount, &images_dir, &scratch.0.join("criu"));
+            let thawed = if already_paused {
+                Ok(())
+            } else {
+                self.runtime.thaw(sandbox)
+            };
+            let dump_ms = t0.elapsed().as_millis() as u64;
+            match frozen {
+                Ok(fs_root) => {
+                    thawed?;
+                    break (fs_root, dump_ms);
+                }
+                Err(Error::Criu(criu::Error::ExternalSocket { .. })) if attempt < DUMP_ATTEMPTS => {
+                    thawed?;
+                    tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
+                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
+                }
+                Err(e) => {
+                    thawed?;
+                    return Err(self.conflict_or(sandbox, e));
+                }
+            }
         };
-        let dump_ms = t0.elapsed().as_millis() as u64;
-        let fs_root = frozen.map_err(|e| self.conflict_or(sandbox, e))?;
-        thawed?;
 
         let images_root = images::import(&self.store, &images_dir)?;
         drop(scratch);
@@ -235,6 +242,32 @@ impl Snapshotter {
             self.runtime.destroy(sandbox)?;
         }
         Ok(info)
+    }
+
+    /// The frozen part: dump the tree (leaving it running), then commit its root.
+    fn dump_and_commit(
+        &self,
+        view: &grove_runtime::CheckpointView,
+        mount: &nodefs::Mount,
+        images_dir: &Path,
+        work_dir: &Path,
+    ) -> Result<ManifestId, Error> {
+        self.criu.dump(&criu::DumpOptions {
+            pid: view.init_pid,
+            images_dir: images_dir.to_path_buf(),
+            work_dir: work_dir.to_path_buf(),
+            leave_running: true,
+            external_mounts: view
+                .externals
+                .iter()
+                .map(|e| (e.sandbox_path.clone(), e.key.clone()))
+                .collect(),
+            freeze_cgroup: frozen_cgroup(&view.cgroups),
+            tcp_established: true,
+            track_mem: false,
+            prev_images_dir: None,
+        })?;
+        Ok(mount.commit()?)
     }
 
     fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {

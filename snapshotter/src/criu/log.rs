@@ -34,10 +34,14 @@ pub fn error_lines(log: &str) -> Vec<String> {
 }
 
 /// Whether the failure was a socket connected to a peer outside the dumped tree.
+/// (CRIU says "External socket is used" when the peer is alive outside, "Unix socket … not found"
+/// when the peer is outside the sandbox's network namespace or just closed.)
 pub fn is_external_socket(lines: &[String]) -> bool {
-    lines
-        .iter()
-        .any(|l| l.contains("External socket is used") || l.contains("ext-unix-sk"))
+    lines.iter().any(|l| {
+        l.contains("External socket is used")
+            || l.contains("ext-unix-sk")
+            || (l.contains("Unix socket") && l.contains("not found"))
+    })
 }
 
 #[cfg(test)]
@@ -80,6 +84,8 @@ mod tests {
     #[test]
     fn detects_external_sockets() {
         let log = "(0.2) Error (criu/sk-unix.c:860): unix: External socket is used. Consider using --ext-unix-sk option.\n";
+        assert!(is_external_socket(&error_lines(log)));
+        let log = "(00.072435) Error (criu/sk-unix.c:351): unix: Unix socket 225745 not found\n";
         assert!(is_external_socket(&error_lines(log)));
         assert!(!is_external_socket(&error_lines(DUMP_FAIL)));
     }

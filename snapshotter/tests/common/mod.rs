@@ -1,2 +1,4 @@
 #![allow(dead_code)]
+pub mod app;
+pub mod grove;
 pub mod tree;

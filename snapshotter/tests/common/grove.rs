@@ -1,0 +1,170 @@
+//! A runtime on nodefs roots plus a snapshotter, private to one test binary, with everything
+//! removed at the end (`Env::finish`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use grove_runtime::{ExecRequest, ExecResult, Runtime, RuntimeConfig, SandboxId, SandboxSpec};
+use grove_snapshotter::{NodefsRoot, Snapshotter, SnapshotterConfig};
+use nodefs::{NodeFs, Store};
+
+pub const IMAGE_DIR: &str = "/var/lib/grove/images/debian12";
+pub const IMAGE: &str = "debian12";
+
+/// Why these tests cannot run here, if they cannot.
+pub fn missing_prereq() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root".into());
+    }
+    if !Path::new(IMAGE_DIR).join("bin/sh").exists() {
+        return Some(format!("needs the base image {IMAGE_DIR}"));
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("needs /dev/fuse".into());
+    }
+    None
+}
+
+/// grove-init from this workspace's target dir, built on demand (cargo builds only this crate's
+/// own binaries for its tests).
+pub fn init_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    let bin = profile_dir.join("grove-init");
+    if !bin.exists() {
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "grove-runtime", "--bin", "grove-init"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let st = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(st.success(), "building grove-init");
+    }
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
+}
+
+pub struct Env {
+    pub rt: Arc<Runtime>,
+    pub snap: Arc<Snapshotter>,
+    pub store: Arc<Store>,
+    pub nodefs: Arc<NodeFs>,
+    pub dir: PathBuf,
+    pub run_dir: PathBuf,
+}
+
+impl Env {
+    pub fn new(instance: &str) -> Env {
+        let dir = PathBuf::from(format!("/var/tmp/{instance}-{}", std::process::id()));
+        let run_dir = PathBuf::from(format!("/run/{instance}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::open(&dir.join("store")).unwrap();
+        let image = store.import_dir(Path::new(IMAGE_DIR)).unwrap();
+        store.set_ref(IMAGE, &image).unwrap();
+        let nodefs = NodeFs::new(store.clone());
+        let mut cfg = RuntimeConfig::default_paths();
+        cfg.state_dir = dir.join("state");
+        cfg.run_dir = run_dir.clone();
+        cfg.cgroup_root = instance.to_string();
+        cfg.init_binary = init_binary();
+        cfg.net_pool = "10.213.0.0/16".into();
+        let rt = Runtime::new(cfg, Arc::new(NodefsRoot::new(nodefs.clone()))).unwrap();
+        let snap = Snapshotter::new(
+            SnapshotterConfig {
+                state_dir: dir.join("state"),
+                run_dir: run_dir.clone(),
+                criu: None,
+            },
+            rt.clone(),
+            store.clone(),
+        )
+        .unwrap();
+        Env {
+            rt,
+            snap,
+            store,
+            nodefs,
+            dir,
+            run_dir,
+        }
+    }
+
+    pub fn spec(&self) -> SandboxSpec {
+        SandboxSpec::from_image(IMAGE)
+    }
+
+    pub fn sh(&self, id: &SandboxId, cmd: &str) -> ExecResult {
+        let r = self.rt.exec(id, ExecRequest::shell(cmd)).expect("exec");
+        assert_eq!(
+            r.exit_code,
+            Some(0),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        r
+    }
+
+    pub fn out(&self, id: &SandboxId, cmd: &str) -> String {
+        String::from_utf8_lossy(&self.sh(id, cmd).stdout)
+            .trim()
+            .to_string()
+    }
+
+    /// Destroys every sandbox and snapshot (idempotent, never panics).
+    fn teardown(&self) {
+        for s in self.rt.list() {
+            if let Err(e) = self.rt.destroy(&s.id) {
+                eprintln!("teardown: destroy {}: {e}", s.id);
+            }
+        }
+        for s in self.snap.list() {
+            if let Err(e) = self.snap.delete(&s.id) {
+                eprintln!("teardown: delete snapshot {}: {e}", s.id);
+            }
+        }
+        self.rt.shutdown();
+    }
+
+    /// Tears down, then asserts the runtime sees no residue and no mount, CRIU process, scratch
+    /// or materialized image is left. Directories are removed on drop (also after a panic).
+    pub fn finish(self) {
+        self.teardown();
+        let residue = self.rt.residue();
+        assert!(
+            residue.items.is_empty(),
+            "runtime residue: {:#?}",
+            residue.items
+        );
+        let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                l.contains(self.run_dir.to_str().unwrap()) || l.contains(self.dir.to_str().unwrap())
+            })
+            .map(String::from)
+            .collect();
+        assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
+        let criu = crate::common::tree::host_residue("grove-nothing-else");
+        assert!(criu.is_empty(), "criu processes left: {criu:?}");
+        for sub in ["snapshots", "snapshot-work", "sandboxes"] {
+            let left: Vec<_> = std::fs::read_dir(self.run_dir.join(sub))
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{sub} left: {left:?}");
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.teardown();
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,114 @@
+//! Snapshot a live sandbox (python state, open file offset, loopback server) and fork it.
+
+mod common;
+
+use common::app::{self, ask, DATA};
+use common::grove::{self, Env};
+use grove_snapshotter::{Error, ForkOptions, SnapshotOptions};
+
+#[test]
+fn fork_branches_continue_from_the_snapshot_and_diverge() {
+    let _serial = common::tree::serial();
+    if let Some(why) = grove::missing_prereq() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    common::tree::become_subreaper();
+    let env = Env::new("grove-stest-fork");
+    let src = env.rt.create(env.spec()).unwrap();
+    app::start(&env, &src.id);
+    assert_eq!(ask(&env, &src.id, "read", 1)["got"], "klm");
+    let before = ask(&env, &src.id, "inc", 2);
+    assert_eq!(before["counter"], 42);
+    assert_eq!(before["offset"], 13);
+    env.sh(&src.id, "echo before > /root/marker");
+
+    let snap = env
+        .snap
+        .snapshot(
+            &src.id,
+            SnapshotOptions {
+                name: Some("fork-test".into()),
+                stop: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(snap.source, src.id.to_string());
+    assert!(snap.bytes_added > 0);
+    assert_eq!(env.snap.get("fork-test").unwrap().id, snap.id);
+    assert_eq!(env.snap.get(&snap.id).unwrap(), snap);
+    assert!(env.snap.live_manifests().len() >= 2);
+
+    // The source keeps running, untouched by the snapshot.
+    assert_eq!(ask(&env, &src.id, "inc", 3)["counter"], 43);
+
+    let opts = ForkOptions {
+        hostname_prefix: Some("branch".into()),
+        ..Default::default()
+    };
+    let branches: Vec<_> = env
+        .snap
+        .fork("fork-test", 3, opts)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("branch"))
+        .collect();
+    assert_eq!(branches.len(), 3);
+    for (i, b) in branches.iter().enumerate() {
+        assert_ne!(b.id, src.id);
+        assert_eq!(b.spec.labels.get("grove.snapshot"), Some(&snap.id));
+        // Python state exactly as at the snapshot: variable, file offset, heap.
+        let st = ask(&env, &b.id, "state", 10);
+        assert_eq!(st["counter"], 42, "branch {i}: {st}");
+        assert_eq!(st["offset"], 13, "branch {i}: {st}");
+        assert_eq!(st["heap"], before["heap"], "branch {i}: heap");
+        assert_eq!(
+            st["host"],
+            format!("branch-{i}"),
+            "branch {i} has its own hostname"
+        );
+        // The open file continues from its offset.
+        assert_eq!(ask(&env, &b.id, "read", 11)["got"], "nop");
+        // The loopback server still listens inside the branch.
+        assert_eq!(app::wait_http(&env, &b.id), DATA);
+        assert_eq!(env.out(&b.id, "cat /root/marker"), "before");
+    }
+    // Branches diverge independently.
+    for (i, b) in branches.iter().enumerate() {
+        for k in 0..=i as u64 {
+            ask(&env, &b.id, "inc", 20 + k);
+        }
+        env.sh(&b.id, &format!("echo {i} > /root/own"));
+    }
+    for (i, b) in branches.iter().enumerate() {
+        let st = ask(&env, &b.id, "state", 30);
+        assert_eq!(st["counter"], 42 + 1 + i as u64, "branch {i}");
+        assert_eq!(env.out(&b.id, "cat /root/own"), i.to_string());
+    }
+    assert_eq!(
+        ask(&env, &src.id, "state", 31)["counter"],
+        43,
+        "the source is unaffected"
+    );
+    let r = env
+        .rt
+        .exec(
+            &src.id,
+            grove_runtime::ExecRequest::shell("test -e /root/own"),
+        )
+        .unwrap();
+    assert_ne!(
+        r.exit_code,
+        Some(0),
+        "branch files do not leak into the source"
+    );
+
+    // Unknown snapshots.
+    for bad in ["no-such-snapshot", &"0".repeat(64)] {
+        match env.snap.fork(bad, 1, ForkOptions::default()) {
+            Err(e @ Error::NotFound { .. }) => assert_eq!(e.code(), "not_found"),
+            other => panic!("fork of {bad}: expected NotFound, got {other:?}"),
+        }
+    }
+    env.finish();
+}
