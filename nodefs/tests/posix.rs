@@ -505,3 +505,59 @@ fn read_only_mount_refuses_writes() {
         b"hello nodefs\n"
     );
 }
+
+#[test]
+fn passthrough_reads_then_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let p = m.mountpoint().join("a/b/mid.bin");
+    let want = fs::read(env.path("src/a/b/mid.bin")).unwrap();
+    // Two readers share one backing file.
+    let mut r1 = File::open(&p).unwrap();
+    let mut r2 = File::open(&p).unwrap();
+    let (mut b1, mut b2) = (Vec::new(), Vec::new());
+    r1.read_to_end(&mut b1).unwrap();
+    r2.read_to_end(&mut b2).unwrap();
+    assert!(b1 == want && b2 == want);
+    let cache: Vec<_> = fs::read_dir(env.path("store/cache"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(
+        cache.len(),
+        1,
+        "one whole-file object materialized for passthrough"
+    );
+    assert!(fs::read(cache[0].path()).unwrap() == want);
+    drop((r1, r2));
+    // Writing right after the readers closed works and is seen by new readers.
+    let mut w = OpenOptions::new().write(true).open(&p).unwrap();
+    w.write_all(b"W").unwrap();
+    drop(w);
+    let got = fs::read(&p).unwrap();
+    assert_eq!(got[0], b'W');
+    assert!(got[1..] == want[1..]);
+    // mmap of a passthrough file reads the same bytes.
+    let f = File::open(m.mountpoint().join("a/big.bin")).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: read-only private mapping of 4096 bytes of an open file, unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    // SAFETY: ptr maps 4096 readable bytes.
+    let first = unsafe { std::slice::from_raw_parts(ptr as *const u8, 4096).to_vec() };
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(ptr, 4096) };
+    assert!(first[..] == fs::read(env.path("src/a/big.bin")).unwrap()[..4096]);
+}

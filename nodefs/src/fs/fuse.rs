@@ -385,13 +385,23 @@ impl Filesystem for Fs {
         }
         // The kernel requires every open of an inode in passthrough mode to be passthrough
         // too, and refuses passthrough while cached opens exist.
-        let pt_opens = self
-            .s()
-            .backing
-            .lock()
-            .get(&ino.0)
-            .map(|b| b.1)
-            .unwrap_or(0);
+        let pt = || {
+            self.s()
+                .backing
+                .lock()
+                .get(&ino.0)
+                .map(|b| b.1)
+                .unwrap_or(0)
+        };
+        let mut pt_opens = pt();
+        if write && pt_opens > 0 {
+            // RELEASE of a closed passthrough handle reaches us after close() returned.
+            let t = std::time::Instant::now();
+            while pt_opens > 0 && t.elapsed() < Duration::from_millis(200) {
+                std::thread::sleep(Duration::from_millis(2));
+                pt_opens = pt();
+            }
+        }
         let pristine_base = {
             let mut st = self.s().state.lock();
             let i = tryr!(reply, st.get_mut(ino.0));
@@ -439,10 +449,11 @@ impl Filesystem for Fs {
                 reply.opened_passthrough(fh, FopenFlags::empty(), &b);
                 return;
             }
-            match passthrough::materialize(&self.s().store, &base)
-                .and_then(|f| reply.open_backing(&f))
+            let store = self.s().store.clone();
+            match passthrough::open_object(&store, &base)
+                .and_then(|f| f.map(|f| reply.open_backing(&f)).transpose())
             {
-                Ok(b) => {
+                Ok(Some(b)) => {
                     let b = Arc::new(b);
                     backing.insert(ino.0, (b.clone(), 1));
                     drop(backing);
@@ -450,6 +461,7 @@ impl Filesystem for Fs {
                     reply.opened_passthrough(fh, FopenFlags::empty(), &b);
                     return;
                 }
+                Ok(None) => {}
                 Err(err) => tracing::debug!(error = %err, "passthrough unavailable; serving reads"),
             }
         }

@@ -5,6 +5,11 @@
 use std::fs::{self, File};
 use std::io::Write;
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
 use super::file::Base;
 use crate::store::Store;
 
@@ -13,19 +18,50 @@ pub fn enabled() -> bool {
     std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none()
 }
 
-/// Open (materializing if needed) the whole-file object for `base`, read-only.
-pub fn materialize(store: &Store, base: &Base) -> std::io::Result<File> {
+/// Files up to this size are materialized inside the open call; bigger ones in the
+/// background (that open is served by the server, later ones pass through).
+const SYNC_LIMIT: u64 = 16 << 20;
+
+static IN_PROGRESS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+fn object_name(base: &Base) -> String {
     let mut h = blake3::Hasher::new();
     for c in &base.chunks {
         h.update(&c.id.0);
         h.update(&c.len.to_le_bytes());
     }
-    let name = h.finalize().to_hex().to_string();
-    let dir = store.dir().join("cache");
-    let path = dir.join(&name);
+    h.finalize().to_hex().to_string()
+}
+
+/// The whole-file object for `base` if it can be had now.
+pub fn open_object(store: &Arc<Store>, base: &Arc<Base>) -> std::io::Result<Option<File>> {
+    let name = object_name(base);
+    let path = store.dir().join("cache").join(&name);
     if let Ok(f) = File::open(&path) {
-        return Ok(f);
+        return Ok(Some(f));
     }
+    if base.len() <= SYNC_LIMIT {
+        return materialize(store, base, &name).map(Some);
+    }
+    let mut g = IN_PROGRESS.lock();
+    if g.get_or_insert_with(HashSet::new).insert(name.clone()) {
+        let (store, base) = (store.clone(), base.clone());
+        std::thread::spawn(move || {
+            if let Err(e) = materialize(&store, &base, &name) {
+                tracing::warn!(error = %e, "materializing a whole-file object failed");
+            }
+            if let Some(s) = IN_PROGRESS.lock().as_mut() {
+                s.remove(&name);
+            }
+        });
+    }
+    Ok(None)
+}
+
+/// Write the whole-file object (temp file, rename) and open it read-only.
+fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> {
+    let dir = store.dir().join("cache");
+    let path = dir.join(name);
     let tmp = dir.join(format!(
         "{name}.tmp{}-{:?}",
         std::process::id(),
