@@ -1,0 +1,168 @@
+//! Bad input and failure paths: a corrupt image fails its branch with a typed error and leaves
+//! nothing; a snapshot during an exec is refused with a conflict; export/import, including a
+//! stream that lacks chunks the receiver does not have.
+
+mod common;
+
+use std::time::Duration;
+
+use common::app::{self, ask};
+use common::grove::{self, Env};
+use grove_runtime::ExecRequest;
+use grove_snapshotter::{criu, Error, ForkOptions, SnapshotOptions};
+
+#[test]
+fn failure_paths_leave_nothing_behind() {
+    let _serial = common::tree::serial();
+    if let Some(why) = grove::missing_prereq() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    common::tree::become_subreaper();
+    let env = Env::new("grove-stest-fail");
+    let src = env.rt.create(env.spec()).unwrap();
+    app::start(&env, &src.id);
+    assert_eq!(ask(&env, &src.id, "inc", 1)["counter"], 42);
+
+    // A snapshot while an exec is in flight is refused with a conflict naming the reason, and
+    // the source carries on untouched.
+    let busy = std::thread::scope(|s| {
+        let exec = s.spawn(|| {
+            env.rt
+                .exec(&src.id, ExecRequest::shell("sleep 2; echo done"))
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(400));
+        let r = env.snap.snapshot(&src.id, SnapshotOptions::default());
+        let out = exec.join().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "done",
+            "the exec completes"
+        );
+        r
+    });
+    match busy {
+        Err(e @ Error::Conflict { .. }) => {
+            assert_eq!(e.code(), "conflict");
+            assert!(e.to_string().contains("exec"), "{e}");
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert!(
+        env.snap.list().is_empty(),
+        "a refused snapshot records nothing"
+    );
+    assert_eq!(ask(&env, &src.id, "inc", 2)["counter"], 43);
+
+    let snap = env
+        .snap
+        .snapshot(
+            &src.id,
+            SnapshotOptions {
+                name: Some("fail-test".into()),
+                stop: false,
+            },
+        )
+        .unwrap();
+    match env.snap.snapshot(
+        &src.id,
+        SnapshotOptions {
+            name: Some("fail-test".into()),
+            stop: false,
+        },
+    ) {
+        Err(e @ Error::NameTaken { .. }) => assert_eq!(e.code(), "conflict"),
+        other => panic!("expected NameTaken, got {other:?}"),
+    }
+    for bad in [0, grove_snapshotter::MAX_FORK + 1] {
+        assert!(matches!(
+            env.snap.fork(&snap.id, bad, ForkOptions::default()),
+            Err(Error::InvalidInput { .. })
+        ));
+    }
+
+    // A good fork materializes the images; then corrupt them: the branch fails with CRIU's typed
+    // error carrying its log lines, and no half branch is left.
+    let ok = env
+        .snap
+        .fork(&snap.id, 1, ForkOptions::default())
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(ask(&env, &ok.id, "state", 3)["counter"], 43);
+    env.rt.destroy(&ok.id).unwrap();
+    let pstree = env
+        .run_dir
+        .join("snapshots")
+        .join(&snap.id)
+        .join("images/pstree.img");
+    assert!(
+        pstree.exists(),
+        "materialized images at {}",
+        pstree.display()
+    );
+    std::fs::write(&pstree, b"not a protobuf image").unwrap();
+    let mut results = env.snap.fork(&snap.id, 2, ForkOptions::default()).unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results.drain(..) {
+        match r {
+            Err(Error::Criu(criu::Error::RestoreFailed { log_tail, .. })) => {
+                assert!(!log_tail.is_empty())
+            }
+            other => panic!("expected RestoreFailed, got {other:?}"),
+        }
+    }
+    let live: Vec<_> = env.rt.list().into_iter().map(|s| s.id).collect();
+    assert_eq!(
+        live,
+        vec![src.id.clone()],
+        "failed branches leave no sandbox"
+    );
+    let residue = env.rt.residue();
+    assert!(
+        residue.items.is_empty(),
+        "residue after failed forks: {:#?}",
+        residue.items
+    );
+
+    // Export; delete; gc drops the images' chunks; a stream claiming the receiver has every chunk
+    // is refused; the full stream restores the snapshot, which forks again.
+    let mut full = Vec::new();
+    let n = env.snap.export(&snap.id, &mut full).unwrap();
+    assert_eq!(n, full.len() as u64);
+    let mut empty = Vec::new();
+    env.snap
+        .export_delta(&snap.id, &|_| true, &mut empty)
+        .unwrap();
+    assert!(empty.len() < full.len() / 10);
+    env.snap.delete(&snap.id).unwrap();
+    assert!(matches!(
+        env.snap.get(&snap.id),
+        Err(Error::NotFound { .. })
+    ));
+    assert!(
+        !env.run_dir.join("snapshots").join(&snap.id).exists(),
+        "materialized images dropped"
+    );
+    env.store.gc(&env.snap.live_manifests()).unwrap();
+    match env.snap.import(&mut empty.as_slice()) {
+        Err(e @ Error::BadStream { .. }) => assert!(e.to_string().contains("missing"), "{e}"),
+        other => panic!("expected BadStream for missing chunks, got {other:?}"),
+    }
+    assert!(env.snap.list().is_empty());
+    assert!(matches!(
+        env.snap.import(&mut &b"GRVSNAP1garbage"[..]),
+        Err(Error::BadStream { .. })
+    ));
+    let back = env.snap.import(&mut full.as_slice()).unwrap();
+    assert_eq!(back, snap);
+    let again = env
+        .snap
+        .fork("fail-test", 1, ForkOptions::default())
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(ask(&env, &again.id, "state", 4)["counter"], 43);
+    env.finish();
+}
