@@ -63,6 +63,10 @@ pub struct FileConfig {
     /// Node labels reported by GET /v1/node.
     pub labels: BTreeMap<String, String>,
     pub reap_interval_ms: Option<u64>,
+    /// Address pool for egress sandboxes (CIDR; the runtime's default when unset).
+    pub net_pool: Option<String>,
+    /// Cgroup directory name under each hierarchy (default "grove"); also names the nft table.
+    pub cgroup_root: Option<String>,
 }
 
 /// Command-line overrides.
@@ -108,6 +112,8 @@ pub struct Config {
     pub defaults: Limits,
     pub labels: BTreeMap<String, String>,
     pub reap_interval: Duration,
+    pub net_pool: Option<String>,
+    pub cgroup_root: String,
 }
 
 impl Config {
@@ -197,18 +203,23 @@ impl Config {
             defaults: f.defaults.fill(&Limits::default()),
             labels: f.labels,
             reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
+            net_pool: f.net_pool,
+            cgroup_root: f.cgroup_root.unwrap_or_else(|| "grove".into()),
         })
     }
 
     pub fn runtime_config(&self) -> RuntimeConfig {
-        RuntimeConfig {
-            state_dir: self.state_dir.clone(),
-            run_dir: self.run_dir.clone(),
-            init_binary: self.init_binary.clone(),
-            cgroup_root: "grove".into(),
-            capacity: self.capacity.clone(),
-            defaults: self.defaults,
+        let mut rc = RuntimeConfig::default_paths();
+        rc.state_dir = self.state_dir.clone();
+        rc.run_dir = self.run_dir.clone();
+        rc.init_binary = self.init_binary.clone();
+        rc.cgroup_root = self.cgroup_root.clone();
+        rc.capacity = self.capacity.clone();
+        rc.defaults = self.defaults;
+        if let Some(p) = &self.net_pool {
+            rc.net_pool = p.clone();
         }
+        rc
     }
 }
 

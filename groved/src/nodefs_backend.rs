@@ -1,10 +1,247 @@
-//! Images in nodefs and snapshots through the snapshotter.
+//! Images in the nodefs content store (a ref per image, named like the image) and snapshots through the
+//! snapshotter. Snapshots are optional: without CRIU the node still serves sandboxes.
 
-use anyhow::bail;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
 
+use anyhow::Context as _;
+use axum::http::StatusCode;
+use grove_runtime::{Runtime, SandboxId, SandboxInfo};
+use grove_snapshotter::{
+    ForkOptions, NodefsRoot, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
+};
+use nodefs::{ManifestId, NodeFs, Store};
+
+use crate::backend::{check_name, Images, Snapshots};
 use crate::config::Config;
+use crate::error::{chain, ApiError, ApiResult};
+use crate::wire::{ForkRequest, Image, Snapshot, SnapshotRequest};
 use crate::wiring::Backend;
 
-pub fn build(_config: &Config) -> anyhow::Result<Backend> {
-    bail!("the nodefs root provider is not wired yet; run with --root-provider overlay")
+pub fn build(config: &Config) -> anyhow::Result<Backend> {
+    let store =
+        Store::open(&config.state_dir.join("store")).context("opening the content store")?;
+    let fs = NodeFs::new(store.clone());
+    let roots = Arc::new(NodefsRoot::new(fs.clone()));
+    let runtime = Runtime::new(config.runtime_config(), roots).context("starting the runtime")?;
+    let scfg = SnapshotterConfig {
+        state_dir: config.state_dir.clone(),
+        run_dir: config.run_dir.clone(),
+        criu: config.criu.clone(),
+    };
+    let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("snapshots disabled: {}", chain(&e));
+            None
+        }
+    };
+    let images = Arc::new(NodefsImages {
+        store,
+        fs,
+        snapshotter: snapshotter.clone(),
+    });
+    let snapshots = snapshotter.map(|s| Arc::new(NodefsSnapshots { s }) as Arc<dyn Snapshots>);
+    Ok(Backend {
+        runtime,
+        images,
+        snapshots,
+    })
+}
+
+fn store_err(e: nodefs::Error) -> ApiError {
+    use nodefs::Error as E;
+    let status = match &e {
+        E::BadTar { .. } | E::BadOci { .. } | E::BadStream(_) => StatusCode::BAD_REQUEST,
+        E::BadRefName(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        E::UnknownRef(_) | E::UnknownManifest(_) => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let code = match &e {
+        E::BadTar { .. } => "invalid_tar",
+        E::BadOci { .. } => "invalid_oci",
+        E::BadStream(_) => "invalid_stream",
+        E::BadRefName(_) => "invalid_spec",
+        E::UnknownRef(_) | E::UnknownManifest(_) => "image_not_found",
+        _ => "store",
+    };
+    ApiError::new(status, code, chain(&e))
+}
+
+fn snap_err(e: grove_snapshotter::Error) -> ApiError {
+    use grove_snapshotter::Error as E;
+    match e {
+        E::Runtime(r) => ApiError::from(r),
+        E::Store(s) => store_err(s),
+        other => {
+            let (status, field) = match &other {
+                E::NotFound { .. } => (StatusCode::NOT_FOUND, None),
+                E::Conflict { .. } | E::NameTaken { .. } => (StatusCode::CONFLICT, None),
+                E::InvalidInput { field, .. } => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, Some(field.to_string()))
+                }
+                E::Unsupported { .. } => (StatusCode::NOT_IMPLEMENTED, None),
+                E::BadStream { .. } => (StatusCode::BAD_REQUEST, Some("body".to_string())),
+                _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
+            };
+            let mut a = ApiError::new(status, other.code(), chain(&other));
+            a.field = field;
+            a
+        }
+    }
+}
+
+/// Images are store refs named like the image (snapshot refs live under `grove/`, which image names cannot use).
+pub struct NodefsImages {
+    store: Arc<Store>,
+    fs: Arc<NodeFs>,
+    snapshotter: Option<Arc<Snapshotter>>,
+}
+
+impl NodefsImages {
+    fn vacant(&self, name: &str) -> ApiResult<()> {
+        check_name("name", name)?;
+        if self.store.get_ref(name).map_err(store_err)?.is_some() {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "image_exists",
+                format!("image {name:?} exists"),
+            )
+            .with_field("name"));
+        }
+        Ok(())
+    }
+
+    fn commit(&self, name: &str, id: ManifestId) -> ApiResult<Image> {
+        self.store.set_ref(name, &id).map_err(store_err)?;
+        let size_bytes = self.store.manifest_bytes(&id).ok();
+        Ok(Image {
+            name: name.into(),
+            root: Some(id.to_hex()),
+            size_bytes,
+        })
+    }
+}
+
+impl Images for NodefsImages {
+    fn kind(&self) -> &'static str {
+        "nodefs"
+    }
+
+    fn list(&self) -> ApiResult<Vec<Image>> {
+        let refs = self.store.refs().map_err(store_err)?;
+        Ok(refs
+            .into_iter()
+            .filter(|(n, _)| !n.contains('/'))
+            .map(|(name, id)| Image {
+                name,
+                root: Some(id.to_hex()),
+                size_bytes: None,
+            })
+            .collect())
+    }
+
+    fn import_dir(&self, name: &str, path: &Path) -> ApiResult<Image> {
+        self.vacant(name)?;
+        let id = self.store.import_dir(path).map_err(store_err)?;
+        self.commit(name, id)
+    }
+
+    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image> {
+        self.vacant(name)?;
+        let id = self.store.import_tar(tar).map_err(store_err)?;
+        self.commit(name, id)
+    }
+
+    fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> ApiResult<Image> {
+        self.vacant(name)?;
+        let id = self.store.import_oci(dir, reference).map_err(store_err)?;
+        self.commit(name, id)
+    }
+
+    fn delete(&self, name: &str) -> ApiResult<()> {
+        check_name("name", name)?;
+        if self.store.get_ref(name).map_err(store_err)?.is_none() {
+            return Err(ApiError::not_found(
+                "image_not_found",
+                format!("image {name:?} not found"),
+            )
+            .with_field("name"));
+        }
+        self.store.delete_ref(name).map_err(store_err)
+    }
+
+    fn gc(&self) -> ApiResult<serde_json::Value> {
+        let mut live: Vec<ManifestId> = self.fs.mounts().iter().map(|m| m.base()).collect();
+        if let Some(s) = &self.snapshotter {
+            live.extend(s.live_manifests());
+        }
+        let r = self.store.gc(&live).map_err(store_err)?;
+        Ok(serde_json::to_value(r).unwrap_or_default())
+    }
+
+    fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
+        let r = self.store.fsck().map_err(store_err)?;
+        Ok((r.is_clean(), serde_json::to_value(&r).unwrap_or_default()))
+    }
+}
+
+pub struct NodefsSnapshots {
+    s: Arc<Snapshotter>,
+}
+
+fn to_wire(i: &SnapshotInfo) -> Snapshot {
+    Snapshot {
+        id: i.id.clone(),
+        name: i.name.clone().unwrap_or_else(|| i.id.clone()),
+        source_sandbox: Some(i.source.clone()),
+        image: Some(i.spec.image.clone()),
+        created_at_ms: i.created_at_ms,
+        size_bytes: Some(i.bytes_added),
+        labels: i.spec.labels.clone(),
+    }
+}
+
+impl Snapshots for NodefsSnapshots {
+    fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> ApiResult<Snapshot> {
+        let opts = SnapshotOptions {
+            name: req.name.clone(),
+            stop: req.stop,
+        };
+        self.s
+            .snapshot(id, opts)
+            .map(|i| to_wire(&i))
+            .map_err(snap_err)
+    }
+
+    fn fork(&self, name: &str, req: &ForkRequest) -> ApiResult<Vec<ApiResult<SandboxInfo>>> {
+        let opts = ForkOptions {
+            labels: req.labels.clone(),
+            ttl_secs: req.ttl_secs,
+            hostname_prefix: req.hostname_prefix.clone(),
+        };
+        let results = self.s.fork(name, req.count, opts).map_err(snap_err)?;
+        Ok(results.into_iter().map(|r| r.map_err(snap_err)).collect())
+    }
+
+    fn list(&self) -> ApiResult<Vec<Snapshot>> {
+        Ok(self.s.list().iter().map(to_wire).collect())
+    }
+
+    fn get(&self, name: &str) -> ApiResult<Snapshot> {
+        self.s.get(name).map(|i| to_wire(&i)).map_err(snap_err)
+    }
+
+    fn delete(&self, name: &str) -> ApiResult<()> {
+        self.s.delete(name).map_err(snap_err)
+    }
+
+    fn export(&self, name: &str, out: &mut dyn Write) -> ApiResult<()> {
+        self.s.export(name, out).map(|_| ()).map_err(snap_err)
+    }
+
+    fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {
+        self.s.import(input).map(|i| to_wire(&i)).map_err(snap_err)
+    }
 }

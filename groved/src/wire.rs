@@ -360,6 +360,9 @@ pub struct SnapshotRequest {
 /// A snapshot as the API shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Snapshot {
+    /// The root hash (64 hex).
+    pub id: String,
+    /// The given name, or the id when none was given.
     pub name: String,
     pub source_sandbox: Option<String>,
     pub image: Option<String>,

@@ -58,6 +58,11 @@ pub async fn create(
 
 async fn from_image(app: Arc<App>, req: CreateSandboxRequest) -> ApiResult<Response> {
     let spec = build_spec(&req, &app.config.defaults)?;
+    let rt = app.runtime.clone();
+    let total = blocking(move || Ok(rt.capacity().total)).await?;
+    if let Some(l) = &spec.limits {
+        fits_node(l, &total)?;
+    }
     let Some(count) = req.count else {
         let info = create_one(&app, spec).await?;
         return Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response());
@@ -197,6 +202,34 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         ttl_secs: req.ttl_secs,
         labels: req.labels.clone(),
     })
+}
+
+/// A limit larger than the whole node can never be met: that is bad input (422), not a full node (429).
+fn fits_node(l: &Limits, total: &grove_runtime::Resources) -> ApiResult<()> {
+    let checks = [
+        (
+            "limits.cpu_millis",
+            u64::from(l.cpu_millis),
+            total.cpu_millis,
+        ),
+        ("limits.memory_mb", l.memory_mb, total.memory_mb),
+        ("limits.pids", u64::from(l.pids), total.pids),
+        (
+            "limits.open_files",
+            u64::from(l.open_files),
+            total.open_files,
+        ),
+        ("limits.disk_mb", l.disk_mb, total.disk_mb),
+    ];
+    for (field, want, have) in checks {
+        if have > 0 && want > have {
+            return Err(ApiError::invalid(
+                field,
+                format!("{want} is more than this node has in all ({have})"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> ApiResult<()> {

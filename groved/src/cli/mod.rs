@@ -327,8 +327,6 @@ async fn dispatch(cli: Cli) -> CliResult {
             }
         }
         Cmd::Doctor => Err(CliError::Exit(crate::doctor::run())),
-        Cmd::Mount(a) => tokio::task::spawn_blocking(move || mount::run(a))
-            .await
-            .map_err(|e| CliError::Other(e.to_string()))?,
+        Cmd::Mount(a) => mount::run(a).await,
     }
 }
