@@ -103,13 +103,17 @@ impl Network {
   map ports {{ type inet_service : ipv4_addr . inet_service; }}
   chain forward {{ type filter hook forward priority -1; policy accept;
     iifname vmap @fwd_in
-    oifname vmap @fwd_out }}
+    oifname vmap @fwd_out
+  }}
   chain input {{ type filter hook input priority -1; policy accept;
-    iifname vmap @fwd_in }}
+    iifname vmap @fwd_in
+  }}
   chain prerouting {{ type nat hook prerouting priority -101; policy accept;
-    fib daddr type local dnat ip to tcp dport map @ports }}
+    fib daddr type local dnat ip to tcp dport map @ports
+  }}
   chain postrouting {{ type nat hook postrouting priority 99; policy accept;
-    ip saddr {net}/{len} oifname != \"grove*\" masquerade }}
+    ip saddr {net}/{len} oifname != \"grove*\" masquerade
+  }}
 }}\n"
         )
     }

@@ -27,3 +27,110 @@ fn create_exec_destroy() {
     rt.destroy(&id).expect("destroy");
     assert_gone(&rt, &id);
 }
+
+#[test]
+fn pause_resume_ttl_usage_events() {
+    if !can_run() {
+        return;
+    }
+    let rt = rt();
+    let events = rt.subscribe();
+    let mut s = spec();
+    s.hostname = Some("box1".into());
+    s.labels.insert("team".into(), "rl".into());
+    let info = rt.create(s).unwrap();
+    let id = info.id.clone();
+    assert_eq!(out(&sh(&rt, &id, "hostname")), "box1");
+    assert!(rt
+        .list()
+        .iter()
+        .any(|i| i.id == id && i.spec.labels["team"] == "rl"));
+
+    rt.pause(&id).unwrap();
+    assert_eq!(rt.get(&id).unwrap().state, SandboxState::Paused);
+    assert!(matches!(
+        rt.exec(&id, grove_runtime::ExecRequest::argv(["true"])),
+        Err(grove_runtime::Error::Conflict { .. })
+    ));
+    rt.resume(&id).unwrap();
+    assert_eq!(out(&sh(&rt, &id, "echo back")), "back");
+
+    sh(&rt, &id, "head -c 3000000 /dev/zero > /root/blob");
+    let u = rt.usage(&id).unwrap();
+    assert!(
+        u.disk_bytes >= 3_000_000 && u.memory_bytes > 0 && u.pids >= 1,
+        "{u:?}"
+    );
+
+    let view = rt.checkpoint_view(&id).unwrap();
+    assert_eq!(view.init_pid, info.init_pid.unwrap());
+    assert!(view.root_dir.join("root/blob").exists());
+    assert_eq!(view.externals[0].sandbox_path, "/run/grove/init");
+    assert!(view
+        .cgroups
+        .iter()
+        .any(|(c, p)| c == "memory" && p.ends_with(id.as_str())));
+
+    rt.set_ttl(&id, Some(1)).unwrap();
+    assert!(rt.reap_expired().is_empty());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(rt.reap_expired(), vec![id.clone()]);
+    let kinds: Vec<_> = events
+        .try_iter()
+        .filter(|e| e.sandbox == id)
+        .map(|e| e.kind)
+        .collect();
+    use grove_runtime::EventKind::*;
+    assert_eq!(kinds, [Created, Paused, Resumed, Expired]);
+    assert_gone(&rt, &id);
+}
+
+/// create_restored adopts a process tree brought by someone else (here: a plain grove-init started
+/// into the target the way CRIU would restore one).
+#[test]
+fn create_restored_adopts_a_tree() {
+    if !can_run() {
+        return;
+    }
+    let rt = rt();
+    let mut s = spec();
+    s.hostname = Some("branch-7".into());
+    let info = rt
+        .create_restored(s, &mut |t| {
+            let procs: Vec<String> = t
+                .cgroups
+                .iter()
+                .map(|(c, p)| format!("/sys/fs/cgroup/{c}{}/cgroup.procs", p.display()))
+                .collect();
+            let cfg = grove_runtime::proto::SetupConfig {
+                root: t.root_dir.display().to_string(),
+                hostname: "old-name".into(),
+                cgroup_procs: procs,
+                init_binary: t.externals[0].host_path.display().to_string(),
+                tmp_size_mb: 16,
+                shm_size_mb: 16,
+                open_files: 1024,
+                new_netns: true,
+            };
+            let mut child = std::process::Command::new(&t.externals[0].host_path)
+                .arg("--setup")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()?;
+            use std::io::{BufRead, Write};
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(&serde_json::to_vec(&cfg)?)?;
+            let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+            let pid: i32 = lines.next().unwrap()?.trim_start_matches("pid ").parse()?;
+            assert_eq!(lines.next().unwrap()?, "ready");
+            child.wait()?;
+            Ok(pid)
+        })
+        .unwrap();
+    assert_eq!(out(&sh(&rt, &info.id, "hostname")), "branch-7");
+    rt.destroy(&info.id).unwrap();
+    assert_gone(&rt, &info.id);
+}
