@@ -636,7 +636,11 @@ fn batches_labels_pagination_idempotency() {
     assert_eq!(c.status, 422);
     assert_eq!(c.json()["code"], "idempotency_key_reused");
     let l = d
-        .call(Method::GET, &format!("/v1/sandboxes?label=idem%3D1"), None)
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes?label=idem%3D1&label=batch%3D{tag}"),
+            None,
+        )
         .expect(200)
         .json();
     assert_eq!(
