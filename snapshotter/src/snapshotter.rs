@@ -402,9 +402,24 @@ impl Snapshotter {
                 Err(e) => Err(Box::new(e)),
             }
         };
-        self.runtime
-            .create_restored(spec, &mut restore)
-            .map_err(unwrap_restore_error)
+        // A restore that failed opening a file of its fresh root with EIO is retried once (seen
+        // intermittently with nodefs); the runtime has undone the failed attempt entirely.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .runtime
+                .create_restored(spec.clone(), &mut restore)
+                .map_err(unwrap_restore_error)
+            {
+                Err(Error::Criu(criu::Error::RestoreFailed { log_tail, .. }))
+                    if attempt < 2 && criu::log::is_io_error(&log_tail) =>
+                {
+                    tracing::warn!(snapshot = %info.id, branch = i, ?log_tail, "restore hit an I/O error; retrying once");
+                }
+                other => return other,
+            }
+        }
     }
 
     /// All snapshots, oldest first.

@@ -44,6 +44,14 @@ pub fn is_external_socket(lines: &[String]) -> bool {
     })
 }
 
+/// Whether a restore failed on an I/O error opening a file of the new root (a FUSE hiccup rather
+/// than a bad image): worth one more try.
+pub fn is_io_error(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| l.contains("Can't open file") && l.contains("Input/output error"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +87,13 @@ mod tests {
         let lines = error_lines(&log);
         assert_eq!(lines.len(), MAX_LINES);
         assert!(lines.last().unwrap().ends_with("e39"));
+    }
+
+    #[test]
+    fn detects_io_errors_on_restore() {
+        let log = "(00.37)      4: Error (criu/files-reg.c:2353): Can't open file usr/bin/python3.11 on restore: Input/output error\n";
+        assert!(is_io_error(&error_lines(log)));
+        assert!(!is_io_error(&error_lines(DUMP_FAIL)));
     }
 
     #[test]

@@ -100,10 +100,16 @@ pub fn ask(env: &Env, id: &SandboxId, cmd: &str, seq: u64) -> Value {
                 }
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "app in {id} did not answer {cmd} {seq}"
-        );
+        if Instant::now() > deadline {
+            let logs = env.rt.exec(
+                id,
+                ExecRequest::shell("tail -n 5 /run/grove/logs/*.log; ps -ef"),
+            );
+            let logs = logs
+                .map(|r| String::from_utf8_lossy(&r.stdout).to_string())
+                .unwrap_or_default();
+            panic!("app in {id} did not answer {cmd} {seq}; logs and processes:\n{logs}");
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
