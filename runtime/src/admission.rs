@@ -43,7 +43,7 @@ fn mem_total_mb() -> u64 {
 
 fn disk_free_mb(dir: &Path) -> u64 {
     nix::sys::statvfs::statvfs(dir)
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64 >> 20)
+        .map(|s| (s.blocks_available() * s.fragment_size()) >> 20)
         .unwrap_or(0)
 }
 

@@ -63,8 +63,8 @@ impl Root {
         if fd < 0 {
             return Err(Error::io(format!("open root of pid {init_pid}"), errno()));
         }
-        // SAFETY: fd is a fresh descriptor we own.
         Ok(Root {
+            // SAFETY: fd is a fresh descriptor we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

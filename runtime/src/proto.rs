@@ -110,21 +110,6 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
     Ok(Some((kind, buf)))
 }
 
-/// Parses a complete frame from the front of `buf`, returning it and the bytes consumed.
-pub fn parse_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, String> {
-    if buf.len() < 4 {
-        return Ok(None);
-    }
-    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if len == 0 || len > MAX_FRAME {
-        return Err(format!("bad frame length {len}"));
-    }
-    if buf.len() < 4 + len {
-        return Ok(None);
-    }
-    Ok(Some((buf[4], &buf[5..4 + len], 4 + len)))
-}
-
 /// Config handed by the runtime to `grove-init --setup` on stdin.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetupConfig {
@@ -149,15 +134,16 @@ mod tests {
     #[test]
     fn frames_roundtrip() {
         let f = encode(KIND_STDOUT, b"hello");
-        let (k, p, n) = parse_frame(&f).unwrap().unwrap();
-        assert_eq!((k, p, n), (KIND_STDOUT, &b"hello"[..], f.len()));
-        assert!(parse_frame(&f[..6]).unwrap().is_none());
         let mut r = &f[..];
         assert_eq!(
             read_frame(&mut r).unwrap().unwrap(),
             (KIND_STDOUT, b"hello".to_vec())
         );
         assert!(read_frame(&mut r).unwrap().is_none());
-        assert!(parse_frame(&[0, 0, 0, 0, 1]).is_err());
+        assert!(read_frame(&mut &f[..6]).is_err(), "truncated frame");
+        assert!(
+            read_frame(&mut &[0u8, 0, 0, 0, 1][..]).is_err(),
+            "zero length"
+        );
     }
 }

@@ -10,6 +10,9 @@ mod unified;
 mod v1;
 mod v2;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

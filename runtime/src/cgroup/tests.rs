@@ -1,0 +1,206 @@
+//! Unit tests of both backends against an in-memory cgroupfs.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::*;
+
+/// Dirs and files in memory; rmdir drops a dir with its (interface) files, like cgroupfs.
+#[derive(Default)]
+struct MemFs {
+    dirs: Mutex<Vec<PathBuf>>,
+    files: Mutex<BTreeMap<PathBuf, String>>,
+    fail_write: Option<&'static str>,
+}
+
+impl MemFs {
+    fn with_dirs(dirs: &[&str]) -> Self {
+        let fs = MemFs::default();
+        fs.dirs.lock().extend(dirs.iter().map(PathBuf::from));
+        fs
+    }
+    fn file(&self, p: &str) -> Option<String> {
+        self.files.lock().get(Path::new(p)).cloned()
+    }
+}
+
+impl CgroupFs for MemFs {
+    fn mkdir(&self, p: &Path) -> io::Result<()> {
+        let mut d = self.dirs.lock();
+        if d.iter().any(|x| x == p) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        if !d.iter().any(|x| Some(x.as_path()) == p.parent()) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        d.push(p.to_path_buf());
+        Ok(())
+    }
+    fn rmdir(&self, p: &Path) -> io::Result<()> {
+        let mut d = self.dirs.lock();
+        let before = d.len();
+        d.retain(|x| x != p);
+        if d.len() == before {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        self.files.lock().retain(|f, _| f.parent() != Some(p));
+        Ok(())
+    }
+    fn write(&self, p: &Path, v: &str) -> io::Result<()> {
+        if self.fail_write.is_some_and(|f| p.ends_with(f)) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if !self
+            .dirs
+            .lock()
+            .iter()
+            .any(|x| Some(x.as_path()) == p.parent())
+        {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        self.files.lock().insert(p.to_path_buf(), v.to_string());
+        Ok(())
+    }
+    fn read(&self, p: &Path) -> io::Result<String> {
+        self.files
+            .lock()
+            .get(p)
+            .cloned()
+            .ok_or_else(|| io::ErrorKind::NotFound.into())
+    }
+    fn exists(&self, p: &Path) -> bool {
+        self.dirs.lock().iter().any(|x| x == p) || self.files.lock().contains_key(p)
+    }
+    fn subdirs(&self, p: &Path) -> Vec<String> {
+        let d = self.dirs.lock();
+        d.iter()
+            .filter(|x| x.parent() == Some(p))
+            .filter_map(|x| Some(x.file_name()?.to_str()?.to_string()))
+            .collect()
+    }
+}
+
+const LIMITS: Limits = Limits {
+    cpu_millis: 500,
+    memory_mb: 256,
+    pids: 64,
+    open_files: 1024,
+    disk_mb: 100,
+};
+const V1_BASE: &[&str] = &["/cg", "/cg/memory", "/cg/pids", "/cg/cpu", "/cg/unified"];
+
+fn v1(fs: &Arc<MemFs>) -> V1 {
+    V1::new(
+        fs.clone(),
+        "/cg".into(),
+        "grove",
+        Some("/cg/unified".into()),
+    )
+}
+
+#[test]
+fn v1_create_writes_limits_and_remove_cleans() {
+    let fs = Arc::new(MemFs::with_dirs(V1_BASE));
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    cg.prepare().unwrap(); // idempotent
+    cg.create("sb-1", &LIMITS).unwrap();
+    assert_eq!(
+        fs.file("/cg/memory/grove/sb-1/memory.limit_in_bytes")
+            .as_deref(),
+        Some("268435456")
+    );
+    assert_eq!(
+        fs.file("/cg/memory/grove/sb-1/memory.swappiness")
+            .as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        fs.file("/cg/pids/grove/sb-1/pids.max").as_deref(),
+        Some("64")
+    );
+    assert_eq!(
+        fs.file("/cg/cpu/grove/sb-1/cpu.cfs_quota_us").as_deref(),
+        Some("50000")
+    );
+    assert_eq!(cg.procs_files("sb-1").len(), 4);
+    assert_eq!(cg.existing(), vec!["sb-1".to_string()]);
+    let criu = cg.criu_paths("sb-1");
+    assert!(criu.contains(&("unified".into(), PathBuf::from("/grove/sb-1"))));
+
+    // Kill: cgroup.kill on the unified dir, then "populated 0" ends the wait.
+    fs.files.lock().insert(
+        "/cg/unified/grove/sb-1/cgroup.events".into(),
+        "populated 0\nfrozen 0\n".into(),
+    );
+    cg.kill_all("sb-1").unwrap();
+    assert_eq!(
+        fs.file("/cg/unified/grove/sb-1/cgroup.kill").as_deref(),
+        Some("1")
+    );
+
+    cg.remove("sb-1").unwrap();
+    cg.remove("sb-1").unwrap(); // idempotent
+    assert!(cg.existing().is_empty());
+    assert!(cg.dirs("sb-1").is_empty());
+    cg.unprepare();
+    assert_eq!(fs.dirs.lock().len(), V1_BASE.len());
+}
+
+#[test]
+fn v1_failed_create_removes_what_it_made() {
+    let fs = Arc::new(MemFs {
+        fail_write: Some("pids.max"),
+        ..MemFs::with_dirs(V1_BASE)
+    });
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    let e = cg.create("sb-2", &LIMITS).unwrap_err();
+    assert!(e.path.ends_with("pids.max"), "{e}");
+    assert!(
+        cg.existing().is_empty(),
+        "rolled back: {:?}",
+        fs.dirs.lock()
+    );
+}
+
+#[test]
+fn v2_create_freeze_kill() {
+    let fs = Arc::new(MemFs::with_dirs(&["/cg"]));
+    let cg = V2::new(fs.clone(), "/cg".into(), "grove");
+    cg.prepare().unwrap();
+    assert_eq!(
+        fs.file("/cg/grove/cgroup.subtree_control").as_deref(),
+        Some("+memory +pids +cpu")
+    );
+    cg.create("sb-3", &LIMITS).unwrap();
+    assert_eq!(
+        fs.file("/cg/grove/sb-3/memory.max").as_deref(),
+        Some("268435456")
+    );
+    assert_eq!(
+        fs.file("/cg/grove/sb-3/cpu.max").as_deref(),
+        Some("50000 100000")
+    );
+    assert_eq!(fs.file("/cg/grove/sb-3/pids.max").as_deref(), Some("64"));
+    fs.files.lock().insert(
+        "/cg/grove/sb-3/cgroup.events".into(),
+        "populated 1\nfrozen 1\n".into(),
+    );
+    cg.freeze("sb-3").unwrap();
+    assert_eq!(
+        fs.file("/cg/grove/sb-3/cgroup.freeze").as_deref(),
+        Some("1")
+    );
+    fs.files.lock().insert(
+        "/cg/grove/sb-3/cgroup.events".into(),
+        "populated 0\nfrozen 0\n".into(),
+    );
+    cg.kill_all("sb-3").unwrap();
+    cg.remove("sb-3").unwrap();
+    assert!(cg.existing().is_empty());
+}
