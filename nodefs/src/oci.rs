@@ -4,7 +4,10 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
+use parking_lot::Mutex;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 use crate::error::Error;
 use crate::id::ManifestId;
@@ -94,17 +97,17 @@ impl Store {
             let p = blob_path(layout_dir, digest)
                 .ok_or_else(|| bad(format!("bad layer digest {digest:?}")))?;
             let f = fs::File::open(&p).map_err(|e| bad(format!("layer {digest}: {e}")))?;
+            let hashed = HashingReader::new(f);
+            let hash = hashed.hasher.clone();
             let mut r: Box<dyn Read> = if media.ends_with("+zstd") {
                 Box::new(
-                    zstd::stream::Decoder::new(f)
+                    zstd::stream::Decoder::new(hashed)
                         .map_err(|e| bad(format!("layer {digest}: {e}")))?,
                 )
             } else if media.ends_with("+gzip") || media.ends_with(".gzip") {
-                return Err(bad(format!(
-                    "layer {digest}: gzip layers are not supported yet"
-                )));
+                Box::new(flate2::read::MultiGzDecoder::new(hashed))
             } else {
-                Box::new(f)
+                Box::new(hashed)
             };
             self.apply_tar(&mut root, &mut r, true, &mut groups)
                 .map_err(|e| match e {
@@ -113,10 +116,47 @@ impl Store {
                     }
                     other => other,
                 })?;
+            // Hash what the tar reader left unread (padding), then check the digest.
+            std::io::copy(&mut r, &mut std::io::sink())
+                .map_err(|e| bad(format!("layer {digest}: {e}")))?;
+            drop(r);
+            let got = hash.lock().clone().finalize();
+            check_digest(digest, &got).map_err(bad)?;
         }
         let id = self.store_mem(&root)?;
         self.seal_manifest(&id)?;
         Ok(id)
+    }
+}
+
+/// Reads through, feeding a sha256 shared with the caller.
+struct HashingReader<R> {
+    inner: R,
+    hasher: Arc<Mutex<Sha256>>,
+}
+
+impl<R: Read> HashingReader<R> {
+    fn new(inner: R) -> Self {
+        HashingReader {
+            inner,
+            hasher: Arc::new(Mutex::new(Sha256::new())),
+        }
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.lock().update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn check_digest(digest: &str, got: &[u8]) -> Result<(), String> {
+    match digest.split_once(':') {
+        Some(("sha256", hex)) if hex.eq_ignore_ascii_case(&hex::encode(got)) => Ok(()),
+        Some(("sha256", _)) => Err(format!("blob {digest} does not match its digest")),
+        _ => Err(format!("unsupported digest algorithm in {digest:?}")),
     }
 }
 
@@ -125,6 +165,25 @@ fn read_json(layout: &Path, p: &Path) -> Result<Value, Error> {
         path: layout.to_path_buf(),
         why: format!("{}: {e}", p.display()),
     })?;
+    // Blobs are named by their digest: check it.
+    if let (Some(hex), Some(alg)) = (
+        p.file_name().and_then(|n| n.to_str()),
+        p.parent()
+            .and_then(|d| d.file_name())
+            .and_then(|n| n.to_str()),
+    ) {
+        if p.parent()
+            .and_then(|d| d.parent())
+            .is_some_and(|b| b.ends_with("blobs"))
+        {
+            check_digest(&format!("{alg}:{hex}"), &Sha256::digest(&s)).map_err(|why| {
+                Error::BadOci {
+                    path: layout.to_path_buf(),
+                    why,
+                }
+            })?;
+        }
+    }
     serde_json::from_slice(&s).map_err(|e| Error::BadOci {
         path: layout.to_path_buf(),
         why: format!("{}: {e}", p.display()),

@@ -268,3 +268,80 @@ fn mounting_is_fast_and_leaves_nothing() {
     assert!(u2.join("junk").exists(), "a user's dir is never removed");
     assert_no_mounts_under(env.tmp.path());
 }
+
+#[test]
+fn in_place_rewrite_is_stored_as_a_delta() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("db"), random_bytes(77, 2 << 20)).unwrap();
+    let base = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&base, "m", MountOptions::default());
+    // Rewrite a few bytes in place in several places (like a database page update).
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(m.mountpoint().join("db"))
+        .unwrap();
+    for off in [100_000u64, 700_000, 1_500_000] {
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(off)).unwrap();
+        f.write_all(b"rewritten").unwrap();
+    }
+    drop(f);
+    let before = env.store.stats();
+    let c = m.commit().unwrap();
+    let after = env.store.stats();
+    let added = after.stored_bytes - before.stored_bytes;
+    eprintln!("3 rewritten chunks stored in {added} bytes");
+    // Without deltas this is 3 incompressible chunks of ~64 KiB.
+    assert!(added < 16 << 10, "added {added}");
+    assert!(after.chunks > before.chunks);
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    let mut want = fs::read(src.join("db")).unwrap();
+    for off in [100_000usize, 700_000, 1_500_000] {
+        want[off..off + 9].copy_from_slice(b"rewritten");
+    }
+    assert!(fs::read(out.join("db")).unwrap() == want);
+    assert!(env.store.fsck().unwrap().is_clean());
+    // gc keeps delta bases alive when only the new manifest is referenced.
+    env.store.set_ref("new", &c).unwrap();
+    drop(m);
+    env.store.gc(&[]).unwrap();
+    assert!(env.store.fsck().unwrap().is_clean());
+    fs::remove_dir_all(&out).unwrap();
+    env.store.export_dir(&c, &out).unwrap();
+    assert!(fs::read(out.join("db")).unwrap() == want);
+}
+
+#[test]
+fn unmount_while_busy_leaves_no_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(&base, "busy", MountOptions::default());
+    let mut f = File::create(m.mountpoint().join("open")).unwrap();
+    f.write_all(b"x").unwrap();
+    let cwd_holder = std::process::Command::new("sleep")
+        .arg("30")
+        .current_dir(m.mountpoint())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    m.unmount().unwrap();
+    eprintln!("busy unmount took {:?}", t.elapsed());
+    assert_no_mounts_under(env.tmp.path());
+    assert!(!env.path("upper-busy").exists());
+    assert!(
+        f.write_all(b"y").is_err(),
+        "the aborted connection refuses I/O"
+    );
+    let mut c = cwd_holder;
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert!(m.commit().is_err(), "commit after unmount is an error");
+}

@@ -201,20 +201,63 @@ impl Drop for NodeFs {
     }
 }
 
-/// Lazily detach a mount and abort its FUSE connection so the session threads exit.
-fn detach(mountpoint: &Path) {
+/// Unmount; if busy, detach lazily and abort the FUSE connection so that the session
+/// threads exit and processes still inside get ENOTCONN. Returns whether it was aborted.
+fn detach(mountpoint: &Path) -> bool {
     let dev = std::fs::metadata(mountpoint).map(|m| m.dev()).ok();
     let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
     // SAFETY: c is a valid NUL-terminated path.
-    let r = unsafe { libc::umount2(c.as_ptr(), 0) };
-    if r != 0 {
-        // SAFETY: as above.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return true;
     }
-    if let Some(dev) = dev {
-        let minor = libc::minor(dev);
-        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+    // SAFETY: as above.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    match dev {
+        Some(dev) => abort_connection(libc::minor(dev)),
+        None => false,
     }
+}
+
+/// Write `1` to the connection's fusectl `abort` file. fusectl is mounted, if the host has
+/// not, in a private mount namespace of a short-lived thread, so nothing is left behind.
+fn abort_connection(minor: u32) -> bool {
+    let path = format!("/sys/fs/fuse/connections/{minor}/abort");
+    if std::fs::write(&path, "1").is_ok() {
+        return true;
+    }
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects only this thread (it gets its own fs and mount namespace).
+        if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_FS) } != 0 {
+            return false;
+        }
+        let root = c"/";
+        let none = c"none";
+        let target = c"/sys/fs/fuse/connections";
+        let fstype = c"fusectl";
+        // SAFETY: valid C strings; makes this namespace's mounts private.
+        unsafe {
+            libc::mount(
+                none.as_ptr(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        };
+        // SAFETY: valid C strings; the mount lives only in this thread's namespace.
+        let r = unsafe {
+            libc::mount(
+                none.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        r == 0 && std::fs::write(&path, "1").is_ok()
+    })
+    .join()
+    .unwrap_or(false)
 }
 
 impl Mount {
@@ -273,9 +316,14 @@ impl Mount {
         let Some(bg) = self.session.lock().take() else {
             return Ok(());
         };
-        detach(&self.mountpoint);
-        if let Err(e) = bg.umount_and_join() {
-            tracing::debug!(error = %e, "fuse session ended with an error");
+        if detach(&self.mountpoint) {
+            if let Err(e) = bg.umount_and_join() {
+                tracing::debug!(error = %e, "fuse session ended with an error");
+            }
+        } else {
+            // Could not abort: the session ends when the last user lets go.
+            tracing::warn!(mountpoint = %self.mountpoint.display(), "busy mount detached lazily");
+            std::thread::spawn(move || drop(bg.join()));
         }
         let store = &self.shared.store;
         store.unpin(&self.base);

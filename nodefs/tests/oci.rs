@@ -1,0 +1,132 @@
+//! OCI image layout import: layers in order, whiteouts, digests checked.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use common::*;
+use nodefs::Error;
+use sha2::{Digest, Sha256};
+
+fn blob(layout: &Path, data: &[u8]) -> String {
+    let hex = hex::encode(Sha256::digest(data));
+    fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    fs::write(layout.join("blobs/sha256").join(&hex), data).unwrap();
+    format!("sha256:{hex}")
+}
+
+fn layer(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_600_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        match data {
+            Some(d) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(d.len() as u64);
+                b.append_data(&mut h, path, *d).unwrap();
+            }
+            None => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, path, &[][..]).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn make_layout(dir: &Path, corrupt_layer: bool) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let l1 = gzip(&layer(&[
+        ("etc/", None),
+        ("etc/keep", Some(b"keep")),
+        ("etc/gone", Some(b"gone")),
+        ("opq/", None),
+        ("opq/old", Some(b"old")),
+    ]));
+    let l2 = layer(&[
+        ("etc/.wh.gone", Some(b"")),
+        ("opq/.wh..wh..opq", Some(b"")),
+        ("opq/new", Some(b"new")),
+        ("etc/keep", Some(b"keep v2")),
+    ]);
+    let d1 = blob(dir, &l1);
+    let d2 = blob(dir, &l2);
+    if corrupt_layer {
+        let p = dir
+            .join("blobs/sha256")
+            .join(d2.trim_start_matches("sha256:"));
+        let mut b = fs::read(&p).unwrap();
+        b[600] ^= 1;
+        fs::write(p, b).unwrap();
+    }
+    let config = blob(dir, br#"{"architecture":"amd64","os":"linux"}"#);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 1},
+        "layers": [
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d1, "size": l1.len()},
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d2, "size": l2.len()},
+        ]
+    });
+    let m = blob(dir, manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": m, "size": 1,
+            "annotations": {"org.opencontainers.image.ref.name": "test:1"}
+        }]
+    });
+    fs::write(dir.join("index.json"), index.to_string()).unwrap();
+}
+
+#[test]
+fn oci_layers_apply_in_order_with_whiteouts() {
+    let env = Env::new();
+    let layout = env.path("layout");
+    make_layout(&layout, false);
+    let id = env.store.import_oci(&layout, Some("test:1")).unwrap();
+    assert_eq!(env.store.import_oci(&layout, None).unwrap(), id);
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    assert_eq!(fs::read(out.join("etc/keep")).unwrap(), b"keep v2");
+    assert!(!out.join("etc/gone").exists());
+    assert!(!out.join("opq/old").exists());
+    assert_eq!(fs::read(out.join("opq/new")).unwrap(), b"new");
+    assert!(!out.join("etc/.wh.gone").exists());
+    match env.store.import_oci(&layout, Some("nope")) {
+        Err(Error::BadOci { why, .. }) => assert!(why.contains("nope"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn oci_corrupt_layer_is_refused() {
+    let env = Env::new();
+    let layout = env.path("layout");
+    make_layout(&layout, true);
+    let err = env.store.import_oci(&layout, None).unwrap_err();
+    assert!(matches!(err, Error::BadOci { .. }), "{err:?}");
+    eprintln!("{err}");
+    fs::remove_file(layout.join("index.json")).unwrap();
+    assert!(matches!(
+        env.store.import_oci(&layout, None),
+        Err(Error::BadOci { .. })
+    ));
+}
