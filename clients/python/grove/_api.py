@@ -1,0 +1,216 @@
+"""Request bodies and result types shared by the sync and async clients."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+Network = Union[None, str, Sequence[Union[str, dict]]]
+
+
+def network_body(network: Network) -> Optional[dict]:
+    """None → node default (offline); "none" → offline; a list of "CIDR[:port,port]" or {cidr, ports} → egress."""
+    if network is None:
+        return None
+    if isinstance(network, str):
+        if network == "none":
+            return {"mode": "none"}
+        network = [network]
+    allow = []
+    for rule in network:
+        if isinstance(rule, dict):
+            allow.append({"cidr": rule["cidr"], "ports": list(rule.get("ports", []))})
+            continue
+        cidr, ports = rule, []
+        if ":" in rule and ("/" in rule.split(":")[0] or rule.count(":") == 1):
+            cidr, p = rule.rsplit(":", 1)
+            ports = [int(x) for x in p.split(",") if x]
+        allow.append({"cidr": cidr, "ports": ports})
+    return {"mode": "egress", "allow": allow}
+
+
+def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, cpu: Optional[float] = None,
+                memory_mb: Optional[int] = None, disk_mb: Optional[int] = None, pids: Optional[int] = None,
+                timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
+                labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
+                workdir: Optional[str] = None, count: Optional[int] = None) -> dict:
+    body: Dict[str, Any] = {}
+    if image is not None:
+        body["image"] = image
+    if snapshot is not None:
+        body["snapshot"] = snapshot
+    limits: Dict[str, Any] = {}
+    if cpu is not None:
+        limits["cpu_millis"] = int(round(cpu * 1000))
+    if memory_mb is not None:
+        limits["memory_mb"] = memory_mb
+    if disk_mb is not None:
+        limits["disk_mb"] = disk_mb
+    if pids is not None:
+        limits["pids"] = pids
+    if limits:
+        body["limits"] = limits
+    if timeout is not None:
+        body["ttl_secs"] = int(timeout) if timeout >= 1 else 1
+    if env:
+        body["env"] = dict(env)
+    if labels:
+        body["labels"] = dict(labels)
+    n = network_body(network)
+    if n is not None:
+        body["network"] = n
+    if hostname is not None:
+        body["hostname"] = hostname
+    if workdir is not None:
+        body["workdir"] = workdir
+    if count is not None:
+        body["count"] = count
+    return body
+
+
+def exec_body(cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
+              cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None, with_encoding: bool = True) -> dict:
+    body: Dict[str, Any] = {}
+    if isinstance(cmd, str):
+        body["shell"] = cmd
+    else:
+        body["argv"] = list(cmd)
+    if timeout is not None:
+        body["timeout_ms"] = max(1, int(timeout * 1000))
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if stdin is not None:
+        data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+        body["stdin"] = base64.b64encode(data).decode()
+    if with_encoding:
+        body["encoding"] = "base64"
+    return body
+
+
+def http_timeout(command_timeout: Optional[float]) -> Optional[float]:
+    """How long to wait for an answer: the command's own timeout plus slack; no limit when it has none."""
+    return None if command_timeout is None else command_timeout + 30.0
+
+
+@dataclass
+class ExecResult:
+    """What a command did. A non-zero exit is a result, not an exception."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    duration_ms: int
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", "replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def _decode(s: str, encoding: str) -> bytes:
+    return base64.b64decode(s) if encoding == "base64" else s.encode()
+
+
+def parse_exec(d: dict, stdout: bytes = b"", stderr: bytes = b"") -> ExecResult:
+    enc = d.get("encoding", "utf8")
+    return ExecResult(
+        stdout_bytes=stdout + _decode(d.get("stdout", ""), enc),
+        stderr_bytes=stderr + _decode(d.get("stderr", ""), enc),
+        exit_code=d.get("exit_code"),
+        signal=d.get("signal"),
+        timed_out=bool(d.get("timed_out")),
+        duration_ms=int(d.get("duration_ms", 0)),
+    )
+
+
+@dataclass
+class EntryInfo:
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+
+
+def parse_entries(d: dict) -> List[EntryInfo]:
+    base = d["path"].rstrip("/")
+    return [EntryInfo(e["name"], f"{base}/{e['name']}", e["kind"], e["size"], e["mode"]) for e in d["entries"]]
+
+
+@dataclass
+class SandboxInfo:
+    id: str
+    state: str
+    image: str
+    hostname: str
+    labels: Dict[str, str] = field(default_factory=dict)
+    created_at_ms: int = 0
+    expires_at_ms: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SandboxInfo":
+        return cls(d["id"], d["state"], d["image"], d["hostname"], dict(d.get("labels") or {}),
+                   d.get("created_at_ms", 0), d.get("expires_at_ms"), d)
+
+
+def batch_split(d: dict) -> Tuple[List[dict], List[dict]]:
+    """(sandboxes made, errors) of a batch answer."""
+    ok = [r["sandbox"] for r in d["results"] if r.get("sandbox")]
+    bad = [r["error"] for r in d["results"] if r.get("error")]
+    return ok, bad
+
+
+def list_params(labels: Optional[Dict[str, str]], state: Optional[str], token: Optional[str]) -> List[Tuple[str, str]]:
+    p = [("limit", "1000")]
+    for k, v in (labels or {}).items():
+        p.append(("label", f"{k}={v}"))
+    if state:
+        p.append(("state", state))
+    if token:
+        p.append(("page_token", token))
+    return p
+
+
+class SseParser:
+    """Turns text lines of a Server-Sent Events stream into (event, data) pairs."""
+
+    def __init__(self) -> None:
+        self.event = "message"
+        self.data: List[str] = []
+
+    def feed(self, line: str) -> Optional[Tuple[str, Any]]:
+        if line == "":
+            if not self.data:
+                self.event = "message"
+                return None
+            out = (self.event, json.loads("\n".join(self.data)))
+            self.event, self.data = "message", []
+            return out
+        if line.startswith("event:"):
+            self.event = line[6:].strip()
+        elif line.startswith("data:"):
+            v = line[5:]
+            self.data.append(v[1:] if v.startswith(" ") else v)
+        return None
+
+
+def sse_pairs(lines: Iterable[str]) -> Iterator[Tuple[str, Any]]:
+    p = SseParser()
+    for line in lines:
+        got = p.feed(line)
+        if got is not None:
+            yield got

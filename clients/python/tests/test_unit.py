@@ -1,0 +1,91 @@
+"""Client behaviour without a daemon: retries (only on connection errors, 429 and 503), error mapping, bodies."""
+
+import httpx
+import pytest
+
+import grove
+from grove._api import create_body, exec_body, network_body
+
+FAST = grove.RetryPolicy(attempts=4, base_delay=0.001, max_delay=0.01)
+
+
+def client_with(handler):
+    return grove.Client(base_url="http://test", retry=FAST, transport=httpx.MockTransport(handler))
+
+
+def test_retries_503_and_429_then_succeeds():
+    answers = [httpx.Response(503, json={"code": "unavailable", "message": "draining", "field": None}),
+               httpx.Response(429, headers={"Retry-After": "0"}, json={"code": "capacity_exceeded", "message": "full", "field": None}),
+               httpx.Response(200, json={"status": "ok", "draining": False})]
+    calls = []
+
+    def handler(req):
+        calls.append(req)
+        return answers[len(calls) - 1]
+
+    assert client_with(handler).request("GET", "/v1/health").json()["status"] == "ok"
+    assert len(calls) == 3
+
+
+def test_retries_connection_errors_then_gives_up():
+    calls = []
+
+    def handler(req):
+        calls.append(req)
+        raise httpx.ConnectError("refused", request=req)
+
+    with pytest.raises(grove.ConnectionFailed):
+        client_with(handler).request("GET", "/v1/health")
+    assert len(calls) == FAST.attempts
+
+
+def test_no_retry_on_500_or_4xx():
+    for status, exc in [(500, grove.ServerError), (404, grove.NotFound), (409, grove.Conflict), (422, grove.InvalidRequest)]:
+        calls = []
+
+        def handler(req):
+            calls.append(req)
+            return httpx.Response(status, json={"code": "x", "message": "m", "field": "limits.memory_mb"})
+
+        with pytest.raises(exc) as e:
+            client_with(handler).request("POST", "/v1/sandboxes", json={})
+        assert len(calls) == 1
+        assert e.value.status == status and e.value.field == "limits.memory_mb"
+
+
+def test_a_failing_command_is_a_result_not_a_retry():
+    calls = []
+
+    def handler(req):
+        calls.append(req)
+        if req.url.path.endswith("/exec"):
+            return httpx.Response(200, json={"exit_code": 1, "signal": None, "timed_out": False, "stdout": "",
+                                             "stderr": "Zm9v", "encoding": "base64", "duration_ms": 3})
+        return httpx.Response(201, json={"id": "sb-000000000001", "state": "running", "image": "debian12",
+                                         "hostname": "h", "labels": {}})
+
+    c = client_with(handler)
+    sbx = grove.Sandbox.create(client=c)
+    r = sbx.exec("false")
+    assert (r.exit_code, r.stderr, r.ok) == (1, "foo", False)
+    assert len(calls) == 2
+    assert "Idempotency-Key" in calls[0].headers
+
+
+def test_exhausted_429_raises_capacity_exceeded():
+    def handler(req):
+        return httpx.Response(429, headers={"Retry-After": "0"}, json={"code": "capacity_exceeded", "message": "full", "field": None})
+
+    with pytest.raises(grove.CapacityExceeded) as e:
+        client_with(handler).request("POST", "/v1/sandboxes", json={})
+    assert e.value.retry_after == 0
+
+
+def test_bodies():
+    assert create_body(image="i", cpu=0.5, memory_mb=64, timeout=30, labels={"a": "b"}) == {
+        "image": "i", "limits": {"cpu_millis": 500, "memory_mb": 64}, "ttl_secs": 30, "labels": {"a": "b"}}
+    assert network_body(["10.0.0.0/8:80,443", {"cidr": "1.1.1.1/32"}]) == {
+        "mode": "egress", "allow": [{"cidr": "10.0.0.0/8", "ports": [80, 443]}, {"cidr": "1.1.1.1/32", "ports": []}]}
+    assert network_body("none") == {"mode": "none"}
+    assert exec_body(["ls", "-l"], timeout=1.5, stdin="x") == {"argv": ["ls", "-l"], "timeout_ms": 1500, "stdin": "eA==",
+                                                               "encoding": "base64"}
