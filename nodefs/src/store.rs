@@ -46,6 +46,8 @@ pub struct FsckReport {
     pub objects_checked: u64,
     /// Objects that are missing or fail their hash, with why.
     pub bad: Vec<(ObjectId, String)>,
+    /// Whole-file cache entries that failed their check and were deleted (derived data).
+    pub cache_removed: Vec<PathBuf>,
 }
 
 impl FsckReport {
@@ -588,7 +590,38 @@ impl Store {
                 }
             }
         }
+        rep.cache_removed = self.check_cache_dir();
         Ok(rep)
+    }
+
+    /// Re-hash whole-file cache entries; delete those that do not match their xattr.
+    fn check_cache_dir(&self) -> Vec<PathBuf> {
+        let mut removed = Vec::new();
+        let d = self.dir.join("cache");
+        let Ok(rd) = fs::read_dir(&d) else {
+            return removed;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let want = crate::sys::lxattrs(&p).ok().and_then(|x| {
+                x.into_iter()
+                    .find(|(k, _)| k == crate::fs::CONTENT_XATTR)
+                    .map(|(_, v)| v)
+            });
+            let ok = match (want, fs::File::open(&p)) {
+                (Some(want), Ok(mut f)) => {
+                    let mut h = blake3::Hasher::new();
+                    std::io::copy(&mut f, &mut h).is_ok()
+                        && h.finalize().to_hex().as_bytes() == want.as_slice()
+                }
+                _ => false,
+            };
+            if !ok {
+                let _ = fs::remove_file(&p);
+                removed.push(p);
+            }
+        }
+        removed
     }
 
     pub(crate) fn packs(&self) -> &PackSet {

@@ -532,6 +532,7 @@ fn passthrough_reads_then_writes() {
         "one whole-file object materialized for passthrough"
     );
     assert!(fs::read(cache[0].path()).unwrap() == want);
+    assert!(env.store.fsck().unwrap().cache_removed.is_empty());
     drop((r1, r2));
     // Writing right after the readers closed works and is seen by new readers.
     let mut w = OpenOptions::new().write(true).open(&p).unwrap();
@@ -540,6 +541,13 @@ fn passthrough_reads_then_writes() {
     let got = fs::read(&p).unwrap();
     assert_eq!(got[0], b'W');
     assert!(got[1..] == want[1..]);
+    // A damaged cache object is found by fsck and dropped, never served later.
+    let obj = cache[0].path();
+    let mut bytes = fs::read(&obj).unwrap();
+    bytes[10] ^= 1;
+    fs::write(&obj, &bytes).unwrap();
+    assert_eq!(env.store.fsck().unwrap().cache_removed, vec![obj.clone()]);
+    assert!(!obj.exists());
     // mmap of a passthrough file reads the same bytes.
     let f = File::open(m.mountpoint().join("a/big.bin")).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
@@ -560,4 +568,26 @@ fn passthrough_reads_then_writes() {
     // SAFETY: unmapping what was mapped above.
     unsafe { libc::munmap(ptr, 4096) };
     assert!(first[..] == fs::read(env.path("src/a/big.bin")).unwrap()[..4096]);
+}
+
+#[test]
+fn changing_one_hard_link_updates_unvisited_directories_on_commit() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    // a/b (holding the other link) is never looked up in this mount.
+    fs::write(m.mountpoint().join("small.txt"), b"changed via one link").unwrap();
+    let c = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert_eq!(
+        fs::read(out.join("a/b/hard.txt")).unwrap(),
+        b"changed via one link"
+    );
+    assert_eq!(
+        fs::metadata(out.join("small.txt")).unwrap().ino(),
+        fs::metadata(out.join("a/b/hard.txt")).unwrap().ino()
+    );
 }

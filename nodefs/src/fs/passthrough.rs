@@ -18,6 +18,9 @@ pub fn enabled() -> bool {
     std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none()
 }
 
+/// xattr holding the BLAKE3 of a cache file's content, checked by fsck.
+pub const CONTENT_XATTR: &[u8] = b"user.nodefs.content";
+
 /// Files up to this size are materialized inside the open call; bigger ones in the
 /// background (that open is served by the server, later ones pass through).
 const SYNC_LIMIT: u64 = 16 << 20;
@@ -68,14 +71,17 @@ fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> 
         std::thread::current().id()
     ));
     let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    let mut h = blake3::Hasher::new();
     for c in &base.chunks {
         let data = store
             .get_chunk(&c.id)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        h.update(&data);
         out.write_all(&data)?;
     }
     let f = out.into_inner().map_err(|e| e.into_error())?;
     drop(f);
+    crate::sys::lsetxattr(&tmp, CONTENT_XATTR, h.finalize().to_hex().as_bytes())?;
     fs::rename(&tmp, &path)?;
     File::open(&path)
 }
