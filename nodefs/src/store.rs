@@ -84,8 +84,12 @@ impl Cache {
     }
 }
 
+static OPEN_STORES: Mutex<Option<HashMap<PathBuf, std::sync::Weak<Store>>>> = Mutex::new(None);
+
 /// The node's content store in a directory.
 pub struct Store {
+    /// Holds an exclusive flock on `<dir>/LOCK` for the store's lifetime.
+    _lock: fs::File,
     dir: PathBuf,
     packs: PackSet,
     cache: Mutex<Cache>,
@@ -133,9 +137,43 @@ fn valid_ref(name: &str) -> bool {
 
 impl Store {
     /// Open (creating if missing) the store in `dir`. Safe after a crash: torn pack tails
-    /// are cut and temp files removed.
+    /// are cut and temp files removed. Opening a store this process already has open returns
+    /// the same instance; a store held by another process is refused (packs have one writer).
     pub fn open(dir: &Path) -> Result<Arc<Store>, StoreError> {
         fs::create_dir_all(dir).map_err(store_io(dir))?;
+        let key = dir.canonicalize().map_err(store_io(dir))?;
+        let mut open = OPEN_STORES.lock();
+        let map = open.get_or_insert_with(HashMap::new);
+        map.retain(|_, w| w.strong_count() > 0);
+        if let Some(s) = map.get(&key).and_then(|w| w.upgrade()) {
+            return Ok(s);
+        }
+        let s = Store::open_new(dir)?;
+        map.insert(key, Arc::downgrade(&s));
+        Ok(s)
+    }
+
+    fn open_new(dir: &Path) -> Result<Arc<Store>, StoreError> {
+        let lock_path = dir.join("LOCK");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(store_io(&lock_path))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&lock),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } != 0
+        {
+            return Err(StoreError::Io {
+                path: lock_path,
+                source: std::io::Error::other("store is in use by another process"),
+            });
+        }
         let fmt = dir.join("FORMAT");
         match fs::read_to_string(&fmt) {
             Ok(s) if s == FORMAT => {}
@@ -161,6 +199,7 @@ impl Store {
         }
         let packs = PackSet::open(&dir.join("packs"))?;
         Ok(Arc::new(Store {
+            _lock: lock,
             dir: dir.to_path_buf(),
             packs,
             cache: Mutex::new(Cache {

@@ -50,6 +50,21 @@ fn roundtrip_and_dedup() {
 }
 
 #[test]
+fn a_store_has_one_instance_and_one_process() {
+    let env = Env::new();
+    let again = Store::open(&env.path("store")).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&again, &env.store));
+    // Another process cannot open it while we hold it.
+    let out = Command::new("flock")
+        .args(["-n"])
+        .arg(env.path("store/LOCK"))
+        .arg("true")
+        .status()
+        .unwrap();
+    assert!(!out.success(), "the store lock is held");
+}
+
+#[test]
 fn same_tree_same_root_hash() {
     let env = Env::new();
     let (a, b) = (env.path("a"), env.path("b"));
@@ -157,7 +172,7 @@ fn corrupt_chunk_is_named_never_wrong_bytes() {
 
 #[test]
 fn truncated_pack_tail_is_cut_at_open() {
-    let env = Env::new();
+    let mut env = Env::new();
     let src = env.path("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), random_bytes(4, 100_000)).unwrap();
@@ -175,22 +190,22 @@ fn truncated_pack_tail_is_cut_at_open() {
     let mut f = fs::OpenOptions::new().append(true).open(&pack).unwrap();
     std::io::Write::write_all(&mut f, b"GRVRgarbage").unwrap();
     drop(f);
-    let s = Store::open(&dir).unwrap();
+    env.reopen();
     assert_eq!(fs::metadata(&pack).unwrap().len(), len);
-    assert!(s.fsck().unwrap().is_clean());
+    assert!(env.store.fsck().unwrap().is_clean());
     // A missing chunk (pack truncated into the last record) is named, not garbage.
-    drop(s);
     let f = fs::OpenOptions::new().write(true).open(&pack).unwrap();
     f.set_len(len - 10).unwrap();
-    let s = Store::open(&dir).unwrap();
-    let rep = s.fsck().unwrap();
+    env.reopen();
+    let _ = &dir;
+    let rep = env.store.fsck().unwrap();
     assert!(!rep.is_clean());
     assert!(rep.bad[0].1.contains("missing"), "{:?}", rep.bad);
 }
 
 #[test]
 fn refs_are_durable_and_validated() {
-    let env = Env::new();
+    let mut env = Env::new();
     let id = env.empty();
     env.store.set_ref("images/base", &id).unwrap();
     assert_eq!(env.store.get_ref("images/base").unwrap(), Some(id));
@@ -202,9 +217,9 @@ fn refs_are_durable_and_validated() {
         Err(Error::BadRefName(_))
     ));
     assert!(env.store.set_ref("x", &ObjectId([7; 32])).is_err());
-    let reopened = Store::open(&env.path("store")).unwrap();
+    env.reopen();
     assert_eq!(
-        reopened.refs().unwrap(),
+        env.store.refs().unwrap(),
         vec![("images/base".to_string(), id)]
     );
     env.store.delete_ref("images/base").unwrap();
@@ -270,7 +285,7 @@ fn malformed_tar_names_the_entry() {
 
 #[test]
 fn gc_drops_unreferenced_and_keeps_live() {
-    let env = Env::new();
+    let mut env = Env::new();
     let (a, b) = (env.path("a"), env.path("b"));
     fs::create_dir_all(&a).unwrap();
     fs::create_dir_all(&b).unwrap();
@@ -295,8 +310,8 @@ fn gc_drops_unreferenced_and_keeps_live() {
     env.store.gc(&[ib]).unwrap();
     assert!(env.store.contains(&ib));
     // A reopened store sees the compacted packs.
-    let s = Store::open(&env.path("store")).unwrap();
-    assert!(s.contains(&ia) && s.contains(&ib));
+    env.reopen();
+    assert!(env.store.contains(&ia) && env.store.contains(&ib));
 }
 
 #[test]

@@ -42,6 +42,18 @@ impl Env {
         Env { tmp, store, fs }
     }
 
+    /// Drop every handle on the store and open it afresh (as after a restart).
+    pub fn reopen(&mut self) {
+        let dir = self.path("store");
+        let scratch = Store::open(&self.path("scratch-store")).unwrap();
+        let old_fs = std::mem::replace(&mut self.fs, NodeFs::new(scratch.clone()));
+        let old_store = std::mem::replace(&mut self.store, scratch);
+        drop(old_fs);
+        drop(old_store);
+        self.store = Store::open(&dir).unwrap();
+        self.fs = NodeFs::new(self.store.clone());
+    }
+
     pub fn path(&self, p: &str) -> PathBuf {
         self.tmp.path().join(p)
     }
