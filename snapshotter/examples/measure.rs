@@ -4,7 +4,8 @@
 //!
 //! Run as root: `cargo run --release -p grove-snapshotter --example measure`
 //! (`GROVE_MEASURE_ROOT=overlay` uses kernel overlayfs roots instead of nodefs, the fs state of
-//! the dump instant then being a copy of the upper dir; for comparing the CRIU part alone).
+//! the dump instant then being a copy of the upper dir; for comparing the CRIU part alone;
+//! `GROVE_MEASURE_LAZY=1` restores with `criu lazy-pages`).
 
 #[path = "../tests/common/tree.rs"]
 #[allow(dead_code)]
@@ -86,6 +87,8 @@ fn main() {
         )
     };
     let overlay = std::env::var("GROVE_MEASURE_ROOT").as_deref() == Ok("overlay");
+    let lazy = std::env::var("GROVE_MEASURE_LAZY").as_deref() == Ok("1");
+    println!("lazy pages on restore: {lazy}");
     let mut overlays = Vec::new();
     let (root, mount) = if overlay {
         let o = tree::OverlayRoot::new(&tree::unique("measure-src"), None);
@@ -194,6 +197,8 @@ fn main() {
                     let (criu, imgs, base) = (&criu, &imgs, &base);
                     s.spawn(move || {
                         let w = base.join(format!("restore-{n}-{i}"));
+                        let lazy =
+                            lazy.then(|| criu.lazy_pages(imgs, &w).expect("lazy-pages daemon"));
                         let (pid, _) = criu
                             .restore(&RestoreOptions {
                                 images_dir: imgs.clone(),
@@ -206,16 +211,17 @@ fn main() {
                                 ],
                                 external_mounts: vec![],
                                 tcp_established: true,
-                                lazy_pages: false,
+                                lazy_pages: lazy.is_some(),
                             })
                             .expect("restore");
-                        if i == 0 {
-                            let _ = std::fs::copy(
-                                w.join("restore.log"),
-                                format!("/tmp/grove-measure-restore-{n}.log"),
-                            );
+                        match lazy {
+                            Some(l) => l.reap_later(move || {
+                                let _ = std::fs::remove_dir_all(&w);
+                            }),
+                            None => {
+                                let _ = std::fs::remove_dir_all(&w);
+                            }
                         }
-                        let _ = std::fs::remove_dir_all(&w);
                         pid
                     })
                 })

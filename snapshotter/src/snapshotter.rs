@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +20,9 @@ use crate::root::NodefsRootMount;
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
+
+/// Restore attempts per branch when CRIU hits an I/O error opening a file of the fresh root.
+const RESTORE_ATTEMPTS: u32 = 3;
 
 /// At most this many branches per fork call.
 pub const MAX_FORK: u32 = 64;
@@ -62,6 +66,7 @@ pub struct Snapshotter {
     work_root: PathBuf,
     /// Sandboxes with a snapshot in progress.
     busy: Mutex<HashSet<SandboxId>>,
+    lazy_pages: AtomicBool,
 }
 
 impl std::fmt::Debug for Snapshotter {
@@ -128,6 +133,7 @@ impl Snapshotter {
             cache: ImageCache::new(cfg.run_dir.join("snapshots")),
             work_root,
             busy: Mutex::new(HashSet::new()),
+            lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() == Ok("1")),
         };
         s.drop_orphans();
         Ok(Arc::new(s))
@@ -219,7 +225,6 @@ impl Snapshotter {
         };
 
         let images_root = images::import(&self.store, &images_dir)?;
-        drop(scratch);
         let (fs_hex, img_hex) = (fs_root.to_hex(), images_root.to_hex());
         let id = record::root_hash(&fs_hex, &img_hex, &view.spec);
         if let Some(existing) = self.index.read().get(&id) {
@@ -237,6 +242,9 @@ impl Snapshotter {
             bytes_added: self.store.stats().stored_bytes.saturating_sub(before),
         };
         self.commit_record(&info, &fs_root, &images_root)?;
+        // The dumped images are exactly what a fork needs: keep them as the materialized copy.
+        self.cache.adopt(&id, &images_dir);
+        drop(scratch);
         tracing::info!(snapshot = %id, %sandbox, dump_ms, bytes_added = info.bytes_added, "snapshot committed");
         if opts.stop {
             self.runtime.destroy(sandbox)?;
@@ -385,25 +393,24 @@ impl Snapshotter {
         spec.labels.extend(opts.labels.clone());
         spec.labels.insert("grove.snapshot".into(), info.id.clone());
         spec.ttl_secs = opts.ttl_secs.or(spec.ttl_secs);
+        let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
         let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
-            let scratch = Scratch(self.work_root.join(format!("restore-{}", t.id)));
+            let work = self.work_root.join(format!("restore-{}", t.id));
             let opts = criu::RestoreOptions {
                 images_dir: images.to_path_buf(),
-                work_dir: scratch.0.clone(),
+                work_dir: work.clone(),
                 root: t.root_dir.clone(),
-                pidfile: scratch.0.join("restored.pid"),
+                pidfile: work.join("restored.pid"),
                 cgroup_roots: t.cgroups.clone(),
                 external_mounts: t.externals.iter().map(|e| (e.key.clone(), e.host_path.clone())).collect(),
                 tcp_established: true,
-                lazy_pages: false,
+                lazy_pages: lazy,
             };
-            match self.criu.restore(&opts) {
-                Ok((pid, _)) => Ok(pid),
-                Err(e) => Err(Box::new(e)),
-            }
+            self.restore_one(&opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
-        // A restore that failed opening a file of its fresh root with EIO is retried once (seen
-        // intermittently with nodefs); the runtime has undone the failed attempt entirely.
+        // A restore that failed opening a file of its fresh root with EIO is retried (seen
+        // intermittently with nodefs under concurrent first opens); the runtime has undone the
+        // failed attempt entirely.
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -413,13 +420,50 @@ impl Snapshotter {
                 .map_err(unwrap_restore_error)
             {
                 Err(Error::Criu(criu::Error::RestoreFailed { log_tail, .. }))
-                    if attempt < 2 && criu::log::is_io_error(&log_tail) =>
+                    if attempt < RESTORE_ATTEMPTS && criu::log::is_io_error(&log_tail) =>
                 {
-                    tracing::warn!(snapshot = %info.id, branch = i, ?log_tail, "restore hit an I/O error; retrying once");
+                    tracing::warn!(snapshot = %info.id, branch = i, ?log_tail, "restore hit an I/O error; retrying");
                 }
                 other => return other,
             }
         }
+    }
+
+    /// One CRIU restore; with lazy pages, a `criu lazy-pages` daemon serves the memory and is
+    /// reaped (and its work dir removed) once it has copied everything.
+    fn restore_one(&self, opts: &criu::RestoreOptions) -> Result<i32, criu::Error> {
+        let work = opts.work_dir.clone();
+        let daemon = if opts.lazy_pages {
+            match self.criu.lazy_pages(&opts.images_dir, &work) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&work);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let r = self.criu.restore(opts).map(|(pid, _)| pid);
+        match (daemon, &r) {
+            (Some(d), Ok(_)) => d.reap_later(move || {
+                let _ = std::fs::remove_dir_all(&work);
+            }),
+            (Some(d), Err(_)) => {
+                d.kill();
+                let _ = std::fs::remove_dir_all(&work);
+            }
+            (None, _) => {
+                let _ = std::fs::remove_dir_all(&work);
+            }
+        }
+        r
+    }
+
+    /// Restores fork branches with CRIU lazy pages (memory copied on demand and in the
+    /// background after the branch runs). Off by default; `GROVE_LAZY_PAGES=1` turns it on.
+    pub fn set_lazy_pages(&self, on: bool) {
+        self.lazy_pages.store(on, Ordering::Relaxed);
     }
 
     /// All snapshots, oldest first.

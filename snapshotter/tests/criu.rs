@@ -95,7 +95,7 @@ fn dump_then_restore_a_namespaced_tree() {
         drop(cg);
         drop(copy);
     }
-    let left = tree::host_residue("grove-test-");
+    let left = tree::host_residue(&tree::prefix());
     assert!(left.is_empty(), "residue: {left:?}");
 }
 
@@ -148,7 +148,7 @@ fn restore_of_corrupt_images_is_a_typed_error_and_leaves_nothing() {
     assert!(cg.procs().is_empty(), "no half-restored process");
     drop(cg);
     drop(copy);
-    let left = tree::host_residue("grove-test-");
+    let left = tree::host_residue(&tree::prefix());
     assert!(left.is_empty(), "residue: {left:?}");
 }
 
@@ -270,6 +270,6 @@ fn dump_of_a_cgroup2_frozen_tree_and_restore_into_cgroup2() {
         drop(cg);
         drop(copy);
     }
-    let left = tree::host_residue("grove-test-");
+    let left = tree::host_residue(&tree::prefix());
     assert!(left.is_empty(), "residue: {left:?}");
 }

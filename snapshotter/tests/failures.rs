@@ -119,11 +119,10 @@ fn failure_paths_leave_nothing_behind() {
         vec![src.id.clone()],
         "failed branches leave no sandbox"
     );
-    let residue = env.rt.residue();
+    let residue = env.residue();
     assert!(
-        residue.items.is_empty(),
-        "residue after failed forks: {:#?}",
-        residue.items
+        residue.is_empty(),
+        "residue after failed forks: {residue:#?}"
     );
 
     // Export; delete; gc drops the images' chunks; a stream claiming the receiver has every chunk

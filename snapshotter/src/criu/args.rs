@@ -6,6 +6,20 @@ use std::path::PathBuf;
 /// Name of the log file CRIU writes in the work dir.
 pub const DUMP_LOG: &str = "dump.log";
 pub const RESTORE_LOG: &str = "restore.log";
+pub const LAZY_LOG: &str = "lazy-pages.log";
+
+/// `criu lazy-pages`: serves the pages of `images` to a `--lazy-pages` restore using `work`.
+pub fn lazy_pages_args(images: &std::path::Path, work: &std::path::Path) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![
+        "lazy-pages".into(),
+        "-D".into(),
+        images.into(),
+        "-W".into(),
+        work.into(),
+    ];
+    a.extend(["-v4", "-o", LAZY_LOG].map(OsString::from));
+    a
+}
 
 /// What to checkpoint and how.
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub use args::{DumpOptions, RestoreOptions, DUMP_LOG, RESTORE_LOG};
+pub use args::{DumpOptions, RestoreOptions, DUMP_LOG, LAZY_LOG, RESTORE_LOG};
 pub use error::Error;
 
 /// Where scripts/setup installs a CRIU that works on this kernel.
@@ -188,6 +188,44 @@ impl Criu {
         ))
     }
 
+    /// Starts a `criu lazy-pages` daemon serving `images_dir` to one `--lazy-pages` restore that
+    /// uses the same `work_dir`; returns once it listens. The daemon exits by itself once every
+    /// page has been copied into the restored tree (or the tree is gone); `LazyPages::reap_later`
+    /// waits for it on a thread so it never lingers as a zombie.
+    pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
+        std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
+        let mut child = self
+            .command()
+            .args(args::lazy_pages_args(images_dir, work_dir))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| Error::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        let socket = work_dir.join("lazy-pages.socket");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !socket.exists() {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(Error::RestoreFailed {
+                    dir: images_dir.to_path_buf(),
+                    log_tail: read_log(&work_dir.join(args::LAZY_LOG)),
+                });
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::RestoreFailed {
+                    dir: images_dir.to_path_buf(),
+                    log_tail: vec!["lazy-pages daemon did not start listening".into()],
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(LazyPages { child })
+    }
+
     fn run(
         &self,
         args: &[std::ffi::OsString],
@@ -203,6 +241,29 @@ impl Criu {
                 binary: self.binary.clone(),
                 source,
             })
+    }
+}
+
+/// A running `criu lazy-pages` daemon.
+#[derive(Debug)]
+pub struct LazyPages {
+    child: std::process::Child,
+}
+
+impl LazyPages {
+    /// Stops the daemon now (the restore it was for failed).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` (e.g. removing
+    /// its work dir).
+    pub fn reap_later(mut self, then: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            let _ = self.child.wait();
+            then();
+        });
     }
 }
 

@@ -16,11 +16,12 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A unique name with "grove" in it, so residue checks find anything left behind.
 pub fn unique(tag: &str) -> String {
-    format!(
-        "grove-test-{tag}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    )
+    format!("{}{tag}-{}", prefix(), SEQ.fetch_add(1, Ordering::SeqCst))
+}
+
+/// The prefix of every name this test process makes (`grove-test-<pid>-`).
+pub fn prefix() -> String {
+    format!("grove-test-{}-", std::process::id())
 }
 
 /// Makes this test process a subreaper so restored (detached) trees are reaped by us.
@@ -354,7 +355,8 @@ pub fn run(cmd: &str, args: &[&str]) {
     assert!(st.success(), "{cmd} {args:?}: {st}");
 }
 
-/// Grove-owned mounts and CRIU/test processes left on the host (should be empty).
+/// Mounts and processes (CRIU ones included) mentioning `tag` left on the host (should be
+/// empty). Only `tag` counts: other engineers' sandboxes and CRIU runs share this machine.
 pub fn host_residue(tag: &str) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
@@ -362,14 +364,13 @@ pub fn host_residue(tag: &str) -> Vec<String> {
         .filter(|l| l.contains(tag))
         .map(|l| format!("mount: {l}"))
         .collect();
+    let me = std::process::id().to_string();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy() == me {
+            continue;
+        }
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmd.contains("criu")
-            && (cmd.contains(" dump ") || cmd.contains(" restore ") || cmd.contains("lazy-pages"))
-        {
-            out.push(format!("process: {cmd}"));
-        }
         if cmd.contains(tag) {
             out.push(format!("process: {cmd}"));
         }
