@@ -163,5 +163,25 @@ fn failure_paths_leave_nothing_behind() {
         .remove(0)
         .unwrap();
     assert_eq!(ask(&env, &again.id, "state", 4)["counter"], 43);
+
+    // Records are durable: a new snapshotter on the same state (a daemon restart) sees the
+    // snapshot, and drops store refs of snapshots that were never recorded (a crash mid-way).
+    let orphan = format!("grove/snapshots/{}/fs", "e".repeat(64));
+    env.store
+        .set_ref(&orphan, &snap.fs_root.parse().unwrap())
+        .unwrap();
+    let restarted = grove_snapshotter::Snapshotter::new(
+        env.snap_cfg.clone(),
+        env.rt.clone(),
+        env.store.clone(),
+    )
+    .unwrap();
+    assert_eq!(restarted.list(), env.snap.list());
+    assert_eq!(
+        env.store.get_ref(&orphan).unwrap(),
+        None,
+        "orphan ref dropped"
+    );
+    drop(restarted);
     env.finish();
 }

@@ -103,6 +103,18 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         "branch files do not leak into the source"
     );
 
+    // Lazy-pages restores (memory served on demand by `criu lazy-pages`) give the same state.
+    env.snap.set_lazy_pages(true);
+    let lazy = env.snap.fork(&snap.id, 2, ForkOptions::default()).unwrap();
+    env.snap.set_lazy_pages(false);
+    for (i, b) in lazy.into_iter().enumerate() {
+        let b = b.expect("lazy branch");
+        let st = ask(&env, &b.id, "state", 40);
+        assert_eq!(st["counter"], 42, "lazy branch {i}: {st}");
+        assert_eq!(st["heap"], before["heap"], "lazy branch {i}: heap");
+        env.rt.destroy(&b.id).unwrap();
+    }
+
     // Unknown snapshots.
     for bad in ["no-such-snapshot", &"0".repeat(64)] {
         match env.snap.fork(bad, 1, ForkOptions::default()) {

@@ -57,6 +57,7 @@ pub struct Env {
     pub nodefs: Arc<NodeFs>,
     pub dir: PathBuf,
     pub run_dir: PathBuf,
+    pub snap_cfg: SnapshotterConfig,
 }
 
 impl Env {
@@ -75,16 +76,12 @@ impl Env {
         cfg.init_binary = init_binary();
         cfg.net_pool = "10.213.0.0/16".into();
         let rt = Runtime::new(cfg, Arc::new(NodefsRoot::new(nodefs.clone()))).unwrap();
-        let snap = Snapshotter::new(
-            SnapshotterConfig {
-                state_dir: dir.join("state"),
-                run_dir: run_dir.clone(),
-                criu: None,
-            },
-            rt.clone(),
-            store.clone(),
-        )
-        .unwrap();
+        let snap_cfg = SnapshotterConfig {
+            state_dir: dir.join("state"),
+            run_dir: run_dir.clone(),
+            criu: None,
+        };
+        let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), store.clone()).unwrap();
         Env {
             rt,
             snap,
@@ -92,6 +89,7 @@ impl Env {
             nodefs,
             dir,
             run_dir,
+            snap_cfg,
         }
     }
 
@@ -164,7 +162,15 @@ impl Env {
             .collect();
         assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
         let run_dir = self.run_dir.to_str().unwrap();
-        let left = crate::common::tree::host_residue(&format!("{run_dir}/"));
+        // A lazy-pages daemon exits once its restored tree is gone: give it a moment.
+        let mut left = Vec::new();
+        for _ in 0..30 {
+            left = crate::common::tree::host_residue(&format!("{run_dir}/"));
+            if left.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         assert!(left.is_empty(), "mounts or processes (criu) left: {left:?}");
         for sub in ["snapshots", "snapshot-work", "sandboxes"] {
             let left: Vec<_> = std::fs::read_dir(self.run_dir.join(sub))
