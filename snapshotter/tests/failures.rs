@@ -183,5 +183,29 @@ fn failure_paths_leave_nothing_behind() {
         "orphan ref dropped"
     );
     drop(restarted);
+
+    // stop: the snapshot is committed, then the source is destroyed; it forks like any other.
+    let before = ask(&env, &src.id, "inc", 5);
+    let stopped = env
+        .snap
+        .snapshot(
+            &src.id,
+            SnapshotOptions {
+                name: None,
+                stop: true,
+            },
+        )
+        .unwrap();
+    assert!(matches!(
+        env.rt.get(&src.id),
+        Err(grove_runtime::Error::NotFound { .. })
+    ));
+    let b = env
+        .snap
+        .fork(&stopped.id, 1, ForkOptions::default())
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(ask(&env, &b.id, "state", 6)["counter"], before["counter"]);
     env.finish();
 }
