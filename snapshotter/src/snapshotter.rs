@@ -225,6 +225,11 @@ impl Snapshotter {
         };
 
         let images_root = images::import(&self.store, &images_dir)?;
+        // Keep gc off the new objects until the refs are written.
+        let _pins = [
+            Pin::new(&self.store, images_root),
+            Pin::new(&self.store, fs_root),
+        ];
         let (fs_hex, img_hex) = (fs_root.to_hex(), images_root.to_hex());
         let id = record::root_hash(&fs_hex, &img_hex, &view.spec);
         if let Some(existing) = self.index.read().get(&id) {
@@ -530,6 +535,25 @@ impl Snapshotter {
         }
         self.commit_record(&info, fs, imgs)?;
         Ok(info)
+    }
+}
+
+/// Pins a manifest in the store (gc keeps it) while alive.
+pub(crate) struct Pin<'a> {
+    store: &'a Store,
+    id: ManifestId,
+}
+
+impl<'a> Pin<'a> {
+    pub(crate) fn new(store: &'a Store, id: ManifestId) -> Pin<'a> {
+        store.pin(&id);
+        Pin { store, id }
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        self.store.unpin(&self.id);
     }
 }
 

@@ -9,7 +9,7 @@ use nodefs::ObjectId;
 
 use crate::error::Error;
 use crate::record::{self, SnapshotInfo};
-use crate::snapshotter::Snapshotter;
+use crate::snapshotter::{Pin, Snapshotter};
 
 const MAGIC: &[u8; 8] = b"GRVSNAP1";
 const MAX_RECORD: u32 = 1 << 20;
@@ -101,7 +101,9 @@ impl Snapshotter {
             record::validate_name(name)?;
         }
         let fs = self.import_part(input, "filesystem")?;
+        let _fs_pin = Pin::new(self.store(), fs);
         let imgs = self.import_part(input, "images")?;
+        let _imgs_pin = Pin::new(self.store(), imgs);
         if fs.to_hex() != info.fs_root || imgs.to_hex() != info.images_root {
             return Err(Error::BadStream {
                 reason: "stream manifests differ from the record".into(),
