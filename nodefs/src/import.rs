@@ -14,6 +14,9 @@ use crate::store::Store;
 use crate::sys;
 use crate::tree::{ChunkRef, Entry, Meta, Node, Tree};
 
+/// Chunks are hashed, compressed and appended in batches of about this many bytes.
+const BATCH_BYTES: usize = 8 << 20;
+
 /// An in-memory tree being assembled before it is written as objects.
 #[derive(Clone, Debug)]
 pub(crate) enum MemNode {
@@ -154,15 +157,30 @@ impl Store {
     ) -> Result<Node, ChunkError> {
         let mut chunks = Vec::new();
         let mut size = 0u64;
-        chunk_reader(r, policy, &mut |c| {
-            let id = self.put_chunk(c, None)?;
-            size += c.len() as u64;
-            chunks.push(ChunkRef {
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let flush = |batch: &mut Vec<Vec<u8>>, chunks: &mut Vec<ChunkRef>| -> Result<(), Error> {
+            let ids = self.put_chunks(batch)?;
+            chunks.extend(ids.into_iter().zip(batch.iter()).map(|(id, c)| ChunkRef {
                 id,
                 len: c.len() as u32,
-            });
+            }));
+            batch.clear();
+            Ok(())
+        };
+        chunk_reader(r, policy, &mut |c| {
+            size += c.len() as u64;
+            batch.push(c.to_vec());
+            batch_bytes += c.len();
+            if batch_bytes >= BATCH_BYTES {
+                batch_bytes = 0;
+                flush(&mut batch, &mut chunks)?;
+            }
             Ok(())
         })?;
+        if !batch.is_empty() {
+            flush(&mut batch, &mut chunks).map_err(ChunkError::Sink)?;
+        }
         Ok(Node::File { size, chunks })
     }
 

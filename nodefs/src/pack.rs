@@ -241,10 +241,13 @@ impl PackSet {
         if self.contains(&rec.id) {
             return Ok(false);
         }
+        Ok(self.append_batch(std::slice::from_ref(rec))? > 0)
+    }
+
+    /// Append records (skipping ids already present) with one write. Returns how many
+    /// were written.
+    pub fn append_batch(&self, recs: &[Record<'_>]) -> Result<usize, StoreError> {
         let mut w = self.writer.lock();
-        if self.contains(&rec.id) {
-            return Ok(false);
-        }
         let needs_new = match &*w {
             None => true,
             Some(w) => w.len >= ROTATE_AT,
@@ -260,27 +263,43 @@ impl PackSet {
             *w = Some(self.create_pack(n)?);
         }
         let wr = w.as_mut().expect("writer present");
-        let h = header(rec);
-        let mut buf = Vec::with_capacity(HDR + rec.payload.len());
-        buf.extend_from_slice(&h);
-        buf.extend_from_slice(rec.payload);
+        let mut buf = Vec::with_capacity(recs.iter().map(|r| HDR + r.payload.len()).sum());
+        let mut locs = Vec::with_capacity(recs.len());
+        {
+            let index = self.index.read();
+            let mut seen = std::collections::HashSet::new();
+            for rec in recs {
+                if index.contains_key(&rec.id) || !seen.insert(rec.id) {
+                    continue;
+                }
+                locs.push((
+                    rec.id,
+                    Loc {
+                        pack: wr.pack,
+                        offset: wr.len + buf.len() as u64,
+                        stored_len: rec.payload.len() as u32,
+                        raw_len: rec.raw_len,
+                        kind: rec.kind,
+                        codec: rec.codec,
+                        depth: rec.depth,
+                        base: rec.base,
+                    },
+                ));
+                buf.extend_from_slice(&header(rec));
+                buf.extend_from_slice(rec.payload);
+            }
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
         let path = pack_path(&self.dir, wr.pack);
         wr.file
             .write_all_at(&buf, wr.len)
             .map_err(store_io(&path))?;
-        let loc = Loc {
-            pack: wr.pack,
-            offset: wr.len,
-            stored_len: rec.payload.len() as u32,
-            raw_len: rec.raw_len,
-            kind: rec.kind,
-            codec: rec.codec,
-            depth: rec.depth,
-            base: rec.base,
-        };
         wr.len += buf.len() as u64;
-        self.index.write().insert(rec.id, loc);
-        Ok(true)
+        let n = locs.len();
+        self.index.write().extend(locs);
+        Ok(n)
     }
 
     fn create_pack(&self, n: u32) -> Result<Writer, StoreError> {

@@ -19,6 +19,8 @@ const FORMAT: &str = "nodefs-store 1\n";
 const MAX_DELTA_DEPTH: u8 = 4;
 const CACHE_BYTES: usize = 64 << 20;
 const ZSTD_LEVEL: i32 = 3;
+/// File content is compressed faster (imports and snapshots are on the hot path).
+const CHUNK_ZSTD_LEVEL: i32 = 1;
 
 /// Counters describing the store.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
@@ -233,7 +235,7 @@ impl Store {
         if self.packs.contains(&id) {
             return Ok(id);
         }
-        let plain = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(store_io(&self.dir))?;
+        let plain = zstd::bulk::compress(data, CHUNK_ZSTD_LEVEL).map_err(store_io(&self.dir))?;
         let (mut codec, mut payload, mut base, mut depth) = if plain.len() < data.len() {
             (Codec::Zstd, plain, ObjectId([0; 32]), 0)
         } else {
@@ -266,6 +268,63 @@ impl Store {
             payload: &payload,
         })?;
         Ok(id)
+    }
+
+    /// Store many chunks: hashing and compression run on all cores, the pack gets one
+    /// write. Returns the ids in order.
+    pub fn put_chunks(&self, chunks: &[Vec<u8>]) -> Result<Vec<ObjectId>, StoreError> {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .min(chunks.len().max(1));
+        let mut ids = vec![ObjectId([0; 32]); chunks.len()];
+        let mut payloads: Vec<Option<(Codec, Vec<u8>)>> = vec![None; chunks.len()];
+        let work = |k: usize, ids: &mut [ObjectId], out: &mut [Option<(Codec, Vec<u8>)>]| {
+            for (j, (id, p)) in ids.iter_mut().zip(out.iter_mut()).enumerate() {
+                let data = &chunks[k + j];
+                *id = ObjectId::hash(data);
+                if self.packs.contains(id) {
+                    continue;
+                }
+                *p = Some(match zstd::bulk::compress(data, CHUNK_ZSTD_LEVEL) {
+                    Ok(z) if z.len() < data.len() => (Codec::Zstd, z),
+                    _ => (Codec::Raw, data.clone()),
+                });
+            }
+        };
+        if threads <= 1 {
+            work(0, &mut ids, &mut payloads);
+        } else {
+            let per = chunks.len().div_ceil(threads);
+            std::thread::scope(|s| {
+                for (t, (ic, pc)) in ids
+                    .chunks_mut(per)
+                    .zip(payloads.chunks_mut(per))
+                    .enumerate()
+                {
+                    let work = &work;
+                    s.spawn(move || work(t * per, ic, pc));
+                }
+            });
+        }
+        let recs: Vec<Record<'_>> = ids
+            .iter()
+            .zip(&payloads)
+            .zip(chunks)
+            .filter_map(|((id, p), data)| {
+                p.as_ref().map(|(codec, payload)| Record {
+                    id: *id,
+                    kind: Kind::Chunk,
+                    codec: *codec,
+                    depth: 0,
+                    raw_len: data.len() as u32,
+                    base: ObjectId([0; 32]),
+                    payload,
+                })
+            })
+            .collect();
+        self.packs.append_batch(&recs)?;
+        Ok(ids)
     }
 
     /// Store a tree object.
