@@ -36,7 +36,18 @@ impl Runtime {
 
     /// Everything Grove-owned on the host not belonging to a live sandbox. Empty = clean.
     pub fn residue(&self) -> ResidueReport {
-        let owned = self.owned();
+        let mut items = self.scan(&self.owned());
+        // Sandboxes created while scanning are not residue: drop whatever names an id owned now.
+        let marks: Vec<String> = self
+            .owned()
+            .iter()
+            .flat_map(|id| [id.to_string(), host_if(id), format!("sb_{}", id.short())])
+            .collect();
+        items.retain(|i| !marks.iter().any(|m| i.what.contains(m.as_str())));
+        ResidueReport { items }
+    }
+
+    fn scan(&self, owned: &HashSet<SandboxId>) -> Vec<ResidueItem> {
         let mut items = Vec::new();
         let run = &self.config.run_dir;
         for m in mounts::mount_points().unwrap_or_default() {
@@ -84,7 +95,7 @@ impl Runtime {
                 }
             }
         }
-        for (pid, what) in self.stray_inits(&owned) {
+        for (pid, what) in self.stray_inits(owned) {
             items.push(item("process", format!("{pid} {what}")));
         }
         for name in dir_names(&self.sandboxes_dir()) {
@@ -98,12 +109,11 @@ impl Runtime {
                 ));
             }
         }
-        ResidueReport { items }
+        items
     }
 
     /// grove-init processes that are not part of an owned sandbox (nor another runtime's cgroup root).
     fn stray_inits(&self, owned: &HashSet<SandboxId>) -> Vec<(i32, String)> {
-        let me = std::process::id() as i32;
         let marker = format!("/{}/", self.config.cgroup_root);
         let mut out = Vec::new();
         for pid in dir_names(Path::new("/proc"))
@@ -137,16 +147,16 @@ impl Runtime {
                         .parse::<i32>()
                         .ok()
                 });
-            if ppid == Some(me) && mine.is_none() {
-                continue; // a setup process of a create in flight
+            // Outside every grove cgroup: a setup process of a create in flight (ours or another
+            // runtime's) while it has a parent; a leak once orphaned to the host's init.
+            if mine.is_none() && ppid != Some(1) {
+                continue;
             }
-            out.push((
-                pid,
-                String::from_utf8_lossy(&cmd)
-                    .replace('\0', " ")
-                    .trim()
-                    .to_string(),
-            ));
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let sandbox = mine
+                .map(|id| format!(" (sandbox {id})"))
+                .unwrap_or_default();
+            out.push((pid, format!("{}{sandbox}", cmd.trim())));
         }
         out
     }

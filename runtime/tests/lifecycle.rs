@@ -26,6 +26,13 @@ fn create_exec_destroy() {
     assert_eq!(String::from_utf8_lossy(&r.stderr), "err\n");
     rt.destroy(&id).expect("destroy");
     assert_gone(&rt, &id);
+
+    // A paused sandbox with a setsid'd double-forked daemon is destroyed completely too.
+    let id = rt.create(spec()).expect("create").id;
+    sh(&rt, &id, "setsid sh -c 'nohup sleep 1000 >/dev/null 2>&1 &' ; head -c 1000000 /dev/zero > /dev/shm/blob");
+    rt.pause(&id).unwrap();
+    rt.destroy(&id).expect("destroy paused");
+    assert_gone(&rt, &id);
 }
 
 #[test]
