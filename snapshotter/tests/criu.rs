@@ -112,17 +112,17 @@ fn restore_of_corrupt_images_is_a_typed_error_and_leaves_nothing() {
     std::fs::create_dir(&images).unwrap();
     {
         let t = TestTree::start();
-        t.freezer.set("FROZEN");
+        t.unified.freeze(true);
         criu.dump(&DumpOptions {
             pid: t.init_pid,
             images_dir: images.clone(),
             work_dir: work.path().join("dump-work"),
             leave_running: true,
-            freeze_cgroup: Some(t.freezer.path()),
+            freeze_cgroup: Some(t.unified.path()),
             ..Default::default()
         })
         .expect("dump");
-        t.freezer.set("THAWED");
+        t.unified.freeze(false);
     }
     // Corrupt the process tree image.
     std::fs::write(images.join("pstree.img"), b"garbage, not a protobuf image").unwrap();
