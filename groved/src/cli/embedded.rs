@@ -10,9 +10,12 @@ use super::{CliError, CliResult, RunArgs};
 use crate::config::{Config, Overrides};
 use crate::wire::CreateSandboxRequest;
 
-pub fn run(a: RunArgs) -> CliResult {
-    let config = Config::load(&Overrides::default())
-        .map_err(|e| CliError::Other(crate::error::chain(&e)))?;
+pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
+    let config = Config::load(&Overrides {
+        config,
+        ..Default::default()
+    })
+    .map_err(|e| CliError::Other(crate::error::chain(&e)))?;
     let req: CreateSandboxRequest = crate::jsonx::parse_json(
         &serde_json::to_vec(&spec_json(Some(&a.image), &a.spec)?).unwrap_or_default(),
     )

@@ -23,6 +23,9 @@ pub struct Cli {
         default_value = "/run/grove/groved.sock"
     )]
     pub socket: PathBuf,
+    /// groved's config, for commands that run without the daemon (`grove run` when none is up).
+    #[arg(long, global = true, env = "GROVE_CONFIG")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -280,6 +283,10 @@ pub fn main() -> i32 {
     match rt.block_on(dispatch(cli)) {
         Ok(()) => 0,
         Err(CliError::Exit(code)) => code,
+        Err(CliError::Usage(u)) => {
+            eprintln!("grove: {u}");
+            2
+        }
         Err(e) => {
             eprintln!("grove: {}", one_line(&e));
             1
@@ -299,7 +306,8 @@ async fn dispatch(cli: Cli) -> CliResult {
             if c.reachable() {
                 sandbox::run(&c, a).await
             } else {
-                tokio::task::spawn_blocking(move || embedded::run(a))
+                let config = cli.config.clone();
+                tokio::task::spawn_blocking(move || embedded::run(a, config))
                     .await
                     .map_err(|e| CliError::Other(e.to_string()))?
             }
