@@ -345,3 +345,48 @@ fn unmount_while_busy_leaves_no_mount() {
     c.wait().unwrap();
     assert!(m.commit().is_err(), "commit after unmount is an error");
 }
+
+#[test]
+fn stale_mounts_from_a_dead_server_are_removed() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    // Whatever happens below, no stale mount outlives the test.
+    struct Sweep(std::sync::Arc<nodefs::NodeFs>, std::path::PathBuf);
+    impl Drop for Sweep {
+        fn drop(&mut self) {
+            let _ = self.0.unmount_stale(&self.1);
+        }
+    }
+    let _sweep = Sweep(
+        nodefs::NodeFs::new(env.store.clone()),
+        env.tmp.path().to_path_buf(),
+    );
+    // A server that "crashed": its mount is forgotten by everyone.
+    let old_fs = nodefs::NodeFs::new(env.store.clone());
+    let mp = env.path("stale mnt");
+    fs::create_dir_all(&mp).unwrap();
+    let m = old_fs
+        .mount(
+            &base,
+            &mp,
+            MountOptions {
+                upper_dir: env.path("stale-upper"),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let keep = env.mount(&base, "live", MountOptions::default());
+    std::mem::forget(m);
+    std::mem::forget(old_fs);
+    let removed = env.fs.unmount_stale(env.tmp.path()).unwrap();
+    assert_eq!(removed, vec![mp.clone()]);
+    let mi = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let esc = mp.to_string_lossy().replace(' ', "\\040");
+    assert!(!mi.contains(&esc), "{mi}");
+    // The live mount of this server is untouched.
+    fs::write(keep.mountpoint().join("ok"), b"ok").unwrap();
+    let _ = fs::remove_dir_all(env.path("stale-upper"));
+}

@@ -192,6 +192,67 @@ impl NodeFs {
     pub fn mounts(&self) -> Vec<Arc<Mount>> {
         self.mounts.lock().clone()
     }
+
+    /// Remove nodefs mounts under `under` that this server does not serve (left by a
+    /// crashed daemon): unmount, or detach and abort if busy. Returns their mountpoints.
+    pub fn unmount_stale(&self, under: &Path) -> Result<Vec<PathBuf>, Error> {
+        let mi = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(io_err("/proc/self/mountinfo"))?;
+        let ours: Vec<PathBuf> = self
+            .mounts
+            .lock()
+            .iter()
+            .map(|m| m.mountpoint.clone())
+            .collect();
+        let mut stale = Vec::new();
+        for line in mi.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mut f = post.split(' ');
+            let (fstype, source) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+            if !(fstype == "fuse" || fstype == "fuse.nodefs") || source != "nodefs" {
+                continue;
+            }
+            let Some(mp) = pre.split(' ').nth(4).map(unescape_mountinfo) else {
+                continue;
+            };
+            if mp.starts_with(under) && !ours.iter().any(|o| same_path(o, &mp)) {
+                stale.push(mp);
+            }
+        }
+        // Deepest first.
+        stale.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for mp in &stale {
+            tracing::info!(mountpoint = %mp.display(), "removing a stale nodefs mount");
+            detach(mp);
+        }
+        Ok(stale)
+    }
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || a.canonicalize().ok().as_deref() == Some(b)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+fn unescape_mountinfo(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsStr::from_bytes(&out))
 }
 
 impl Drop for NodeFs {
