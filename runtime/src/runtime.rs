@@ -695,3 +695,9 @@ impl Runtime {
         })
     }
 }
+
+/// groved shares one Runtime across threads.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Runtime>();
+};

@@ -141,3 +141,31 @@ fn create_restored_adopts_a_tree() {
     rt.destroy(&info.id).unwrap();
     assert_gone(&rt, &info.id);
 }
+
+#[test]
+fn concurrent_cycles() {
+    if !can_run() {
+        return;
+    }
+    let rt = rt();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let rt = rt.clone();
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let id = rt.create(spec()).expect("create").id;
+                    let r = rt
+                        .exec(&id, grove_runtime::ExecRequest::argv(["true"]))
+                        .expect("exec");
+                    assert_eq!(r.exit_code, Some(0));
+                    rt.destroy(&id).expect("destroy");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let r = rt.residue();
+    assert!(r.items.is_empty(), "{:#?}", r.items);
+}
