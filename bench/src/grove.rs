@@ -1,62 +1,246 @@
-//! Grove's side of the scenarios: the runtime library in-process over a root provider, opened once per run
-//! and probed with a real create → exec → destroy. When a piece is not usable yet the reason is returned and
-//! the scenario reports "not available (<reason>)" — never a made-up figure.
+//! Grove's side of the scenarios: a nodefs store with the base image imported, the runtime library
+//! in-process over `NodefsRoot` (kernel overlayfs `OverlayRoot` if nodefs is not usable), and the
+//! snapshotter. Opened once per run and probed with a real create → exec → destroy. When a piece is not
+//! usable the reason is returned and the scenario reports "not available (<reason>)" — never a made-up
+//! figure.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use grove_runtime::{
-    ExecRequest, Limits, OverlayRoot, RootProvider, Runtime, RuntimeConfig, SandboxId, SandboxSpec,
+    CapacityOverrides, ExecRequest, Limits, OverlayRoot, RootProvider, Runtime, RuntimeConfig,
+    SandboxId, SandboxSpec,
 };
+use grove_snapshotter::{ForkOptions, NodefsRoot, SnapshotOptions, Snapshotter, SnapshotterConfig};
+use nodefs::{MountOptions, NodeFs, Store};
+
+use crate::cleanup::Guard;
+use crate::scenarios::filesystem::View;
 
 /// Lazily opened Grove pieces shared by the scenarios of one run.
 pub struct GroveEnv {
     image: PathBuf,
     work: PathBuf,
-    runtime: OnceLock<Result<Arc<GroveRuntime>, String>>,
+    criu: PathBuf,
+    stack: OnceLock<Result<Arc<Stack>, String>>,
+}
+
+/// What was opened.
+pub struct Stack {
+    pub rt: Arc<GroveRuntime>,
+    pub nodefs: Option<Arc<NodeFs>>,
+    pub snap: Result<Arc<Snapshotter>, String>,
+    /// Why sandboxes are not on nodefs, when they are not.
+    pub nodefs_error: Option<String>,
 }
 
 impl GroveEnv {
-    pub fn new(image: &Path, work: &Path) -> Self {
+    pub fn new(image: &Path, work: &Path, criu: &Path) -> Self {
         GroveEnv {
             image: image.into(),
             work: work.into(),
-            runtime: OnceLock::new(),
+            criu: criu.into(),
+            stack: OnceLock::new(),
         }
     }
 
-    /// The runtime, or why it is not usable.
-    pub fn runtime(&self) -> Result<Arc<GroveRuntime>, String> {
-        self.runtime
+    fn stack(&self) -> Result<Arc<Stack>, String> {
+        self.stack
             .get_or_init(|| {
-                GroveRuntime::open(&self.image, &self.work)
+                open_stack(&self.image, &self.work, &self.criu)
                     .map(Arc::new)
                     .map_err(|e| format!("{e:#}"))
             })
             .clone()
     }
 
-    /// Shuts down what was opened (destroys every sandbox left).
-    pub fn shutdown(&self) {
-        if let Some(Ok(rt)) = self.runtime.get() {
-            rt.shutdown();
+    /// The runtime, or why it is not usable.
+    pub fn runtime(&self) -> Result<Arc<GroveRuntime>, String> {
+        self.stack().map(|s| s.rt.clone())
+    }
+
+    /// Why sandbox roots are not nodefs (None when they are).
+    pub fn nodefs_error(&self) -> Option<String> {
+        match self.stack() {
+            Ok(s) => s.nodefs_error.clone(),
+            Err(e) => Some(e),
         }
     }
 
-    /// Residue the runtime itself sees (mounts, cgroups, netns, ... it owns).
-    pub fn residue(&self) -> Vec<String> {
-        match self.runtime.get() {
-            Some(Ok(rt)) => rt
-                .rt
-                .residue()
-                .items
-                .iter()
-                .map(|i| format!("grove {}: {}", i.kind, i.what))
-                .collect(),
-            _ => Vec::new(),
+    /// A writable nodefs view of `tree` (imported into the run's store), or why not.
+    pub fn nodefs_view(&self, tree: &Path, work: &Path) -> Result<View, String> {
+        let st = self.stack()?;
+        let fs = st
+            .nodefs
+            .clone()
+            .ok_or_else(|| st.nodefs_error.clone().unwrap_or_default())?;
+        let dir = tempfile::Builder::new()
+            .prefix("fs-nodefs-")
+            .tempdir_in(work)
+            .map_err(|e| e.to_string())?
+            .keep();
+        let mnt = dir.join("mnt");
+        std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        let id = fs
+            .store()
+            .import_dir(tree)
+            .map_err(|e| format!("nodefs import of the tree: {e}"))?;
+        let import_ms = t.elapsed().as_secs_f64() * 1e3;
+        let opts = MountOptions {
+            upper_dir: dir.join("upper"),
+            ..Default::default()
+        };
+        let m = fs
+            .mount(&id, &mnt, opts)
+            .map_err(|e| format!("nodefs mount: {e}"))?;
+        let guard = Guard::new(format!("nodefs mount {}", mnt.display()), move || {
+            m.unmount().map_err(|e| e.to_string())
+        });
+        Ok(View {
+            name: "nodefs".into(),
+            is_grove: true,
+            root: mnt.clone(),
+            write_dir: mnt,
+            _guard: Some(guard),
+            note: Some(format!(
+                "nodefs: the tree imported into the store in {:.1} s, then mounted writable",
+                import_ms / 1e3
+            )),
+        })
+    }
+
+    /// Grove's snapshot/fork path, or why it is not usable.
+    pub fn snapshotter(&self) -> Result<GroveSnapshots, String> {
+        let st = self.stack()?;
+        let snap = st.snap.clone()?;
+        let store = st
+            .nodefs
+            .as_ref()
+            .map(|n| n.store().clone())
+            .ok_or("no nodefs store")?;
+        Ok(GroveSnapshots {
+            rt: st.rt.clone(),
+            snap,
+            store,
+            made: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Shuts down what was opened (destroys every sandbox left).
+    pub fn shutdown(&self) {
+        if let Some(Ok(st)) = self.stack.get() {
+            if let Ok(s) = &st.snap {
+                for i in s.list() {
+                    let _ = s.delete(&i.id);
+                }
+            }
+            st.rt.rt.shutdown();
         }
     }
+
+    /// Residue the runtime itself sees (mounts, cgroups, netns, ... it owns), re-checked over ~2 s:
+    /// other runtime instances' short-lived setup processes show up for milliseconds.
+    pub fn residue(&self) -> Vec<String> {
+        let Some(Ok(st)) = self.stack.get() else {
+            return Vec::new();
+        };
+        let key = |i: &grove_runtime::ResidueItem| format!("grove residue {}: {}", i.kind, i.what);
+        let mut items: Vec<String> = st.rt.rt.residue().items.iter().map(key).collect();
+        for _ in 0..20 {
+            if items.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            let now: Vec<String> = st.rt.rt.residue().items.iter().map(key).collect();
+            items.retain(|i| now.contains(i));
+        }
+        items
+    }
+}
+
+fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
+    let name = image_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("image dir has no name")?
+        .to_string();
+    let pid = std::process::id();
+    let run_dir = PathBuf::from(format!("/run/grove-bench-{pid}"));
+    let state_dir = work.join("grove-state");
+    std::fs::create_dir_all(&state_dir)?;
+    crate::progress::step(
+        0.0,
+        "grove: importing the base image into a fresh nodefs store",
+    );
+    let nodefs = (|| -> Result<Arc<NodeFs>> {
+        let store =
+            Store::open(&work.join("grove-store")).map_err(|e| anyhow!("Store::open: {e}"))?;
+        let id = store
+            .import_dir(image_dir)
+            .map_err(|e| anyhow!("import {}: {e}", image_dir.display()))?;
+        store
+            .set_ref(&name, &id)
+            .map_err(|e| anyhow!("set_ref: {e}"))?;
+        Ok(NodeFs::new(store))
+    })();
+    let (mut nodefs, mut nodefs_error) = match nodefs {
+        Ok(n) => (Some(n), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let mut rt = None;
+    if let Some(fs) = &nodefs {
+        let roots: Arc<dyn RootProvider> = Arc::new(NodefsRoot::new(fs.clone()));
+        match GroveRuntime::open(roots, &name, "nodefs", &run_dir, &state_dir) {
+            Ok(r) => rt = Some(r),
+            Err(e) => nodefs_error = Some(format!("runtime on nodefs roots: {e:#}")),
+        }
+    }
+    let rt = match rt {
+        Some(r) => r,
+        None => {
+            nodefs = None;
+            let roots = overlay_roots(image_dir, &name)?;
+            GroveRuntime::open(roots, &name, "overlayfs", &run_dir, &state_dir)?
+        }
+    };
+    let rt = Arc::new(rt);
+    let snap = match &nodefs {
+        None => Err(format!(
+            "needs nodefs roots ({})",
+            nodefs_error.clone().unwrap_or_default()
+        )),
+        Some(fs) => {
+            let cfg = SnapshotterConfig {
+                state_dir: state_dir.clone(),
+                run_dir: run_dir.clone(),
+                criu: Some(criu.into()),
+            };
+            Snapshotter::new(cfg, rt.rt.clone(), fs.store().clone())
+                .map_err(|e| format!("Snapshotter::new: {e}"))
+        }
+    };
+    Ok(Stack {
+        rt,
+        nodefs,
+        snap,
+        nodefs_error,
+    })
+}
+
+fn overlay_roots(image_dir: &Path, name: &str) -> Result<Arc<dyn RootProvider>> {
+    let state = image_dir
+        .parent()
+        .filter(|p| p.file_name() == Some("images".as_ref()))
+        .and_then(|p| p.parent())
+        .context("image dir must be <state>/images/<name> for OverlayRoot")?;
+    let roots: Arc<dyn RootProvider> = Arc::new(OverlayRoot::new(state));
+    if !roots.image_exists(name) {
+        bail!("OverlayRoot does not find image {name:?}");
+    }
+    Ok(roots)
 }
 
 /// The Grove runtime used by the bench.
@@ -69,31 +253,41 @@ pub struct GroveRuntime {
 }
 
 impl GroveRuntime {
-    fn open(image_dir: &Path, work: &Path) -> Result<GroveRuntime> {
-        let (roots, image, root_kind) = root_provider(image_dir)?;
-        let pid = std::process::id();
+    fn open(
+        roots: Arc<dyn RootProvider>,
+        image: &str,
+        root_kind: &'static str,
+        run_dir: &Path,
+        state_dir: &Path,
+    ) -> Result<GroveRuntime> {
         let mut cfg = RuntimeConfig::default_paths();
         if let Some(p) = std::env::var_os("GROVE_INIT_BINARY") {
             cfg.init_binary = p.into();
         }
         if !cfg.init_binary.is_file() {
             bail!(
-                "grove-init not found at {} (build the runtime crate, or set GROVE_INIT_BINARY)",
+                "grove-init not found at {} (cargo build -p grove-runtime, or set GROVE_INIT_BINARY)",
                 cfg.init_binary.display()
             );
         }
-        cfg.state_dir = work.join("grove-state");
-        std::fs::create_dir_all(&cfg.state_dir)?;
-        cfg.run_dir = PathBuf::from(format!("/run/grove-bench-{pid}"));
-        cfg.cgroup_root = format!("grove-bench-{pid}");
-        let run_dir = cfg.run_dir.clone();
+        cfg.state_dir = state_dir.into();
+        cfg.run_dir = run_dir.into();
+        cfg.cgroup_root = format!("grove-bench-{}", std::process::id());
+        cfg.net_pool = "10.219.0.0/16".into();
+        // The bench measures speed and density, not admission: let 2,000 small idle sandboxes in.
+        cfg.capacity = CapacityOverrides {
+            cpu_millis: Some(10_000_000),
+            sandboxes: Some(4096),
+            memory_mb: Some(64 * 1024),
+            ..Default::default()
+        };
         let cgroup_root = cfg.cgroup_root.clone();
         let rt = Runtime::new(cfg, roots).map_err(|e| anyhow!("Runtime::new: {e}"))?;
         let g = GroveRuntime {
             rt,
-            image,
+            image: image.into(),
             root_kind,
-            run_dir,
+            run_dir: run_dir.into(),
             cgroup_root,
         };
         g.cycle_true()
@@ -101,14 +295,14 @@ impl GroveRuntime {
         Ok(g)
     }
 
-    /// "grove (overlayfs root)" and the like.
+    /// "grove (nodefs root)" and the like.
     pub fn label(&self) -> String {
         format!("grove ({} root)", self.root_kind)
     }
 
     pub fn describe(&self) -> String {
         format!(
-            "sandbox roots from {} (image {:?})",
+            "sandbox roots on {} (image {:?})",
             self.root_kind, self.image
         )
     }
@@ -168,16 +362,12 @@ impl GroveRuntime {
     pub fn init_pid(&self, id: &SandboxId) -> Option<i32> {
         self.rt.get(id).ok().and_then(|i| i.init_pid)
     }
-
-    fn shutdown(&self) {
-        self.rt.shutdown();
-    }
 }
 
 impl Drop for GroveRuntime {
     fn drop(&mut self) {
         self.rt.shutdown();
-        let _ = std::fs::remove_dir(&self.run_dir);
+        let _ = std::fs::remove_dir_all(&self.run_dir);
         if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
             for e in rd.flatten() {
                 let _ = std::fs::remove_dir(e.path().join(&self.cgroup_root));
@@ -186,21 +376,133 @@ impl Drop for GroveRuntime {
     }
 }
 
-/// The root provider: overlayfs over the base image directory (the image is `<state>/images/<name>`).
-fn root_provider(image_dir: &Path) -> Result<(Arc<dyn RootProvider>, String, &'static str)> {
-    let name = image_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("image dir has no name")?
-        .to_string();
-    let state = image_dir
-        .parent()
-        .and_then(|p| p.parent())
-        .filter(|_| image_dir.parent().and_then(|p| p.file_name()) == Some("images".as_ref()))
-        .context("image dir must be <state>/images/<name> for OverlayRoot")?;
-    let roots: Arc<dyn RootProvider> = Arc::new(OverlayRoot::new(state));
-    if !roots.image_exists(&name) {
-        bail!("OverlayRoot does not find image {name:?}");
+/// A sandbox running the checkpoint workload; destroyed on drop.
+pub struct WorkloadSandbox {
+    rt: Arc<GroveRuntime>,
+    pub id: SandboxId,
+    pub init_pid: i32,
+}
+
+impl Drop for WorkloadSandbox {
+    fn drop(&mut self) {
+        let _ = self.rt.destroy(&self.id);
     }
-    Ok((roots, name, "overlayfs"))
+}
+
+/// Grove snapshot and fork; the snapshots it made are deleted on drop.
+pub struct GroveSnapshots {
+    rt: Arc<GroveRuntime>,
+    snap: Arc<Snapshotter>,
+    store: Arc<Store>,
+    made: Mutex<Vec<String>>,
+}
+
+impl Drop for GroveSnapshots {
+    fn drop(&mut self) {
+        for id in self.made.lock().map(|v| v.clone()).unwrap_or_default() {
+            let _ = self.snap.delete(&id);
+        }
+    }
+}
+
+/// One snapshot's figures.
+pub struct SnapFigures {
+    pub id: String,
+    pub wall_ms: f64,
+    pub frozen_ms: f64,
+    pub bytes_added: u64,
+}
+
+impl GroveSnapshots {
+    pub fn label(&self) -> String {
+        self.rt.label()
+    }
+
+    pub fn store_stats(&self) -> nodefs::StoreStats {
+        self.store.stats()
+    }
+
+    /// A sandbox running the workload in the background.
+    pub fn start_workload(&self, heap: u64) -> Result<WorkloadSandbox> {
+        let mem = ((3 * heap) >> 20) + 512;
+        let limits = Limits {
+            memory_mb: mem,
+            ..Limits::default()
+        };
+        let id = self.rt.create(self.rt.spec(Some(limits)))?;
+        let mut argv = vec!["python3".to_string()];
+        argv.extend(crate::workload::args(heap, "/tmp/grove-bench-state"));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let started = self.rt.exec_background(&id, &argv);
+        match (started, self.rt.init_pid(&id)) {
+            (Ok(()), Some(init_pid)) => Ok(WorkloadSandbox {
+                rt: self.rt.clone(),
+                id,
+                init_pid,
+            }),
+            (r, _) => {
+                let _ = self.rt.destroy(&id);
+                r.and(Err(anyhow!("sandbox {id} has no init pid")))
+            }
+        }
+    }
+
+    /// Snapshot of a running sandbox (it keeps running).
+    pub fn snapshot(&self, sb: &WorkloadSandbox, name: &str) -> Result<SnapFigures> {
+        let t = Instant::now();
+        let info = self
+            .snap
+            .snapshot(
+                &sb.id,
+                SnapshotOptions {
+                    name: Some(name.into()),
+                    stop: false,
+                },
+            )
+            .map_err(|e| anyhow!("snapshot of {}: {e}", sb.id))?;
+        let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.made
+            .lock()
+            .map_err(|_| anyhow!("poisoned"))?
+            .push(info.id.clone());
+        Ok(SnapFigures {
+            id: info.id,
+            wall_ms,
+            frozen_ms: info.dump_ms as f64,
+            bytes_added: info.bytes_added,
+        })
+    }
+
+    /// Forks `n` branches and waits until each answers; returns ms. Branches are destroyed after.
+    pub fn fork_and_answer(&self, snap: &str, n: usize, heap: u64) -> Result<f64> {
+        let t = Instant::now();
+        let results = self
+            .snap
+            .fork(snap, n as u32, ForkOptions::default())
+            .map_err(|e| anyhow!("fork: {e}"))?;
+        let mut ids = Vec::new();
+        let mut pids = Vec::new();
+        let mut err = None;
+        for r in results {
+            match r {
+                Ok(info) => {
+                    ids.push(info.id.clone());
+                    match info.init_pid {
+                        Some(p) => pids.push(p),
+                        None => err = err.or(Some(anyhow!("branch {} has no init pid", info.id))),
+                    }
+                }
+                Err(e) => err = err.or(Some(anyhow!("fork branch: {e}"))),
+            }
+        }
+        let answered = match err {
+            Some(e) => Err(e),
+            None => crate::scenarios::checkpoint::all_answer(&pids, heap),
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        for id in &ids {
+            let _ = self.rt.destroy(id);
+        }
+        answered.map(|()| ms)
+    }
 }

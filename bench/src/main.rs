@@ -11,6 +11,7 @@ mod report;
 mod scenarios;
 mod stats;
 mod util;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -95,7 +96,7 @@ fn run(args: Args) -> Result<bool> {
         work: work.clone(),
         image: args.image.clone(),
         criu: args.criu.clone(),
-        grove: grove::GroveEnv::new(&args.image, &work),
+        grove: grove::GroveEnv::new(&args.image, &work, &args.criu),
     };
     let mut rep = Report {
         started_utc: util::utc_now(),

@@ -209,15 +209,23 @@ impl PeerEnv {
             }
             Kind::Crun => {
                 let name = unique_name("idle");
+                // The detached container keeps inherited descriptors open: give it a log file, not a pipe
+                // (reading a pipe to EOF would wait for the container to end).
+                let log = self.crun_sleep.with_file_name(format!("{name}.log"));
+                let f = std::fs::File::create(&log)?;
                 let mut c = Command::new("crun");
                 c.arg("run")
                     .arg("-d")
                     .arg("--bundle")
                     .arg(&self.crun_sleep)
                     .arg(&name);
-                if let Err(e) = util::run(&mut c) {
+                c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(f);
+                let st = c.status().context("spawn crun run -d")?;
+                let msg = std::fs::read_to_string(&log).unwrap_or_default();
+                let _ = std::fs::remove_file(&log);
+                if !st.success() {
                     let _ = Command::new("crun").args(["delete", "-f", &name]).output();
-                    return Err(e);
+                    bail!("crun run -d {name} failed ({st}): {}", msg.trim());
                 }
                 Ok(Idle::Crun(name))
             }
