@@ -1,5 +1,5 @@
 //! Debug aid: create one sandbox, print its id and init pid, run a background `sleep`, wait for
-//! Enter on stdin, destroy. Run as root: cargo run -p grove-runtime --example hold
+//! Enter on stdin, destroy. Run as root: cargo run -p grove-runtime --example hold [egress]
 
 use std::sync::Arc;
 
@@ -16,9 +16,11 @@ fn main() {
         .expect("target dir")
         .join("grove-init");
     let rt = Runtime::new(cfg, Arc::new(OverlayRoot::new("/var/lib/grove"))).expect("runtime");
-    let info = rt
-        .create(SandboxSpec::from_image("debian12"))
-        .expect("create");
+    let mut spec = SandboxSpec::from_image("debian12");
+    if std::env::args().nth(1).as_deref() == Some("egress") {
+        spec.network = grove_runtime::NetworkPolicy::Egress { allow: vec![] };
+    }
+    let info = rt.create(spec).expect("create");
     let mut bg =
         ExecRequest::shell("i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done");
     bg.background = true;

@@ -118,7 +118,8 @@ impl Network {
         )
     }
 
-    /// Wires a sandbox whose init has host pid `pid`.
+    /// Wires a sandbox whose init has host pid `pid`. When the host end `grove<id>` already exists
+    /// (CRIU restored the veth under that name) it is reused and the sandbox end re-addressed.
     pub fn setup(
         &self,
         id: &SandboxId,
@@ -127,6 +128,13 @@ impl Network {
         ports: &[PortMapping],
     ) -> Result<NetLease, String> {
         let mut st = self.state.lock();
+        if st.leases == 0 {
+            // Made under the lock so a concurrent setup never adds rules to a missing table.
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+                .map_err(|e| format!("enable ip_forward: {e}"))?;
+            let _ = nft(&format!("delete table inet {}\n", self.table));
+            nft(&self.base_table())?;
+        }
         let blocks = 1u32 << (32 - u32::from(self.pool.1) - 2);
         let index = (0..blocks)
             .find(|i| !st.used.contains(i))
@@ -142,9 +150,8 @@ impl Network {
         };
         st.used.insert(index);
         st.leases += 1;
-        let first = st.leases == 1;
         drop(st);
-        match self.wire(&lease, pid, allow, first) {
+        match self.wire(&lease, pid, allow) {
             Ok(()) => Ok(lease),
             Err(e) => {
                 let _ = self.teardown(&lease);
@@ -153,27 +160,19 @@ impl Network {
         }
     }
 
-    fn wire(
-        &self,
-        l: &NetLease,
-        pid: i32,
-        allow: &[EgressRule],
-        first: bool,
-    ) -> Result<(), String> {
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-            .map_err(|e| format!("enable ip_forward: {e}"))?;
-        if first {
-            let _ = nft(&format!("delete table inet {}\n", self.table));
-            nft(&self.base_table())?;
-        }
+    fn wire(&self, l: &NetLease, pid: i32, allow: &[EgressRule]) -> Result<(), String> {
         let h = &l.host_if;
-        let host_cmds = format!(
-            "link add {h} type veth peer name eth0 netns {pid}\naddr add {}/30 dev {h}\nlink set {h} up\n",
-            l.host_addr
-        );
+        let restored = std::path::Path::new("/sys/class/net").join(h).exists();
+        let mut host_cmds = String::new();
+        if restored {
+            host_cmds += &format!("addr flush dev {h}\n");
+        } else {
+            host_cmds += &format!("link add {h} type veth peer name eth0 netns {pid}\n");
+        }
+        host_cmds += &format!("addr add {}/30 dev {h}\nlink set {h} up\n", l.host_addr);
         run(Command::new("ip").args(["-batch", "-"]), Some(&host_cmds))?;
         let sb_cmds = format!(
-            "addr add {}/30 dev eth0\nlink set eth0 up\nroute add default via {}\n",
+            "addr flush dev eth0\naddr add {}/30 dev eth0\nlink set eth0 up\nroute replace default via {}\n",
             l.sandbox_addr, l.host_addr
         );
         let netns = format!("--net=/proc/{pid}/ns/net");

@@ -42,6 +42,8 @@ pub struct CheckpointView {
     pub cgroups: Vec<(String, PathBuf)>,
     pub externals: Vec<ExternalMount>,
     pub root: Arc<dyn RootMount>,
+    /// Host end of the sandbox's veth (egress only): dump with `--external veth[eth0]:<it>`.
+    pub veth_host: Option<String>,
 }
 
 impl std::fmt::Debug for CheckpointView {
@@ -64,6 +66,9 @@ pub struct RestoreTarget {
     pub cgroups: Vec<(String, PathBuf)>,
     pub externals: Vec<ExternalMount>,
     pub hostname: String,
+    /// Egress only: the host-end name the restored veth must get (`--external veth[eth0]:<it>`);
+    /// the runtime then re-addresses both ends. Without a restored veth a fresh one is made.
+    pub veth_host: Option<String>,
 }
 
 /// Callback that restores a process tree into a `RestoreTarget` and returns the host pid of its init.
@@ -298,6 +303,8 @@ impl Runtime {
                     cgroups: self.cgroups.criu_paths(id.as_str()),
                     externals: self.externals(),
                     hostname: hostname.clone(),
+                    veth_host: matches!(spec.network, NetworkPolicy::Egress { .. })
+                        .then(|| crate::network::host_if(id)),
                 };
                 let pid = restore(&target).map_err(|source| Error::Restore {
                     id: id.clone(),
@@ -676,6 +683,7 @@ impl Runtime {
             cgroups: self.cgroups.criu_paths(id.as_str()),
             externals: self.externals(),
             root: sb.root.clone(),
+            veth_host: sb.net.as_ref().map(|n| n.host_if.clone()),
         })
     }
 

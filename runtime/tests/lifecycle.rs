@@ -100,10 +100,16 @@ fn create_restored_adopts_a_tree() {
         return;
     }
     let rt = rt();
+    let forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
     let mut s = spec();
     s.hostname = Some("branch-7".into());
+    s.network = grove_runtime::NetworkPolicy::Egress { allow: vec![] };
     let info = rt
         .create_restored(s, &mut |t| {
+            assert!(t
+                .veth_host
+                .as_deref()
+                .is_some_and(|v| v.starts_with("grove")));
             let procs: Vec<String> = t
                 .cgroups
                 .iter()
@@ -138,7 +144,17 @@ fn create_restored_adopts_a_tree() {
         })
         .unwrap();
     assert_eq!(out(&sh(&rt, &info.id, "hostname")), "branch-7");
+    let addr = info.address.clone().expect("egress address");
+    assert!(
+        out(&sh(&rt, &info.id, "cat /proc/net/fib_trie")).contains(&addr),
+        "eth0 addressed"
+    );
+    assert_eq!(
+        rt.checkpoint_view(&info.id).unwrap().veth_host,
+        Some(format!("grove{}", &info.id.as_str()[3..13]))
+    );
     rt.destroy(&info.id).unwrap();
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", forward_before).unwrap();
     assert_gone(&rt, &info.id);
 }
 
