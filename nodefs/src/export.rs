@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -89,10 +88,7 @@ impl Store {
         files.sort_by_key(|f| std::cmp::Reverse(f.size));
         let next = AtomicUsize::new(0);
         let first_err: Mutex<Option<Error>> = Mutex::new(None);
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .clamp(2, 8);
+        let threads = crate::cpus().clamp(2, 8);
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| loop {
@@ -115,49 +111,41 @@ impl Store {
             fs::hard_link(&from, &to).map_err(io_err(&to))?;
         }
         for (p, m) in &others {
-            apply_meta(p, m, true)?;
+            apply_meta(p, m)?;
         }
         // Deepest first so setting a directory's mtime is not undone by its children.
         dirs.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
         for (p, m) in &dirs {
-            apply_meta(p, m, false)?;
+            apply_meta(p, m)?;
         }
         Ok(())
     }
 
     fn write_file(&self, job: &FileJob) -> Result<(), Error> {
+        use std::os::unix::fs::FileExt;
         let f = fs::File::create(&job.path).map_err(io_err(&job.path))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         let mut off = 0u64;
         for c in &job.chunks {
             let data = self.get_chunk(&c.id)?;
-            if data.iter().all(|b| *b == 0) && data.len() >= 4096 {
-                // Keep zero runs sparse.
-                w.flush().map_err(io_err(&job.path))?;
-                off += data.len() as u64;
-                use std::io::Seek;
-                w.seek(std::io::SeekFrom::Start(off))
-                    .map_err(io_err(&job.path))?;
-                continue;
+            // Zero pages stay holes (CRIU page images are full of them).
+            if !(data.len() >= 4096 && data.iter().all(|b| *b == 0)) {
+                f.write_all_at(&data, off).map_err(io_err(&job.path))?;
             }
-            w.write_all(&data).map_err(io_err(&job.path))?;
             off += data.len() as u64;
         }
-        let f = w.into_inner().map_err(|e| Error::Io {
-            path: job.path.clone(),
-            source: e.into_error(),
-        })?;
-        f.set_len(job.size).map_err(io_err(&job.path))?;
+        if job.size > 0 {
+            // Extends over a trailing hole; a no-op otherwise.
+            f.set_len(job.size).map_err(io_err(&job.path))?;
+        }
         drop(f);
-        apply_meta(&job.path, &job.meta, false)
+        apply_meta(&job.path, &job.meta)
     }
 }
 
-fn apply_meta(p: &Path, m: &Meta, is_link_or_special: bool) -> Result<(), Error> {
+fn apply_meta(p: &Path, m: &Meta) -> Result<(), Error> {
     let is_symlink = fs::symlink_metadata(p)
         .map(|md| md.file_type().is_symlink())
         .unwrap_or(false);
-    let _ = is_link_or_special;
     sys::lchown(p, m.uid, m.gid).map_err(io_err(p))?;
     if !is_symlink {
         fs::set_permissions(p, fs::Permissions::from_mode(m.mode)).map_err(io_err(p))?;

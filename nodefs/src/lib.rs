@@ -19,6 +19,16 @@ mod sys;
 mod tarimport;
 mod tree;
 
+/// CPUs to use for parallel work, looked up once (the std call reads cgroup files).
+pub(crate) fn cpus() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    })
+}
+
 pub use chunker::ChunkPolicy;
 pub use error::{Error, StoreError};
 pub use fs::{Mount, MountOptions, NodeFs, Usage};

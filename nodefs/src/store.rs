@@ -273,10 +273,7 @@ impl Store {
     /// Store many chunks: hashing and compression run on all cores, the pack gets one
     /// write. Returns the ids in order.
     pub fn put_chunks(&self, chunks: &[Vec<u8>]) -> Result<Vec<ObjectId>, StoreError> {
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .min(chunks.len().max(1));
+        let threads = crate::cpus().min(chunks.len().max(1));
         let mut ids = vec![ObjectId([0; 32]); chunks.len()];
         let mut payloads: Vec<Option<(Codec, Vec<u8>)>> = vec![None; chunks.len()];
         let work = |k: usize, ids: &mut [ObjectId], out: &mut [Option<(Codec, Vec<u8>)>]| {
