@@ -44,20 +44,25 @@ pub fn spawn_init(init_binary: &Path, cfg: &SetupConfig) -> Result<i32, SpawnErr
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let mut text = String::new();
     let mut pid: Option<i32> = None;
+    let mut ready = false;
     let deadline = Instant::now() + READY_TIMEOUT;
     let outcome = loop {
-        // Lines: "pid N", then "ready" or "error ...".
+        // Lines: "pid N" (from the setup process) and "ready" or "error ..." (from pid 1), in
+        // either order: pid 1 can win the race to the pipe.
+        if ready && pid.is_some() {
+            break Ok(());
+        }
         if let Some(line_end) = text.find('\n') {
             let line: String = text.drain(..=line_end).collect();
             let line = line.trim_end();
             if let Some(p) = line.strip_prefix("pid ") {
                 pid = p.parse().ok();
-                continue;
+            } else if line == "ready" {
+                ready = true;
+            } else {
+                break Err(line.strip_prefix("error ").unwrap_or(line).to_string());
             }
-            if line == "ready" {
-                break Ok(());
-            }
-            break Err(line.strip_prefix("error ").unwrap_or(line).to_string());
+            continue;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -75,6 +80,7 @@ pub fn spawn_init(init_binary: &Path, cfg: &SetupConfig) -> Result<i32, SpawnErr
         }
         let mut buf = [0u8; 512];
         match stdout.read(&mut buf) {
+            Ok(0) if ready => break Err("setup process exited without reporting the pid".into()),
             Ok(0) => {
                 break Err(format!(
                     "sandbox init exited during setup{}",
