@@ -34,6 +34,8 @@ pub struct Stack {
     pub snap: Result<Arc<Snapshotter>, String>,
     /// Why sandboxes are not on nodefs, when they are not.
     pub nodefs_error: Option<String>,
+    /// Grove-named host items present before this run made anything (other instances' own).
+    pub baseline: Vec<String>,
 }
 
 impl GroveEnv {
@@ -147,18 +149,22 @@ impl GroveEnv {
         let Some(Ok(st)) = self.stack.get() else {
             return Vec::new();
         };
-        let key = |i: &grove_runtime::ResidueItem| format!("grove residue {}: {}", i.kind, i.what);
-        let mut items: Vec<String> = st.rt.rt.residue().items.iter().map(key).collect();
-        for _ in 0..20 {
+        let mut items: Vec<String> = st.rt.rt.residue().items.iter().map(residue_key).collect();
+        items.retain(|i| !st.baseline.contains(i));
+        for _ in 0..30 {
             if items.is_empty() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
-            let now: Vec<String> = st.rt.rt.residue().items.iter().map(key).collect();
+            let now: Vec<String> = st.rt.rt.residue().items.iter().map(residue_key).collect();
             items.retain(|i| now.contains(i));
         }
         items
     }
+}
+
+fn residue_key(i: &grove_runtime::ResidueItem) -> String {
+    format!("grove residue {}: {}", i.kind, i.what)
 }
 
 fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
@@ -207,6 +213,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         }
     };
     let rt = Arc::new(rt);
+    let baseline = rt.rt.residue().items.iter().map(residue_key).collect();
     let snap = match &nodefs {
         None => Err(format!(
             "needs nodefs roots ({})",
@@ -227,6 +234,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         nodefs,
         snap,
         nodefs_error,
+        baseline,
     })
 }
 
@@ -471,6 +479,36 @@ impl GroveSnapshots {
             frozen_ms: info.dump_ms as f64,
             bytes_added: info.bytes_added,
         })
+    }
+
+    /// Forks `n` branches and keeps them (destroyed when the handles drop).
+    pub fn fork_keep(&self, snap: &str, n: usize) -> Result<Vec<WorkloadSandbox>> {
+        let results = self
+            .snap
+            .fork(snap, n as u32, ForkOptions::default())
+            .map_err(|e| anyhow!("fork: {e}"))?;
+        let mut kept = Vec::new();
+        let mut err = None;
+        for r in results {
+            match r {
+                Ok(info) => match info.init_pid {
+                    Some(init_pid) => kept.push(WorkloadSandbox {
+                        rt: self.rt.clone(),
+                        id: info.id,
+                        init_pid,
+                    }),
+                    None => {
+                        let _ = self.rt.destroy(&info.id);
+                        err = err.or(Some(anyhow!("branch {} has no init pid", info.id)));
+                    }
+                },
+                Err(e) => err = err.or(Some(anyhow!("fork branch: {e}"))),
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(kept),
+        }
     }
 
     /// Forks `n` branches and waits until each answers; returns ms. Branches are destroyed after.
