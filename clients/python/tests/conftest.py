@@ -28,16 +28,27 @@ def binary(env: str, name: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, tag: str, capacity_sandboxes: int = 64):
+    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False):
         self.dir = Path(f"/tmp/grove-pytest-{tag}-{uuid.uuid4().hex[:8]}")
         (self.dir / "state").mkdir(parents=True)
         (self.dir / "run").mkdir(parents=True)
         self.socket = str(self.dir / "run" / "groved.sock")
         self.cgroup_root = f"grove-py{uuid.uuid4().hex[:8]}"
+        self.api_key = uuid.uuid4().hex
+        (self.dir / "api-key").write_text(self.api_key)
+        self.tcp = None
+        listen = ""
+        if tcp:
+            import socket as so
+            with so.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.tcp = f"127.0.0.1:{s.getsockname()[1]}"
+            listen = f'listen = ["{self.tcp}"]\napi_key_file = "{self.dir}/api-key"'
         (self.dir / "groved.toml").write_text(f"""
 state_dir = "{self.dir}/state"
 run_dir = "{self.dir}/run"
 socket = "{self.socket}"
+{listen}
 root_provider = "nodefs"
 cgroup_root = "{self.cgroup_root}"
 reap_interval_ms = 200

@@ -358,6 +358,7 @@ pub async fn batch_delete(
     if req.ids.is_empty() && req.labels.is_empty() {
         return Err(ApiError::invalid("ids", "give ids or labels"));
     }
+    check_labels("labels", &req.labels)?;
     let rt = app.runtime.clone();
     let results = blocking(move || {
         let mut targets: Vec<String> = req.ids.clone();

@@ -1,0 +1,45 @@
+"""schemathesis against openapi.yaml and a live groved (over TCP with the API key): no 5xx, every response
+conforms to the spec (status, content type, headers, body schema), schema-invalid input is rejected."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, Daemon
+
+SPEC = REPO / "groved" / "openapi.yaml"
+# Operations left out: importing a node path would let fuzzed paths (e.g. "/") copy the host into the store;
+# deleting images would remove the base image under the other tests; the two SSE streams never end; schemathesis
+# cannot generate application/x-tar bodies (tar upload is covered by groved/tests/api.rs).
+EXCLUDED = ["importImage", "importImageTar", "deleteImage", "events", "execStream", "uploadTar"]
+CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_headers_conformance",
+          "response_schema_conformance", "negative_data_rejection"]
+
+
+def test_schemathesis_finds_no_5xx_and_no_schema_violations():
+    st = Path(sys.executable).parent / "schemathesis"
+    if not st.exists():
+        pytest.fail(f"schemathesis is not installed in {sys.prefix}: pip install schemathesis (scripts/setup should)")
+    d = Daemon("fuzz", capacity_sandboxes=6, tcp=True)
+    try:
+        d.import_base_image()
+        args = [str(st), "run", str(SPEC), "--url", f"http://{d.tcp}", "-H", f"Authorization: Bearer {d.api_key}",
+                "--checks", ",".join(CHECKS), "--max-examples", "12", "--request-timeout", "20", "--seed", "1",
+                "--phases", "examples,coverage,fuzzing", "--no-color", "--max-time", "60"]
+        for op in EXCLUDED:
+            args += ["--exclude-operation-id", op]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=400)
+        Path("/tmp/grove-schemathesis.out").write_text(r.stdout + r.stderr)
+        out = r.stdout[-12000:] + r.stderr[-3000:]
+        assert r.returncode == 0, out
+        with d.http() as c:
+            ids = [s["id"] for s in c.get("/v1/sandboxes", params={"limit": 1000}).json()["items"]]
+            if ids:
+                c.post("/v1/sandboxes/delete", json={"ids": ids})
+            for s in c.get("/v1/snapshots").json().get("items", []):
+                c.delete(f"/v1/snapshots/{s['id']}")
+    finally:
+        d.stop()
