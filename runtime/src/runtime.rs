@@ -356,10 +356,19 @@ impl Runtime {
     /// Removes everything in `parts`, in reverse order of making; every step is tried and verified.
     pub(crate) fn reclaim(&self, id: &SandboxId, parts: Parts) -> Result<(), Error> {
         let mut errors: Vec<String> = Vec::new();
+        // A create that failed before learning its init's pid: find our children in the cgroup so
+        // they are reaped below, not left as zombies.
+        let orphans: Vec<i32> = match (parts.cgroups, parts.init_pid) {
+            (true, None) => self.our_children_in(id),
+            _ => Vec::new(),
+        };
         if parts.cgroups {
             if let Err(e) = self.cgroups.kill_all(id.as_str()) {
                 errors.push(format!("kill: {e}"));
             }
+        }
+        for pid in orphans {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
         }
         if let Some(pid) = parts.init_pid {
             if !parts.cgroups {
@@ -402,6 +411,23 @@ impl Runtime {
                 reason: errors.join("; "),
             })
         }
+    }
+
+    /// Host pids in the sandbox's cgroup whose parent is this process.
+    fn our_children_in(&self, id: &SandboxId) -> Vec<i32> {
+        let me = std::process::id().to_string();
+        let Some(procs) = self.cgroups.procs_files(id.as_str()).into_iter().next() else {
+            return Vec::new();
+        };
+        let text = std::fs::read_to_string(procs).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    s.rfind(')').and_then(|i| s[i + 2..].split(' ').nth(1)) == Some(me.as_str())
+                })
+            })
+            .collect()
     }
 
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
