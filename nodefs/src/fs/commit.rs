@@ -221,23 +221,53 @@ fn emit(
         end,
     };
     let mut off = start;
+    // New content (past the base) is stored in parallel batches; rewritten ranges go one
+    // by one, each tried as a delta against the base chunk it replaces.
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut batch_bytes = 0usize;
+    let flush = |batch: &mut Vec<Vec<u8>>, out: &mut Vec<ChunkRef>| -> Result<(), Error> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let ids = store.put_chunks(batch)?;
+        out.extend(ids.into_iter().zip(batch.iter()).map(|(id, c)| ChunkRef {
+            id,
+            len: c.len() as u32,
+        }));
+        batch.clear();
+        Ok(())
+    };
     chunk_reader(&mut r, ChunkPolicy::Cdc, &mut |c| {
-        // Parent for a delta: the base chunk that held this offset.
         let parent = match base.offsets.binary_search(&off) {
             Ok(i) => base.chunks.get(i).map(|c| c.id),
             Err(0) => None,
             Err(i) => base.chunks.get(i - 1).map(|c| c.id),
         };
-        let id = store.put_chunk(c, parent.as_ref())?;
-        out.push(ChunkRef {
-            id,
-            len: c.len() as u32,
-        });
         off += c.len() as u64;
+        match parent {
+            Some(p) => {
+                flush(&mut batch, out)?;
+                batch_bytes = 0;
+                let id = store.put_chunk(c, Some(&p))?;
+                out.push(ChunkRef {
+                    id,
+                    len: c.len() as u32,
+                });
+            }
+            None => {
+                batch.push(c.to_vec());
+                batch_bytes += c.len();
+                if batch_bytes >= 8 << 20 {
+                    batch_bytes = 0;
+                    flush(&mut batch, out)?;
+                }
+            }
+        }
         Ok(())
     })
     .map_err(|e| match e {
         ChunkError::Io(e) => eio(e),
         ChunkError::Sink(e) => e,
-    })
+    })?;
+    flush(&mut batch, out)
 }

@@ -459,6 +459,9 @@ impl State {
     pub fn rename(&mut self, parent: u64, name: &[u8], np: u64, nn: &[u8], flags: u32) -> R<()> {
         const NOREPLACE: u32 = 1;
         const EXCHANGE: u32 = 2;
+        if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
+            return Err(libc::EINVAL);
+        }
         if nn.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
