@@ -118,15 +118,9 @@ impl GroveEnv {
     pub fn snapshotter(&self) -> Result<GroveSnapshots, String> {
         let st = self.stack()?;
         let snap = st.snap.clone()?;
-        let store = st
-            .nodefs
-            .as_ref()
-            .map(|n| n.store().clone())
-            .ok_or("no nodefs store")?;
         Ok(GroveSnapshots {
             rt: st.rt.clone(),
             snap,
-            store,
             made: Mutex::new(Vec::new()),
         })
     }
@@ -401,7 +395,6 @@ impl Drop for WorkloadSandbox {
 pub struct GroveSnapshots {
     rt: Arc<GroveRuntime>,
     snap: Arc<Snapshotter>,
-    store: Arc<Store>,
     made: Mutex<Vec<String>>,
 }
 
@@ -424,10 +417,6 @@ pub struct SnapFigures {
 impl GroveSnapshots {
     pub fn label(&self) -> String {
         self.rt.label()
-    }
-
-    pub fn store_stats(&self) -> nodefs::StoreStats {
-        self.store.stats()
     }
 
     /// A sandbox running the workload in the background.

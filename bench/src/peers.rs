@@ -308,13 +308,3 @@ pub fn hugetlb_workaround() -> Result<Option<Guard>> {
     }
     Ok(Some(Guard::new("temporary hugetlb v1 mount", undo)))
 }
-
-/// Removes podman containers this bench labelled (after a failure or Ctrl-C mid-run).
-pub fn remove_labelled_containers(env: &PeerEnv) {
-    let filter = format!("label={PODMAN_LABEL}");
-    if let Ok(ids) = util::output(env.podman().args(["ps", "-aq", "--filter", &filter])) {
-        for id in ids.split_whitespace() {
-            let _ = env.podman().args(["rm", "-f", id]).output();
-        }
-    }
-}

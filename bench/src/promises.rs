@@ -8,7 +8,6 @@ use crate::scenarios::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
     P50,
-    P99,
 }
 
 /// The bound a promise sets.

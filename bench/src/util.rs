@@ -172,11 +172,6 @@ fn utc_string(secs: u64) -> String {
     )
 }
 
-/// Fills `buf` with fast pseudo-random (incompressible) bytes.
-pub fn fill_random(rng: &mut impl rand::RngCore, buf: &mut [u8]) {
-    rng.fill_bytes(buf);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
