@@ -130,6 +130,19 @@ fn background_outlives_exec_and_processes_and_signal() {
     assert_eq!(rt.read_file(&id, &log).unwrap(), b"bg-out\n");
     assert!(procs.iter().all(|p| p.pid != 1), "init is not listed");
 
+    // A connection that never sends its request does not hold init up.
+    let init = rt.get(&id).unwrap().init_pid.unwrap();
+    let stalled =
+        std::os::unix::net::UnixStream::connect(format!("/proc/{init}/root/run/grove/init.sock"))
+            .unwrap();
+    let t = Instant::now();
+    assert_eq!(out(&sh(&rt, &id, "echo quick")), "quick");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "exec waited on a stalled connection"
+    );
+    drop(stalled);
+
     // Several execs at once.
     let handles: Vec<_> = (0..4)
         .map(|i| {

@@ -73,12 +73,19 @@ fn serve() -> Result<(), String> {
     }
 
     let mut execs: HashMap<i32, Exec> = HashMap::new();
+    let mut incoming: Vec<Incoming> = Vec::new();
     loop {
-        let timeout = next_timeout(&execs);
+        let mut timeout = next_timeout(&execs);
+        if !incoming.is_empty() && !(0..=1000).contains(&timeout) {
+            timeout = 1000; // to drop connections that never send their request
+        }
         let mut fds: Vec<libc::pollfd> = vec![
             pfd(listener.as_raw_fd(), libc::POLLIN),
             pfd(sfd.as_fd().as_raw_fd(), libc::POLLIN),
         ];
+        for i in &incoming {
+            fds.push(pfd(i.conn.as_raw_fd(), libc::POLLIN));
+        }
         for e in execs.values() {
             if e.status.is_some() {
                 continue;
@@ -107,9 +114,18 @@ fn serve() -> Result<(), String> {
         }
         if ready.contains_key(&listener.as_raw_fd()) {
             while let Ok((conn, _)) = listener.accept() {
-                if let Some(e) = handle_conn(conn) {
-                    execs.insert(e.pid, e);
+                if conn.set_nonblocking(true).is_ok() {
+                    incoming.push(Incoming {
+                        conn,
+                        buf: Vec::new(),
+                        since: Instant::now(),
+                    });
                 }
+            }
+        }
+        for (conn, frame) in read_requests(&mut incoming, &ready) {
+            if let Some(e) = handle_conn(conn, frame) {
+                execs.insert(e.pid, e);
             }
         }
         for e in execs.values_mut() {
@@ -133,6 +149,56 @@ fn serve() -> Result<(), String> {
             }
         }
     }
+}
+
+/// A new connection whose request frame is still arriving (read without blocking the loop).
+struct Incoming {
+    conn: UnixStream,
+    buf: Vec<u8>,
+    since: Instant,
+}
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads what is available on new connections; returns those with a complete request frame.
+/// Connections that close, send garbage lengths or stall past REQUEST_TIMEOUT are dropped.
+fn read_requests(
+    incoming: &mut Vec<Incoming>,
+    ready: &HashMap<RawFd, i16>,
+) -> Vec<(UnixStream, Vec<u8>)> {
+    let mut done = Vec::new();
+    let mut keep = Vec::new();
+    for mut i in incoming.drain(..) {
+        let mut alive = true;
+        if ready.contains_key(&i.conn.as_raw_fd()) {
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                match i.conn.read(&mut chunk) {
+                    Ok(0) => {
+                        alive = false;
+                        break;
+                    }
+                    Ok(n) => i.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        alive = false;
+                        break;
+                    }
+                }
+            }
+        }
+        let want = (i.buf.len() >= 4)
+            .then(|| u32::from_be_bytes([i.buf[0], i.buf[1], i.buf[2], i.buf[3]]) as usize);
+        match want {
+            Some(len) if len == 0 || len > proto::MAX_FRAME => {}
+            Some(len) if i.buf.len() >= 4 + len => done.push((i.conn, i.buf)),
+            _ if alive && i.since.elapsed() < REQUEST_TIMEOUT => keep.push(i),
+            _ => {}
+        }
+    }
+    *incoming = keep;
+    done
 }
 
 fn pfd(fd: RawFd, events: i16) -> libc::pollfd {
@@ -186,9 +252,9 @@ fn reply(conn: &mut UnixStream, r: &Reply) {
 }
 
 /// Reads the single request of a new connection and serves it; returns a started foreground exec.
-fn handle_conn(mut conn: UnixStream) -> Option<Exec> {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-    let req = match proto::read_frame(&mut conn) {
+fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
+    let _ = conn.set_nonblocking(false);
+    let req = match proto::read_frame(&mut &frame[..]) {
         Ok(Some((proto::KIND_JSON, body))) => {
             serde_json::from_slice::<Request>(&body).map_err(|e| e.to_string())
         }
