@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::store::Store;
@@ -68,7 +68,9 @@ pub struct FileData {
     pub base_len: u64,
     /// Blocks whose content lives in the upper file.
     pub present: Vec<u64>,
-    pub upper_path: PathBuf,
+    /// The mount's upper directory; this file's upper data is `<upper_dir>/<ino>`.
+    pub upper_dir: Arc<Path>,
+    pub ino: u64,
     pub upper: Option<Arc<File>>,
     /// Bumped on every content change; commit memoizes per version.
     pub version: u64,
@@ -76,7 +78,7 @@ pub struct FileData {
 }
 
 impl FileData {
-    pub fn new(size: u64, chunks: Vec<ChunkRef>, upper_path: PathBuf) -> FileData {
+    pub fn new(size: u64, chunks: Vec<ChunkRef>, upper_dir: Arc<Path>, ino: u64) -> FileData {
         let base = Base::new(chunks);
         let base_len = base.len().min(size);
         FileData {
@@ -84,11 +86,21 @@ impl FileData {
             base: Arc::new(base),
             base_len,
             present: Vec::new(),
-            upper_path,
+            upper_dir,
+            ino,
             upper: None,
             version: 0,
             memo: None,
         }
+    }
+
+    /// Stands for "a new regular file" until [`super::state::State::create`] makes the real one.
+    pub fn placeholder() -> FileData {
+        FileData::new(0, Vec::new(), Arc::from(Path::new("")), 0)
+    }
+
+    pub fn upper_path(&self) -> PathBuf {
+        self.upper_dir.join(self.ino.to_string())
     }
 
     pub fn is_present(&self, b: u64) -> bool {
@@ -124,7 +136,7 @@ impl FileData {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&self.upper_path)?;
+            .open(self.upper_path())?;
         let f = Arc::new(f);
         self.upper = Some(f.clone());
         Ok(f)
@@ -240,7 +252,7 @@ impl FileData {
                 self.present.pop();
             }
         }
-        if self.upper.is_some() || self.upper_path.exists() {
+        if self.upper.is_some() || self.upper_path().exists() {
             let f = self.upper_file()?;
             f.set_len(size)?;
         }

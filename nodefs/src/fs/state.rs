@@ -99,7 +99,7 @@ pub struct State {
     /// Hard-link group → inode, for groups seen while loading directories.
     pub links: HashMap<u64, u64>,
     pub quota: Quota,
-    pub upper_dir: PathBuf,
+    pub upper_dir: Arc<std::path::Path>,
     pub store: Arc<Store>,
     /// Seed for link group ids created in this mount.
     pub nonce: u64,
@@ -144,7 +144,7 @@ impl State {
             next_ino: 2,
             links: HashMap::new(),
             quota,
-            upper_dir,
+            upper_dir: upper_dir.into(),
             store,
             nonce,
         }
@@ -196,8 +196,8 @@ impl State {
         n
     }
 
-    pub fn upper_path(&self, ino: u64) -> PathBuf {
-        self.upper_dir.join(format!("{ino}"))
+    pub fn new_file(&self, size: u64, chunks: Vec<crate::tree::ChunkRef>, ino: u64) -> FileData {
+        FileData::new(size, chunks, self.upper_dir.clone(), ino)
     }
 
     /// Load a directory's entries from its tree object on first use.
@@ -232,9 +232,7 @@ impl State {
                             parent: ino,
                         })
                     }
-                    Node::File { size, chunks } => {
-                        Content::File(FileData::new(size, chunks, self.upper_path(cino)))
-                    }
+                    Node::File { size, chunks } => Content::File(self.new_file(size, chunks, cino)),
                     Node::Symlink(t) => Content::Symlink(t),
                     Node::Fifo => Content::Special {
                         kind: FileType::NamedPipe,
@@ -345,7 +343,7 @@ impl State {
         }
         let ino = self.alloc_ino();
         let content = match content {
-            Content::File(_) => Content::File(FileData::new(0, Vec::new(), self.upper_path(ino))),
+            Content::File(_) => Content::File(self.new_file(0, Vec::new(), ino)),
             c => c,
         };
         let t = now();
@@ -410,8 +408,9 @@ impl State {
                 self.links.remove(&i.link);
             }
             if let Content::File(f) = i.content {
-                if f.upper.is_some() || f.upper_path.exists() {
-                    let _ = std::fs::remove_file(&f.upper_path);
+                let p = f.upper_path();
+                if f.upper.is_some() || p.exists() {
+                    let _ = std::fs::remove_file(&p);
                 }
             }
         }
