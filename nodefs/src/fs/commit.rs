@@ -155,7 +155,7 @@ fn file_chunks(st: &mut State, store: &Store, ino: u64) -> Result<Vec<ChunkRef>,
 }
 
 /// Keep base chunks no write touched; re-chunk the rest, with delta parents.
-fn rechunk(f: &mut FileData, store: &Store) -> Result<Vec<ChunkRef>, Error> {
+pub(super) fn rechunk(f: &mut FileData, store: &Store) -> Result<Vec<ChunkRef>, Error> {
     let base = f.base.clone();
     let mut out = Vec::new();
     let mut dirty_start: Option<u64> = None;

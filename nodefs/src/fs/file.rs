@@ -320,3 +320,81 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random writes, truncates, hole punches and allocations against a plain byte vector.
+    #[test]
+    fn overlay_matches_a_model() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("store")).unwrap();
+        let upper: Arc<Path> = Arc::from(tmp.path().join("upper").as_path());
+        std::fs::create_dir_all(&upper).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for round in 0..20u64 {
+            let n = rng.gen_range(0..300_000);
+            let mut model: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            let chunks: Vec<ChunkRef> = model
+                .chunks(40_000)
+                .map(|c| ChunkRef {
+                    id: store.put_chunk(c, None).unwrap(),
+                    len: c.len() as u32,
+                })
+                .collect();
+            let mut f = FileData::new(model.len() as u64, chunks, upper.clone(), round);
+            for _ in 0..60 {
+                let len = model.len() as u64;
+                match rng.gen_range(0..5) {
+                    0 | 1 => {
+                        let off = rng.gen_range(0..len + 10_000);
+                        let data: Vec<u8> =
+                            (0..rng.gen_range(1..20_000)).map(|_| rng.gen()).collect();
+                        f.write(&store, off, &data).unwrap();
+                        let end = off as usize + data.len();
+                        if model.len() < end {
+                            model.resize(end, 0);
+                        }
+                        model[off as usize..end].copy_from_slice(&data);
+                    }
+                    2 => {
+                        let size = rng.gen_range(0..len + 50_000);
+                        f.truncate(&store, size).unwrap();
+                        model.resize(size as usize, 0);
+                    }
+                    3 => {
+                        let off = rng.gen_range(0..len + 1);
+                        let l = rng.gen_range(0..30_000);
+                        f.zero_range(&store, off, l).unwrap();
+                        let end = ((off + l) as usize).min(model.len());
+                        if (off as usize) < end {
+                            model[off as usize..end].fill(0);
+                        }
+                    }
+                    _ => {
+                        let off = rng.gen_range(0..len + 10_000);
+                        let l = rng.gen_range(1..30_000);
+                        let keep = rng.gen_bool(0.5);
+                        f.allocate(&store, off, l, keep).unwrap();
+                        if !keep && model.len() < (off + l) as usize {
+                            model.resize((off + l) as usize, 0);
+                        }
+                    }
+                }
+                assert_eq!(f.size, model.len() as u64);
+                let mut got = vec![0u8; model.len()];
+                f.read_into(&store, 0, &mut got).unwrap();
+                assert!(got == model, "round {round}: content differs");
+            }
+            // What a commit would store is exactly the content.
+            let chunks = super::super::commit::rechunk(&mut f, &store).unwrap();
+            let mut stored = Vec::new();
+            for c in &chunks {
+                stored.extend_from_slice(&store.get_chunk(&c.id).unwrap());
+            }
+            assert!(stored == model, "round {round}: committed content differs");
+        }
+    }
+}
