@@ -1,5 +1,5 @@
 //! Rough timing of create → exec `true` → destroy (the real benchmark lives in bench/).
-//! Run as root: cargo run -p grove-runtime --example cycle_time -- [N]
+//! Run as root: cargo run -p grove-runtime --example cycle_time -- [N] [CLIENTS]
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +21,40 @@ fn main() {
         .expect("target dir")
         .join("grove-init");
     let rt = Runtime::new(cfg, Arc::new(OverlayRoot::new("/var/lib/grove"))).expect("runtime");
+    let clients: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    if clients > 1 {
+        let t = Instant::now();
+        let handles: Vec<_> = (0..clients)
+            .map(|_| {
+                let rt = rt.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..n / clients {
+                        let info = rt
+                            .create(SandboxSpec::from_image("debian12"))
+                            .expect("create");
+                        rt.exec(&info.id, ExecRequest::argv(["true"]))
+                            .expect("exec");
+                        rt.destroy(&info.id).expect("destroy");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("client");
+        }
+        let done = n / clients * clients;
+        println!(
+            "{clients} clients: {done} cycles in {:.2}s = {:.0}/s",
+            t.elapsed().as_secs_f64(),
+            done as f64 / t.elapsed().as_secs_f64()
+        );
+        assert!(rt.residue().items.is_empty(), "{:?}", rt.residue());
+        rt.shutdown();
+        return;
+    }
     let mut times = Vec::new();
     let mut phases = [0f64; 3];
     for _ in 0..n {

@@ -21,8 +21,12 @@ fn fork_bomb_stops_at_pids_limit() {
     }
     let rt = rt();
     let mut s = spec();
-    s.limits = Some(limits(256, 64));
+    s.limits = Some(Limits {
+        open_files: 200,
+        ..limits(256, 64)
+    });
     let id = rt.create(s).expect("create").id;
+    assert_eq!(out(&sh(&rt, &id, "ulimit -n; ulimit -Hn")), "200\n200");
     let py = "import os,time,errno\nn=0\ntry:\n  while True:\n    p=os.fork()\n    if p==0:\n      time.sleep(60); os._exit(0)\n    n+=1\nexcept OSError as e:\n  print(n, e.errno)\n";
     let r = rt
         .exec(&id, ExecRequest::argv(["python3", "-c", py]))
