@@ -114,22 +114,39 @@ pub fn all() -> Vec<Promise> {
         Promise::at_least("LC-4", "cycles/s with 8 concurrent clients", lc::NAME, lc::RATE, "concurrency 8", 200.0),
         Promise::at_most("LC-5", "warm-pool claim → exec true, p50 (ms)", lc::NAME, lc::WARM, lc::SEQ, Stat::P50, 5.0),
         Promise::at_most("DE-1", "memory per idle sandbox at 2,000 sandboxes, FUSE server share included (KiB)", de::NAME, de::PER_SANDBOX, "2000 sandboxes", Stat::P50, 1024.0),
-        Promise::at_most("CK-1", "first snapshot of python3 with 256 MiB heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, ck::FIRST, Stat::P50, 300.0),
-        Promise::at_most("CK-2", "second snapshot after touching 5 % of the heap: store bytes added ÷ bytes touched", ck::NAME, ck::SECOND_RATIO, "", Stat::P50, 1.2),
-        Promise::at_most("CK-3", "restore one copy to running and answering, p50 (ms)", ck::NAME, ck::FORK, "1 branches", Stat::P50, 200.0),
-        Promise::at_most("CK-4", "fork into 8 branches, all running and answering, p50 (ms)", ck::NAME, ck::FORK, "8 branches", Stat::P50, 600.0),
-        Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "", fs::OVERLAY, AtLeast(0.7)),
+        Promise::at_most("CK-1", "first snapshot of python3 with 256 MiB heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, "256 MiB heap, first", Stat::P50, 300.0),
+        Promise::at_most("CK-2", "second snapshot after touching 5 % of the heap: store bytes added ÷ bytes touched", ck::NAME, ck::SECOND_RATIO, "256 MiB heap", Stat::P50, 1.2),
+        Promise::at_most("CK-3", "restore one copy to running and answering, p50 (ms)", ck::NAME, ck::FORK, "256 MiB heap, 1 branches", Stat::P50, 200.0),
+        Promise::at_most("CK-4", "fork into 8 branches, all running and answering, p50 (ms)", ck::NAME, ck::FORK, "256 MiB heap, 8 branches", Stat::P50, 600.0),
+        Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "1024 MiB file", fs::OVERLAY, AtLeast(0.7)),
         Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
-        Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "", fs::OVERLAY, AtMost(2.0)),
-        Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "", fs::OVERLAY, AtMost(1.0)),
+        Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "python3.11 stdlib + /usr/share", fs::OVERLAY, AtMost(2.0)),
+        Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "50000 files", fs::OVERLAY, AtMost(1.0)),
         Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
-        Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "", Stat::P50, 1.2),
+        Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "100 MiB tree", Stat::P50, 1.2),
     ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn params_match_what_full_runs_emit() {
+        assert_eq!(fs::file_param(1 << 30), "1024 MiB file");
+        assert_eq!(fs::files_param(50_000), "50000 files");
+        assert_eq!(fs::tar_param(false), "python3.11 stdlib + /usr/share");
+        assert_eq!(st::tree_param(100), "100 MiB tree");
+        assert_eq!(ck::heap_param(256 << 20), "256 MiB heap");
+        let ps = all();
+        let find = |id: &str| ps.iter().find(|p| p.id == id).unwrap().param;
+        assert_eq!(find("FS-1"), fs::file_param(1 << 30));
+        assert_eq!(find("FS-3"), fs::tar_param(false));
+        assert_eq!(find("FS-4"), fs::files_param(50_000));
+        assert_eq!(find("ST-2"), st::tree_param(100));
+        assert_eq!(find("CK-2"), ck::heap_param(256 << 20));
+        assert!(find("CK-4").starts_with(&ck::heap_param(256 << 20)));
+    }
 
     #[test]
     fn ids_are_unique_and_goals_render() {

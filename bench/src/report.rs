@@ -356,6 +356,9 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(out, "Medians (p50) and p99 over the runs shown in `n`; every ratio is Grove ÷ peer from this same run.\n");
     if !r.promises.is_empty() {
         let _ = writeln!(out, "## Promises (SPECIFICATION.md)\n");
+        if r.quick {
+            let _ = writeln!(out, "_Quick run: workloads are smaller than the promises', so size-bound promises show \"not measured\"._\n");
+        }
         let _ = writeln!(out, "| id | promise | goal | measured | met |");
         let _ = writeln!(out, "|---|---|---|---|---|");
         for p in &r.promises {

@@ -115,16 +115,25 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     Ok(())
 }
 
+/// "256 MiB heap": figures depend on the heap, so quick runs never match the full run's promises.
+pub fn heap_param(heap: u64) -> String {
+    format!("{} MiB heap", heap >> 20)
+}
+
+fn par(p: &Params, what: &str) -> String {
+    format!("{}, {what}", heap_param(p.heap))
+}
+
 fn keys(p: &Params) -> Vec<(&'static str, String, String)> {
     let mut v = vec![
-        (SNAPSHOT, FIRST.to_string(), "ms".to_string()),
-        (SNAPSHOT, SECOND.to_string(), "ms".to_string()),
-        (BYTES, FIRST.to_string(), "MiB".to_string()),
-        (BYTES, SECOND.to_string(), "MiB".to_string()),
-        (SECOND_RATIO, String::new(), "×".to_string()),
+        (SNAPSHOT, par(p, FIRST), "ms".to_string()),
+        (SNAPSHOT, par(p, SECOND), "ms".to_string()),
+        (BYTES, par(p, FIRST), "MiB".to_string()),
+        (BYTES, par(p, SECOND), "MiB".to_string()),
+        (SECOND_RATIO, heap_param(p.heap), "×".to_string()),
     ];
     for b in &p.branches {
-        v.push((FORK, format!("{b} branches"), "ms".to_string()));
+        v.push((FORK, par(p, &format!("{b} branches")), "ms".to_string()));
     }
     v
 }
@@ -156,31 +165,31 @@ fn push_figures(
     }
     let k = |m: &str, param: &str, unit: &str| Key::new(m, param, unit, Better::Lower);
     res.push(Measurement::samples(
-        &k(SNAPSHOT, FIRST, "ms"),
+        &k(SNAPSHOT, &par(p, FIRST), "ms"),
         name,
         is_grove,
         &f.first_ms,
     ));
     res.push(Measurement::samples(
-        &k(SNAPSHOT, SECOND, "ms"),
+        &k(SNAPSHOT, &par(p, SECOND), "ms"),
         name,
         is_grove,
         &f.second_ms,
     ));
     res.push(Measurement::samples(
-        &k(BYTES, FIRST, "MiB"),
+        &k(BYTES, &par(p, FIRST), "MiB"),
         name,
         is_grove,
         &f.first_mib,
     ));
     res.push(Measurement::samples(
-        &k(BYTES, SECOND, "MiB"),
+        &k(BYTES, &par(p, SECOND), "MiB"),
         name,
         is_grove,
         &f.second_mib,
     ));
     res.push(Measurement::samples(
-        &k(SECOND_RATIO, "", "×"),
+        &k(SECOND_RATIO, &heap_param(p.heap), "×"),
         name,
         is_grove,
         &f.ratio,
@@ -190,7 +199,7 @@ fn push_figures(
     }
     let mut pts = Vec::new();
     for b in &p.branches {
-        let key = k(FORK, &format!("{b} branches"), "ms");
+        let key = k(FORK, &par(p, &format!("{b} branches")), "ms");
         match f.fork_ms.iter().find(|(n, _)| n == b) {
             Some((_, s)) if !s.is_empty() => {
                 if let Some(m) = crate::stats::median(s) {

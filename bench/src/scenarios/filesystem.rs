@@ -100,7 +100,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     match overlay_view(ctx, &tree) {
         Ok(v) => views.push(v),
         Err(e) => res.push(Measurement::failed(
-            &key(SEQ_READ, "MiB/s", Better::Higher),
+            &key(SEQ_READ, &file_param(sz.big), "MiB/s", Better::Higher),
             OVERLAY,
             false,
             format!("{e:#}"),
@@ -109,7 +109,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     match fuse_overlay_view(ctx, &tree) {
         Ok(v) => views.push(v),
         Err(e) => res.push(Measurement::failed(
-            &key(SEQ_READ, "MiB/s", Better::Higher),
+            &key(SEQ_READ, &file_param(sz.big), "MiB/s", Better::Higher),
             "fuse-overlayfs",
             false,
             format!("{e:#}"),
@@ -135,17 +135,24 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         }
     }
 
-    let tests: [(&str, &str, Better); 6] = [
-        (SEQ_READ, "MiB/s", Better::Higher),
-        (RAND_READ, "µs", Better::Lower),
-        (RAND_IOPS, "reads/s", Better::Higher),
-        (FIND_STAT, "ms", Better::Lower),
-        (UNTAR, "ms", Better::Lower),
-        (PY_IMPORT, "ms", Better::Lower),
+    let file_p = file_param(sz.big);
+    let files_p = files_param(sz.files);
+    let tar_p = tar_param(ctx.quick).to_string();
+    let tests: [(&str, &str, Better, &str); 6] = [
+        (SEQ_READ, "MiB/s", Better::Higher, &file_p),
+        (RAND_READ, "µs", Better::Lower, &file_p),
+        (RAND_IOPS, "reads/s", Better::Higher, &file_p),
+        (FIND_STAT, "ms", Better::Lower, &files_p),
+        (UNTAR, "ms", Better::Lower, &tar_p),
+        (PY_IMPORT, "ms", Better::Lower, ""),
     ];
     if let Some(r) = &grove_reason {
-        for (m, u, b) in tests {
-            res.push(Measurement::not_available(&key(m, u, b), "nodefs", r));
+        for (m, u, b, param) in tests {
+            res.push(Measurement::not_available(
+                &key(m, param, u, b),
+                "nodefs",
+                r,
+            ));
         }
     }
     let n = views.len();
@@ -230,8 +237,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     // Figures, and speed relative to overlayfs for the plot.
     let overlay_idx = views.iter().position(|v| v.name == OVERLAY);
     let mut rel = vec![vec![f64::NAN; n]; tests.len()];
-    for (t, (m, u, b)) in tests.iter().enumerate() {
-        let k = key(m, u, *b);
+    for (t, (m, u, b, param)) in tests.iter().enumerate() {
+        let k = key(m, param, u, *b);
         for (i, v) in views.iter().enumerate() {
             let meas = match &errors[t][i] {
                 Some(e) => Measurement::failed(&k, &v.name, v.is_grove, e.clone()),
@@ -289,8 +296,25 @@ fn rotated(views: &[View], rep: usize) -> impl Iterator<Item = (usize, &View)> {
     })
 }
 
-fn key(m: &str, unit: &str, b: Better) -> Key {
-    Key::new(m, "", unit, b)
+fn key(m: &str, param: &str, unit: &str, b: Better) -> Key {
+    Key::new(m, param, unit, b)
+}
+
+/// Parameters name the sizes, so quick runs never match the full run's promises.
+pub fn file_param(bytes: u64) -> String {
+    format!("{} MiB file", bytes >> 20)
+}
+
+pub fn files_param(n: usize) -> String {
+    format!("{n} files")
+}
+
+pub fn tar_param(quick: bool) -> &'static str {
+    if quick {
+        "python3.11 stdlib"
+    } else {
+        "python3.11 stdlib + /usr/share"
+    }
 }
 
 fn overlay_view(ctx: &Ctx, tree: &Path) -> Result<View> {
