@@ -83,6 +83,14 @@ impl std::fmt::Debug for Mount {
 
 impl NodeFs {
     pub fn new(store: Arc<Store>) -> Arc<NodeFs> {
+        // fuser gives every session thread a 16 MiB zeroed request buffer. glibc's dynamic
+        // mmap threshold can serve that from an arena and memset it (16 MiB resident per
+        // thread); a fixed threshold keeps it on fresh, untouched mmap pages.
+        static MALLOC_TUNED: std::sync::Once = std::sync::Once::new();
+        MALLOC_TUNED.call_once(|| {
+            // SAFETY: mallopt only changes allocator tuning; 1 MiB is a valid threshold.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
+        });
         Arc::new(NodeFs {
             store,
             mounts: Mutex::new(Vec::new()),
