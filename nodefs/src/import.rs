@@ -5,7 +5,10 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
 use crate::error::{io_err, Error};
@@ -64,8 +67,13 @@ impl Store {
                 source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
             });
         }
+        // Chunk every regular file first, on all cores; the walk below then only assembles.
+        let mut files = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        collect_files(src, Path::new(""), &mut files, &mut seen)?;
+        let pre = Mutex::new(self.chunk_files(&files, policy)?);
         let mut groups = HashMap::new();
-        let root = self.read_dir_node(src, Path::new(""), policy, &mut groups)?;
+        let root = self.read_dir_node(src, Path::new(""), policy, &mut groups, &pre)?;
         let id = self.store_mem(&root)?;
         self.seal_manifest(&id)?;
         Ok(id)
@@ -77,6 +85,7 @@ impl Store {
         rel: &Path,
         policy: &dyn Fn(&Path) -> ChunkPolicy,
         groups: &mut HashMap<(u64, u64), (u64, Node)>,
+        pre: &Mutex<HashMap<PathBuf, Node>>,
     ) -> Result<MemNode, Error> {
         let md = fs::symlink_metadata(path).map_err(io_err(path))?;
         let meta = meta_of(path, &md)?;
@@ -93,7 +102,7 @@ impl Store {
             let cmd = fs::symlink_metadata(&p).map_err(io_err(&p))?;
             let ft = cmd.file_type();
             let child = if ft.is_dir() {
-                self.read_dir_node(&p, &r, policy, groups)?
+                self.read_dir_node(&p, &r, policy, groups, pre)?
             } else {
                 let cmeta = meta_of(&p, &cmd)?;
                 let key = (cmd.dev(), cmd.ino());
@@ -111,9 +120,15 @@ impl Store {
                     }
                 }
                 let node = if ft.is_file() {
-                    let mut f = fs::File::open(&p).map_err(io_err(&p))?;
-                    self.chunk_stream(&mut f, policy(&r))
-                        .map_err(|e| chunk_err(e, &p))?
+                    let done = pre.lock().remove(&p);
+                    match done {
+                        Some(n) => n,
+                        None => {
+                            let mut f = fs::File::open(&p).map_err(io_err(&p))?;
+                            self.chunk_stream(&mut f, policy(&r))
+                                .map_err(|e| chunk_err(e, &p))?
+                        }
+                    }
                 } else if ft.is_symlink() {
                     Node::Symlink(
                         fs::read_link(&p)
@@ -147,6 +162,46 @@ impl Store {
             children.insert(name.as_bytes().to_vec(), child);
         }
         Ok(MemNode::Dir { meta, children })
+    }
+
+    /// Chunk and store files in parallel; returns their nodes by path.
+    fn chunk_files(
+        &self,
+        files: &[(PathBuf, PathBuf)],
+        policy: &dyn Fn(&Path) -> ChunkPolicy,
+    ) -> Result<HashMap<PathBuf, Node>, Error> {
+        let policies: Vec<ChunkPolicy> = files.iter().map(|(_, r)| policy(r)).collect();
+        let next = AtomicUsize::new(0);
+        let out = Mutex::new(HashMap::with_capacity(files.len()));
+        let err: Mutex<Option<Error>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..crate::cpus() {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((p, _)) = files.get(i) else { break };
+                    if err.lock().is_some() {
+                        break;
+                    }
+                    let r = fs::File::open(p).map_err(io_err(p)).and_then(|mut f| {
+                        self.chunk_stream(&mut f, policies[i])
+                            .map_err(|e| chunk_err(e, p))
+                    });
+                    match r {
+                        Ok(n) => {
+                            out.lock().insert(p.clone(), n);
+                        }
+                        Err(e) => {
+                            err.lock().get_or_insert(e);
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        match err.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(out.into_inner()),
+        }
     }
 
     /// Chunk and store a stream, returning the file node.
@@ -255,6 +310,27 @@ fn assign_links(n: &MemNode, path: &mut Vec<u8>, first: &mut HashMap<u64, (u64, 
             path.truncate(len);
         }
     }
+}
+
+/// Regular files under `dir` (absolute, relative), each inode once.
+fn collect_files(
+    dir: &Path,
+    rel: &Path,
+    out: &mut Vec<(PathBuf, PathBuf)>,
+    seen: &mut std::collections::HashSet<(u64, u64)>,
+) -> Result<(), Error> {
+    for e in fs::read_dir(dir).map_err(io_err(dir))? {
+        let e = e.map_err(io_err(dir))?;
+        let p = e.path();
+        let r = rel.join(e.file_name());
+        let md = fs::symlink_metadata(&p).map_err(io_err(&p))?;
+        if md.is_dir() {
+            collect_files(&p, &r, out, seen)?;
+        } else if md.is_file() && (md.nlink() == 1 || seen.insert((md.dev(), md.ino()))) {
+            out.push((p, r));
+        }
+    }
+    Ok(())
 }
 
 fn meta_of(p: &Path, md: &fs::Metadata) -> Result<Meta, Error> {
