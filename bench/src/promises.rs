@@ -149,6 +149,30 @@ mod tests {
     }
 
     #[test]
+    fn headline_names_real_figures() {
+        let known = [
+            lc::CYCLE,
+            lc::RATE,
+            ck::SNAPSHOT,
+            ck::SECOND_RATIO,
+            ck::FORK,
+            fs::SEQ_READ,
+            fs::UNTAR,
+            fs::PY_IMPORT,
+            fs::FIND_STAT,
+            de::PER_SANDBOX,
+            st::CHAIN_RATIO,
+        ];
+        for (scenario, metric, _) in crate::report::HEADLINE {
+            assert!(known.contains(&metric), "{scenario}: {metric}");
+        }
+        assert_eq!(
+            crate::report::HEADLINE[2].2,
+            format!("{}, {}", ck::heap_param(256 << 20), ck::FIRST)
+        );
+    }
+
+    #[test]
     fn ids_are_unique_and_goals_render() {
         let ps = all();
         let mut ids: Vec<_> = ps.iter().map(|p| p.id).collect();

@@ -313,7 +313,7 @@ pub fn render_scenario(out: &mut String, s: &ScenarioResult) {
             format!("{metric}, {param}")
         };
         let _ = writeln!(out, "**{title}** ({unit}, {better})\n");
-        let _ = writeln!(out, "| system | p50 | p99 | n | Grove ÷ system |");
+        let _ = writeln!(out, "| system | p50 / value | p99 | n | Grove ÷ system |");
         let _ = writeln!(out, "|---|---:|---:|---:|---:|");
         let grove = rows.iter().find(|m| m.is_grove).and_then(|m| m.headline());
         for m in &rows {
@@ -336,6 +336,132 @@ pub fn render_scenario(out: &mut String, s: &ScenarioResult) {
     }
 }
 
+/// The figures quoted first: (scenario, metric, parameter of the full run).
+pub const HEADLINE: [(&str, &str, &str); 11] = [
+    ("lifecycle", "create → exec true → destroy", "sequential"),
+    (
+        "lifecycle",
+        "create → exec true → destroy throughput",
+        "concurrency 8",
+    ),
+    (
+        "checkpoint",
+        "checkpoint (snapshot) time",
+        "256 MiB heap, first",
+    ),
+    (
+        "checkpoint",
+        "second checkpoint: bytes added ÷ bytes touched",
+        "256 MiB heap",
+    ),
+    (
+        "checkpoint",
+        "restore / fork: all copies running and answering",
+        "256 MiB heap, 8 branches",
+    ),
+    ("filesystem", "sequential read, cold", "1024 MiB file"),
+    (
+        "filesystem",
+        "untar of a source tree",
+        "python3.11 stdlib + /usr/share",
+    ),
+    (
+        "filesystem",
+        "cold python3 -c 'import email, json, http.client' (chroot)",
+        "",
+    ),
+    ("filesystem", "find + stat, warm", "50000 files"),
+    (
+        "density",
+        "memory per idle sandbox (MemAvailable drop ÷ sandboxes)",
+        "2000 sandboxes",
+    ),
+    (
+        "storage",
+        "store bytes after 10 commits ÷ first commit's bytes",
+        "100 MiB tree",
+    ),
+];
+
+/// One row per headline figure: Grove's p50 (p99) and every peer's p50 with Grove ÷ peer. A quick run
+/// (other sizes) shows the same figure at its own parameter.
+pub fn render_headline(out: &mut String, r: &Report) {
+    let mut rows = Vec::new();
+    for (scenario, metric, param) in HEADLINE {
+        let Some(s) = r.scenarios.iter().find(|s| s.name == scenario) else {
+            continue;
+        };
+        let exact = s
+            .measurements
+            .iter()
+            .any(|m| m.metric == metric && m.param == param);
+        let Some(param) = (if exact {
+            Some(param.to_string())
+        } else {
+            s.measurements
+                .iter()
+                .find(|m| m.metric == metric)
+                .map(|m| m.param.clone())
+        }) else {
+            continue;
+        };
+        let ms: Vec<&Measurement> = s
+            .measurements
+            .iter()
+            .filter(|m| m.metric == metric && m.param == param)
+            .collect();
+        let grove = ms.iter().find(|m| m.is_grove);
+        let g = grove.and_then(|m| m.headline());
+        let gcell = match grove {
+            Some(m) => match &m.outcome {
+                Outcome::Samples { summary } => {
+                    format!("{} (p99 {})", fmt_num(summary.p50), fmt_num(summary.p99))
+                }
+                _ => outcome_cells(m).0,
+            },
+            None => "–".into(),
+        };
+        let peers: Vec<String> = ms
+            .iter()
+            .filter(|m| !m.is_grove)
+            .map(|m| match m.headline() {
+                Some(v) => format!(
+                    "{} {} ({})",
+                    m.system,
+                    fmt_num(v),
+                    fmt_ratio(ratio(g, Some(v)))
+                ),
+                None => format!("{} failed", m.system),
+            })
+            .collect();
+        let label = if param.is_empty() {
+            metric.to_string()
+        } else {
+            format!("{metric}, {param}")
+        };
+        rows.push(format!(
+            "| {} | {} | {} | {} |",
+            cell_escape(&label),
+            ms[0].unit,
+            cell_escape(&gcell),
+            cell_escape(&peers.join(" · "))
+        ));
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Headline\n");
+    let _ = writeln!(
+        out,
+        "| figure | unit | Grove p50 (p99) | peers p50 (Grove ÷ peer) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(out, "{row}");
+    }
+    out.push('\n');
+}
+
 /// The whole report as Markdown.
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
@@ -354,6 +480,7 @@ pub fn render(r: &Report) -> String {
         r.host
     );
     let _ = writeln!(out, "Medians (p50) and p99 over the runs shown in `n`; every ratio is Grove ÷ peer from this same run.\n");
+    render_headline(&mut out, r);
     if !r.promises.is_empty() {
         let _ = writeln!(out, "## Promises (SPECIFICATION.md)\n");
         if r.quick {
@@ -400,7 +527,12 @@ mod tests {
     use super::*;
 
     fn scenario() -> ScenarioResult {
-        let k = Key::new("create → exec → destroy", "sequential", "ms", Better::Lower);
+        let k = Key::new(
+            "create → exec true → destroy",
+            "sequential",
+            "ms",
+            Better::Lower,
+        );
         let mut s = ScenarioResult::new("lifecycle", "Lifecycle");
         s.push(Measurement::samples(&k, "grove", true, &[10.0, 20.0, 30.0]));
         s.push(Measurement::samples(&k, "bwrap", false, &[5.0, 5.0, 5.0]));
@@ -415,7 +547,7 @@ mod tests {
         assert!(out.contains("| grove | 20.00 | 29.80 | 3 | – |"), "{out}");
         assert!(out.contains("| bwrap | 5.00 | 5.00 | 3 | 4.00× |"), "{out}");
         assert!(out.contains("failed: exit 126 \\| boom"), "{out}");
-        assert!(out.contains("**create → exec → destroy, sequential** (ms, lower is better)"));
+        assert!(out.contains("**create → exec true → destroy, sequential** (ms, lower is better)"));
     }
 
     #[test]
@@ -445,7 +577,7 @@ mod tests {
                 "L1",
                 "p50",
                 "lifecycle",
-                "create → exec → destroy",
+                "create → exec true → destroy",
                 "sequential",
                 Stat::P50,
                 30.0,
@@ -454,7 +586,7 @@ mod tests {
                 "L2",
                 "p50 tight",
                 "lifecycle",
-                "create → exec → destroy",
+                "create → exec true → destroy",
                 "sequential",
                 Stat::P50,
                 15.0,
@@ -463,7 +595,7 @@ mod tests {
                 "L3",
                 "vs bwrap",
                 "lifecycle",
-                "create → exec → destroy",
+                "create → exec true → destroy",
                 "sequential",
                 "bwrap",
                 Goal::AtMost(2.0),
@@ -494,6 +626,8 @@ mod tests {
         };
         let md = render(&rep);
         assert!(md.contains("--quick"));
+        assert!(md.contains("## Headline"), "{md}");
+        assert!(md.contains("| create → exec true → destroy, sequential | ms | 20.00 (p99 29.80) | bwrap 5.00 (4.00×) · podman failed |"), "{md}");
         assert!(md.contains("## Lifecycle"));
         assert!(md.contains("- mount /x"));
         let json = serde_json::to_string(&rep).unwrap();
