@@ -427,18 +427,43 @@ fn scan(
     }
     let mut off = PACK_MAGIC.len();
     while off + HDR <= map.len() {
-        let Some((id, loc)) = parse_header(n, off as u64, &map[off..off + HDR]) else {
-            tracing::warn!(pack = %path.display(), off, "bad record header; ignoring the rest");
-            break;
+        let rec = parse_header(n, off as u64, &map[off..off + HDR])
+            .filter(|(_, l)| off + HDR + l.stored_len as usize <= map.len());
+        let Some((id, loc)) = rec else {
+            // A damaged record in the middle (valid records follow) is skipped, and its
+            // objects read as missing; only a torn tail (nothing valid after) is cut.
+            match next_record(n, &map, off + 1) {
+                Some(next) => {
+                    tracing::warn!(pack = %path.display(), off, next, "skipping a damaged record");
+                    off = next;
+                    continue;
+                }
+                None => break,
+            }
         };
-        let end = off + HDR + loc.stored_len as usize;
-        if end > map.len() {
-            break;
-        }
         index.entry(id).or_insert(loc);
-        off = end;
+        off += HDR + loc.stored_len as usize;
     }
     Ok(off as u64)
+}
+
+/// Offset of the next valid, complete record at or after `from`.
+fn next_record(n: u32, map: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while i + HDR <= map.len() {
+        let rel = map[i..].windows(4).position(|w| w == REC_MAGIC)?;
+        i += rel;
+        if i + HDR > map.len() {
+            return None;
+        }
+        if let Some((_, l)) = parse_header(n, i as u64, &map[i..i + HDR]) {
+            if i + HDR + l.stored_len as usize <= map.len() {
+                return Some(i);
+            }
+        }
+        i += 1;
+    }
+    None
 }
 
 /// fsync a directory so renames in it are durable.

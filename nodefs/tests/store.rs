@@ -204,6 +204,37 @@ fn truncated_pack_tail_is_cut_at_open() {
 }
 
 #[test]
+fn damaged_header_mid_pack_does_not_cut_later_records() {
+    let mut env = Env::new();
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    fs::write(a.join("f"), random_bytes(21, 100_000)).unwrap();
+    let ia = env.store.import_dir(&a).unwrap();
+    let pack = fs::read_dir(env.path("store/packs"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let first_end = fs::metadata(&pack).unwrap().len();
+    fs::write(b.join("g"), random_bytes(22, 100_000)).unwrap();
+    let ib = env.store.import_dir(&b).unwrap();
+    let len = fs::metadata(&pack).unwrap().len();
+    // Flip a byte in the header of the first record (offset 8 is where records start).
+    let mut bytes = fs::read(&pack).unwrap();
+    bytes[8 + 20] ^= 0xff;
+    fs::write(&pack, &bytes).unwrap();
+    env.reopen();
+    assert_eq!(fs::metadata(&pack).unwrap().len(), len, "nothing was cut");
+    assert!(first_end < len);
+    // The second import is intact; the first names its missing object.
+    env.store.export_dir(&ib, &env.path("out-b")).unwrap();
+    let err = env.store.export_dir(&ia, &env.path("out-a")).unwrap_err();
+    assert!(format!("{err}").contains("missing"), "{err}");
+}
+
+#[test]
 fn refs_are_durable_and_validated() {
     let mut env = Env::new();
     let id = env.empty();
