@@ -349,8 +349,20 @@ impl Store {
         if let Some(d) = self.cache.lock().get(id) {
             return Ok(d);
         }
-        let loc = self.packs.get(id).ok_or(StoreError::Missing { id: *id })?;
-        let payload = self.packs.read_payload(id, &loc)?;
+        let mut loc = self.packs.get(id).ok_or(StoreError::Missing { id: *id })?;
+        let payload = match self.packs.read_payload(id, &loc) {
+            Ok(p) => p,
+            Err(e) => {
+                // gc may have moved the object to a new pack since we looked it up.
+                match self.packs.get(id) {
+                    Some(l) if (l.pack, l.offset) != (loc.pack, loc.offset) => {
+                        loc = l;
+                        self.packs.read_payload(id, &loc)?
+                    }
+                    _ => return Err(e),
+                }
+            }
+        };
         let corrupt = |why: String| StoreError::Corrupt { id: *id, why };
         let raw = match loc.codec {
             Codec::Raw => payload,
