@@ -118,6 +118,11 @@ fn rename_over_existing_and_directories() {
     );
     let e = fs::remove_dir(mp.join("moved")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    // std::fs::copy uses copy_file_range; the kernel falls back for FUSE.
+    fs::copy(mp.join("moved/mid.bin"), mp.join("copy.bin")).unwrap();
+    assert!(
+        fs::read(mp.join("copy.bin")).unwrap() == fs::read(env.path("src/a/b/mid.bin")).unwrap()
+    );
     // Many entries list completely.
     fs::create_dir(mp.join("many")).unwrap();
     for i in 0..1500 {
