@@ -7,14 +7,24 @@ use std::time::{Duration, Instant};
 
 fn mounted(dir: &std::path::Path) -> bool {
     let d = dir.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(d.as_str()))
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(d.as_str()))
 }
 
 #[test]
 fn mount_write_commit() {
-    let tmp = tempfile::Builder::new().prefix("grove-mount-test-").tempdir().unwrap();
-    let (state, run, src, mnt) =
-        (tmp.path().join("state"), tmp.path().join("run"), tmp.path().join("src"), tmp.path().join("mnt"));
+    let tmp = tempfile::Builder::new()
+        .prefix("grove-mount-test-")
+        .tempdir()
+        .unwrap();
+    let (state, run, src, mnt) = (
+        tmp.path().join("state"),
+        tmp.path().join("run"),
+        tmp.path().join("src"),
+        tmp.path().join("mnt"),
+    );
     for d in [&state, &run, &src, &mnt] {
         std::fs::create_dir_all(d).unwrap();
     }
@@ -37,11 +47,20 @@ fn mount_write_commit() {
         .unwrap();
     let t = Instant::now();
     while !mounted(&mnt) {
-        assert!(t.elapsed() < Duration::from_secs(20), "grove mount did not mount");
-        assert!(child.try_wait().unwrap().is_none(), "grove mount exited early");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "grove mount did not mount"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "grove mount exited early"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(std::fs::read_to_string(mnt.join("hello.txt")).unwrap(), "hello");
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("hello.txt")).unwrap(),
+        "hello"
+    );
     std::fs::write(mnt.join("new.txt"), "written through the mount").unwrap();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -50,11 +69,18 @@ fn mount_write_commit() {
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.starts_with("small-2 "), "{printed}");
     assert!(!mounted(&mnt), "still mounted after exit");
-    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "the mountpoint is empty again");
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "the mountpoint is empty again"
+    );
     let store = nodefs::Store::open(&state.join("store")).unwrap();
     let committed = store.get_ref("small-2").unwrap().expect("committed ref");
     assert_ne!(committed, base);
-    assert_eq!(printed.split_whitespace().nth(1), Some(committed.to_hex().as_str()));
+    assert_eq!(
+        printed.split_whitespace().nth(1),
+        Some(committed.to_hex().as_str())
+    );
     // The commit holds the new file: mount it read-only and look.
     let fs = nodefs::NodeFs::new(store.clone());
     let view = tmp.path().join("view");

@@ -27,8 +27,8 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violations():
     try:
         d.import_base_image()
         args = [str(st), "run", str(SPEC), "--url", f"http://{d.tcp}", "-H", f"Authorization: Bearer {d.api_key}",
-                "--checks", ",".join(CHECKS), "--max-examples", "12", "--request-timeout", "20", "--seed", "1",
-                "--phases", "examples,coverage,fuzzing", "--no-color", "--max-time", "60"]
+                "--checks", ",".join(CHECKS), "--max-examples", "12", "--request-timeout", "60", "--seed", "1",
+                "--phases", "examples,coverage,fuzzing,stateful", "--no-color", "--max-time", "60"]
         for op in EXCLUDED:
             args += ["--exclude-operation-id", op]
         r = subprocess.run(args, capture_output=True, text=True, timeout=400)

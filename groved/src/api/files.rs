@@ -107,7 +107,10 @@ pub async fn download(
             .and_then(|()| std::io::Write::flush(&mut w).map_err(|e| e.to_string()))
         {
             Ok(()) => {}
-            Err(e) => w.fail(e),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, path = %path, "tar download failed mid-stream: {e}");
+                w.fail(e)
+            }
         }
     });
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())

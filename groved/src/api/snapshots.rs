@@ -110,6 +110,7 @@ pub async fn export(State(app): State<Arc<App>>, Path(name): Path<String>) -> Ap
             std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(e.to_string()))
         });
         if let Err(e) = r {
+            tracing::warn!(snapshot = %name, "export failed mid-stream: {}", e.message);
             w.fail(e.message);
         }
     });
