@@ -140,7 +140,7 @@ disk_mb = 512
 
 @pytest.fixture(scope="session")
 def groved():
-    d = Daemon("main")
+    d = Daemon("main", tcp=True)
     d.import_base_image()
     yield d
     d.stop()

@@ -86,3 +86,12 @@ def test_create_many_and_list(client):
     finally:
         for s in sbxs:
             s.kill()
+
+
+def test_tcp_with_api_key(groved):
+    with grove.Client(base_url=f"http://{groved.tcp}", api_key=groved.api_key) as c:
+        with grove.Sandbox.create(client=c) as sbx:
+            assert sbx.exec(["echo", "over tcp"]).stdout == "over tcp\n"
+    with grove.Client(base_url=f"http://{groved.tcp}", api_key="wrong") as c:
+        with pytest.raises(grove.Unauthorized):
+            grove.Sandbox.list(client=c)
