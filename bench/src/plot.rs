@@ -138,25 +138,27 @@ pub fn bar_chart(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..width, 0.0..(max * 1.15).max(1e-9))
+        .build_cartesian_2d(0.0..width, -(max * 0.1).max(1e-9)..(max * 1.15).max(1e-9))
         .map_err(err)?;
-    let g = groups.to_vec();
-    let kk = k;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(groups.len() * 2 + 1)
-        .x_label_formatter(&move |x| {
-            let i = (x / (kk + 1.0)).floor() as usize;
-            let centre = i as f64 * (kk + 1.0) + (kk + 1.0) / 2.0;
-            if (x - centre).abs() < (kk + 1.0) / 4.0 {
-                g.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|_| String::new())
         .y_desc(y_label)
         .draw()
+        .map_err(err)?;
+    // Group names under the bars (inside the plot, below zero), centred on each group.
+    let style = TextStyle::from(("sans-serif", 13).into_font()).pos(
+        plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Center,
+        ),
+    );
+    chart
+        .draw_series(groups.iter().enumerate().map(|(gi, g)| {
+            let x = gi as f64 * (k + 1.0) + (k + 1.0) / 2.0;
+            Text::new(g.clone(), (x, -max * 0.05), style.clone())
+        }))
         .map_err(err)?;
     for (si, name) in systems.iter().enumerate() {
         let c = COLORS[si % COLORS.len()];

@@ -162,7 +162,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             }
             std::thread::sleep(Duration::from_millis(ctx.pick(500, 2000)));
             let now = settled_mem_available()?;
-            let per = before.saturating_sub(now) as f64 / level as f64;
+            // Signed: at small counts host noise can make it negative, and that is reported as measured.
+            let per = (before as f64 - now as f64) / level as f64;
             pts.push((level as f64, per));
             res.push(Measurement::value(&key, &sys.name(), is_grove, per));
         }
