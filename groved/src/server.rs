@@ -50,9 +50,13 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
             .into_future(),
     );
     for addr in &app.config.listen {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let tcp = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_file(&app.config.socket);
+                return Err(e).with_context(|| format!("binding {addr}"));
+            }
+        };
         let router = crate::api::router(app.clone(), app.config.api_key.clone());
         servers.spawn(
             axum::serve(tcp, router)

@@ -31,7 +31,7 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violations():
                 "--phases", "examples,coverage,fuzzing,stateful", "--no-color", "--max-time", "60"]
         for op in EXCLUDED:
             args += ["--exclude-operation-id", op]
-        r = subprocess.run(args, capture_output=True, text=True, timeout=400)
+        r = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=d.dir)  # its example db goes there
         Path("/tmp/grove-schemathesis.out").write_text(r.stdout + r.stderr)
         out = r.stdout[-12000:] + r.stderr[-3000:]
         assert r.returncode == 0, out
