@@ -25,10 +25,11 @@ impl std::ops::Deref for MountGuard {
 }
 
 /// A temp dir with a store, a mountpoint area and scratch space.
+/// Fields drop in order: the server (unmounting anything left) before the temp dir.
 pub struct Env {
-    pub tmp: tempfile::TempDir,
-    pub store: Arc<Store>,
     pub fs: Arc<NodeFs>,
+    pub store: Arc<Store>,
+    pub tmp: tempfile::TempDir,
 }
 
 impl Env {
@@ -39,7 +40,7 @@ impl Env {
             .unwrap();
         let store = Store::open(&tmp.path().join("store")).unwrap();
         let fs = NodeFs::new(store.clone());
-        Env { tmp, store, fs }
+        Env { fs, store, tmp }
     }
 
     /// Drop every handle on the store and open it afresh (as after a restart).
