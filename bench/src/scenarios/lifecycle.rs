@@ -19,6 +19,7 @@ use crate::util;
 pub const NAME: &str = "lifecycle";
 pub const CYCLE: &str = "create → exec true → destroy";
 pub const RATE: &str = "create → exec true → destroy throughput";
+pub const LOADED: &str = "create → exec true → destroy latency under load";
 pub const WARM: &str = "warm-pool claim → exec true";
 pub const SEQ: &str = "sequential";
 pub const CRUN: &str = "crun";
@@ -161,6 +162,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     // Throughput at each concurrency, over a fixed window (in-flight cycles finish and count).
     let window = Duration::from_secs_f64(ctx.pick(0.6, 4.0));
     let mut rate_series: Vec<Series> = Vec::new();
+    let mut loaded: Vec<Measurement> = Vec::new();
     for s in &systems {
         let mut pts = Vec::new();
         for c in CONCURRENCY {
@@ -169,7 +171,9 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             done += 1.0;
             let key = Key::new(RATE, format!("concurrency {c}"), "cycles/s", Better::Higher);
             let is_grove = matches!(s, System::Grove(_));
-            let (rate, errors, first) = throughput(s, &env, c, window);
+            let (rate, errors, first, lat) = throughput(s, &env, c, window);
+            let lkey = Key::new(LOADED, format!("concurrency {c}"), "ms", Better::Lower);
+            loaded.push(Measurement::samples(&lkey, &s.name(), is_grove, &lat));
             let m = match (rate, first) {
                 (Some(r), None) => Measurement::value(&key, &s.name(), is_grove, r),
                 (Some(r), Some(e)) => {
@@ -190,6 +194,9 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             name: s.name(),
             points: pts,
         });
+    }
+    for m in loaded {
+        res.push(m);
     }
     for k in failed_peers {
         for c in CONCURRENCY {
@@ -244,7 +251,8 @@ fn throughput(
     env: &PeerEnv,
     c: usize,
     window: Duration,
-) -> (Option<f64>, usize, Option<String>) {
+) -> (Option<f64>, usize, Option<String>, Vec<f64>) {
+    let lat: Mutex<Vec<f64>> = Mutex::new(Vec::new());
     let ok = AtomicUsize::new(0);
     let failed = AtomicUsize::new(0);
     let first: Mutex<Option<String>> = Mutex::new(None);
@@ -253,9 +261,13 @@ fn throughput(
         for _ in 0..c {
             sc.spawn(|| {
                 while t.elapsed() < window && !cleanup::cancelled() {
+                    let t1 = Instant::now();
                     match s.cycle(env) {
                         Ok(()) => {
                             ok.fetch_add(1, Ordering::Relaxed);
+                            lat.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(util::ms_since(t1));
                         }
                         Err(e) => {
                             failed.fetch_add(1, Ordering::Relaxed);
@@ -275,5 +287,6 @@ fn throughput(
     let ok = ok.load(Ordering::Relaxed);
     let first = first.into_inner().unwrap_or_else(|e| e.into_inner());
     let rate = (ok > 0).then(|| ok as f64 / secs);
-    (rate, failed.load(Ordering::Relaxed), first)
+    let lat = lat.into_inner().unwrap_or_else(|e| e.into_inner());
+    (rate, failed.load(Ordering::Relaxed), first, lat)
 }
