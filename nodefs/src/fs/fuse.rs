@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     BackingId, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -195,6 +195,8 @@ impl Filesystem for Fs {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Listing a directory also fills the kernel's dentry and attribute caches.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
         {
@@ -668,6 +670,61 @@ impl Filesystem for Fs {
                 .unwrap_or(FileType::RegularFile);
             idx += 1;
             if reply.add(INodeNo(cino), idx, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut st = self.s().state.lock();
+        let parent = match &tryr!(reply, st.get(ino.0)).content {
+            Content::Dir(d) => d.parent,
+            _ => {
+                reply.error(Errno::ENOTDIR);
+                return;
+            }
+        };
+        let kids: Vec<(Vec<u8>, u64)> = tryr!(reply, st.children(ino.0))
+            .iter()
+            .skip((offset as usize).saturating_sub(2))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut idx = offset;
+        if idx == 0 {
+            let a = tryr!(reply, st.attr(ino.0));
+            if reply.add(ino, 1, ".", &TTL, &a, Generation(0)) {
+                reply.ok();
+                return;
+            }
+            idx = 1;
+        }
+        if idx == 1 {
+            let a = tryr!(reply, st.attr(parent));
+            if reply.add(INodeNo(parent), 2, "..", &TTL, &a, Generation(0)) {
+                reply.ok();
+                return;
+            }
+            idx = 2;
+        }
+        for (name, cino) in kids {
+            let Ok(a) = st.attr(cino) else { continue };
+            idx += 1;
+            if reply.add(
+                INodeNo(cino),
+                idx,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &a,
+                Generation(0),
+            ) {
                 break;
             }
         }
