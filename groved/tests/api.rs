@@ -934,3 +934,75 @@ fn zz_no_residue_once_all_is_deleted() {
     let r = d.residue();
     assert_eq!(r["clean"], true, "{r}");
 }
+
+/// A one-layer OCI image layout in `dir`, tagged `v1`.
+fn oci_layout(dir: &std::path::Path) {
+    use sha2::{Digest, Sha256};
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |data: &[u8]| -> (String, usize) {
+        let hex = format!("{:x}", Sha256::digest(data));
+        std::fs::write(blobs.join(&hex), data).unwrap();
+        (format!("sha256:{hex}"), data.len())
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(8);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    b.append_data(&mut h, "oci.txt", &b"from oci"[..]).unwrap();
+    let (layer, layer_len) = put(&b.into_inner().unwrap());
+    let config = json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [layer]}});
+    let (cfg, cfg_len) = put(config.to_string().as_bytes());
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg, "size": cfg_len},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_len}],
+    });
+    let (man, man_len) = put(manifest.to_string().as_bytes());
+    let index = json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": man, "size": man_len,
+        "annotations": {"org.opencontainers.image.ref.name": "v1"}}]});
+    std::fs::write(dir.join("index.json"), index.to_string()).unwrap();
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+}
+
+#[test]
+fn oci_layout_import() {
+    let _g = EXCLUSIVE.read().unwrap();
+    let d = daemon();
+    let dir = tempfile::Builder::new()
+        .prefix("grove-oci-")
+        .tempdir()
+        .unwrap();
+    oci_layout(dir.path());
+    let path = dir.path().display().to_string();
+    let name = format!("oci-{}", common::rand_suffix());
+    let body = |reference: &str| json!({"name": name, "source": "oci", "path": path, "reference": reference});
+    d.call(Method::POST, "/v1/images", Some(body("no-such-tag")))
+        .expect_error(400, None);
+    let img = d
+        .call(Method::POST, "/v1/images", Some(body("v1")))
+        .expect(201)
+        .json();
+    assert_eq!(img["name"], name.as_str());
+    assert!(img["root"].as_str().is_some_and(|r| r.len() == 64), "{img}");
+    let l = d.call(Method::GET, "/v1/images", None).expect(200).json();
+    assert!(l["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["name"] == name.as_str() && i["root"] == img["root"]));
+    d.call(
+        Method::POST,
+        "/v1/images",
+        Some(json!({"name": "x", "source": "dir", "path": path, "reference": "v1"})),
+    )
+    .expect_error(422, Some("reference"));
+    d.call(Method::DELETE, &format!("/v1/images/{name}"), None)
+        .expect(204);
+}
