@@ -27,6 +27,10 @@ pub const SECOND_RATIO: &str = "second checkpoint: bytes added ÷ bytes touched"
 pub const FORK: &str = "restore / fork: all copies running and answering";
 
 const TOUCH: f64 = 0.05;
+/// Fractions of heap pages dirtied before each checkpoint of the sweep.
+const DIRTY: [f64; 3] = [0.01, 0.05, 0.25];
+pub const DIRTY_BYTES: &str =
+    "checkpoint bytes against the fraction of heap pages dirtied since the last";
 
 struct Params {
     heap: u64,
@@ -46,6 +50,8 @@ struct Figures {
     /// Grove: how long the sandbox was frozen (freeze → dump → commit → thaw) in each first snapshot.
     frozen_ms: Vec<f64>,
     fork_ms: Vec<(usize, Vec<f64>)>,
+    /// (fraction of heap pages dirtied, bytes the next checkpoint added).
+    dirty: Vec<(f64, u64)>,
     error: Option<String>,
 }
 
@@ -65,6 +71,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     res.note("TCP listeners cannot be dumped by CRIU 4.1.1 on this kernel (SO_PASSCRED/SO_PASSSEC getsockopt → EOPNOTSUPP on TCP sockets since Linux 6.16), so the server listens on an abstract unix socket: per-netns like loopback, dumped by every system alike.");
     res.note("raw CRIU and podman write full images every time (no soft-dirty tracking on this kernel), so their second checkpoint's bytes are a full dump.");
     let mut series = Vec::new();
+    let mut dseries = Vec::new();
 
     // Grove.
     let grove_name;
@@ -89,16 +96,38 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             }
         }
     };
-    push_figures(res, &p, &grove_name, true, &g, &mut series);
+    push_figures(res, &p, &grove_name, true, &g, &mut series, &mut dseries);
 
     progress::step(0.35, "raw CRIU dump / restore");
     let raw = raw_criu_rounds(ctx, &p);
-    push_figures(res, &p, "raw CRIU", false, &raw, &mut series);
+    push_figures(res, &p, "raw CRIU", false, &raw, &mut series, &mut dseries);
 
     progress::step(0.65, "podman checkpoint / restore (runc)");
     let pod = podman_rounds(ctx, &p);
-    push_figures(res, &p, "podman (runc)", false, &pod, &mut series);
+    push_figures(
+        res,
+        &p,
+        "podman (runc)",
+        false,
+        &pod,
+        &mut series,
+        &mut dseries,
+    );
 
+    let path = ctx.out.join("checkpoint-bytes-vs-dirtied.svg");
+    let title = "checkpoint bytes against the fraction of the heap dirtied";
+    if plot::line_chart(
+        &path,
+        title,
+        "% of heap pages dirtied",
+        "MiB written / added",
+        &dseries,
+        false,
+    )
+    .is_ok()
+    {
+        res.plots.push("checkpoint-bytes-vs-dirtied.svg".into());
+    }
     let path = ctx.out.join("fork-time.svg");
     if plot::line_chart(
         &path,
@@ -145,7 +174,19 @@ fn push_figures(
     is_grove: bool,
     f: &Figures,
     series: &mut Vec<Series>,
+    dirty_series: &mut Vec<Series>,
 ) {
+    if !f.dirty.is_empty() {
+        let pts = f
+            .dirty
+            .iter()
+            .map(|(fr, b)| (fr * 100.0, mib(*b)))
+            .collect();
+        dirty_series.push(Series {
+            name: name.into(),
+            points: pts,
+        });
+    }
     if let Some(e) = &f.error {
         if e.is_empty() {
             return; // not available, already reported
@@ -196,6 +237,14 @@ fn push_figures(
     ));
     if let Some(fz) = crate::stats::summarize(&f.frozen_ms) {
         res.note(format!("{name}: the sandbox was frozen {:.0} ms (median) of each first snapshot's wall time; the rest is storing CRIU's images into the content store", fz.p50));
+    }
+    for (frac, bytes) in &f.dirty {
+        let key = k(
+            DIRTY_BYTES,
+            &format!("{}, {:.0} % dirtied", heap_param(p.heap), frac * 100.0),
+            "MiB",
+        );
+        res.push(Measurement::value(&key, name, is_grove, mib(*bytes)));
     }
     let mut pts = Vec::new();
     for b in &p.branches {
@@ -258,6 +307,19 @@ fn grove_inner(
         f.second_mib.push(mib(b.bytes_added));
         f.ratio.push(b.bytes_added as f64 / (pages * 4096) as f64);
         last_snap = Some(b.id);
+    }
+    // Bytes against the dirtied fraction, on a fresh workload.
+    {
+        let sb = s.start_workload(p.heap)?;
+        workload::wait_ready(sb.init_pid, p.heap, Duration::from_secs(120))?;
+        let tag = std::process::id();
+        s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-base"))?;
+        for (i, frac) in DIRTY.iter().enumerate() {
+            cleanup::check()?;
+            workload::touch(sb.init_pid, *frac)?;
+            let x = s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-{i}"))?;
+            f.dirty.push((*frac, x.bytes_added));
+        }
     }
     let snap = last_snap.ok_or_else(|| anyhow!("no snapshot"))?;
     for &n in &p.branches {
@@ -446,6 +508,18 @@ fn raw_inner(ctx: &Ctx, p: &Params, f: &mut Figures) -> Result<()> {
         }
         // The restored copies need the open file as it was; keep the last round's workload file.
         drop(w);
+    }
+    {
+        let w = start_raw(p.heap, &dir.join("state-sweep"))?;
+        workload::wait_ready(w.pid, p.heap, Duration::from_secs(120))?;
+        for (i, frac) in DIRTY.iter().enumerate() {
+            cleanup::check()?;
+            workload::touch(w.pid, *frac)?;
+            let d = dir.join(format!("sweep-{i}"));
+            criu_dump(&ctx.criu, w.pid, &d)?;
+            f.dirty.push((*frac, workload::dir_bytes(&d)));
+            let _ = std::fs::remove_dir_all(&d);
+        }
     }
     let img = last.ok_or_else(|| anyhow!("no dump"))?;
     for &n in &p.branches {
