@@ -845,6 +845,27 @@ fn snapshot_fork_export_import() {
         "branch1\n"
     );
     assert_eq!(d.exec(&id, "cat /root/state.txt")["stdout"], "base\n");
+    // An idempotent fork replays its branches instead of making more.
+    let key = format!("fork-{name}");
+    let fork1 = || {
+        d.send(
+            Method::POST,
+            &format!("/v1/snapshots/{name}/fork"),
+            Some(("application/json", json!({"count": 1}).to_string().into())),
+            &[("Idempotency-Key", key.as_str())],
+        )
+    };
+    let (f1, f2) = (fork1(), fork1());
+    assert_eq!((f1.status, f2.status), (201, 201), "{}", f1.text());
+    let idem_branch = f1.json()["results"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        f2.json()["results"][0]["sandbox"]["id"],
+        idem_branch.as_str()
+    );
+    d.delete(&idem_branch);
     // create from a snapshot = a one-branch fork
     let one = d
         .call(
