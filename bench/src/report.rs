@@ -166,6 +166,10 @@ impl ScenarioResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PromiseResult {
     pub id: String,
+    /// Where it is measured: scenario, figure, parameter.
+    pub scenario: String,
+    pub metric: String,
+    pub param: String,
     pub text: String,
     pub goal: String,
     pub measured: Option<f64>,
@@ -246,6 +250,9 @@ pub fn check_promises(promises: &[Promise], scenarios: &[ScenarioResult]) -> Vec
             });
             PromiseResult {
                 id: p.id.into(),
+                scenario: p.scenario.into(),
+                metric: p.metric.into(),
+                param: p.param.into(),
                 text: p.text.into(),
                 goal: p.goal_text(),
                 measured,
