@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ApiResult};
 
-/// Like `axum::Json`, with errors that name the field. An empty body parses as `{}`.
+/// Like `axum::Json`, with errors that name the field. The body is required.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -16,20 +16,44 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", e.body_text()))?;
+        let bytes = body_bytes(req, state).await?;
+        if is_blank(&bytes) {
+            return Err(ApiError::bad_request(
+                "invalid_json",
+                "body",
+                "a JSON request body is required",
+            ));
+        }
         parse_json(&bytes).map(ApiJson)
     }
 }
 
+/// For endpoints whose body is optional: an empty body parses as `{}`.
+#[derive(Debug)]
+pub struct OptionalJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(req, state).await?;
+        let bytes: &[u8] = if is_blank(&bytes) { b"{}" } else { &bytes };
+        parse_json(bytes).map(OptionalJson)
+    }
+}
+
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> ApiResult<Bytes> {
+    Bytes::from_request(req, state)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", e.body_text()))
+}
+
+fn is_blank(b: &[u8]) -> bool {
+    b.iter().all(u8::is_ascii_whitespace)
+}
+
 /// Parses `bytes` as `T`, mapping failures as described in the module doc.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
-    };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();

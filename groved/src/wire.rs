@@ -248,7 +248,14 @@ pub struct BatchDeleteResponse {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TtlRequest {
+    /// Required; `null` clears the expiry.
+    #[serde(deserialize_with = "required_nullable")]
     pub ttl_secs: Option<u64>,
+}
+
+/// An `Option` field that must be present (as a value or `null`).
+fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<u64>::deserialize(d)
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

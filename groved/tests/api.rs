@@ -506,6 +506,12 @@ fn sandbox_lifecycle_exec_files() {
         Some(json!({"ttl_secs": 0})),
     )
     .expect_error(422, Some("ttl_secs"));
+    d.call_invalid(Method::PUT, &format!("/v1/sandboxes/{id}/ttl"), "{}")
+        .expect_error(422, Some("ttl_secs"));
+    let e = d
+        .send(Method::PUT, &format!("/v1/sandboxes/{id}/ttl"), None, &[])
+        .expect_error(400, Some("body"));
+    assert_eq!(e["code"], "invalid_json");
     let s = d
         .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
         .expect(200)

@@ -14,7 +14,7 @@ use crate::app::{blocking, App};
 use crate::backend::check_name;
 use crate::error::{ApiError, ApiResult};
 use crate::events::own;
-use crate::jsonx::ApiJson;
+use crate::jsonx::{ApiJson, OptionalJson};
 use crate::metrics::Op;
 use crate::pipe::{ChanReader, ChanWriter};
 use crate::wire::{ForkRequest, Snapshot, SnapshotList, SnapshotRequest};
@@ -22,7 +22,7 @@ use crate::wire::{ForkRequest, Snapshot, SnapshotList, SnapshotRequest};
 pub async fn create(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    ApiJson(req): ApiJson<SnapshotRequest>,
+    OptionalJson(req): OptionalJson<SnapshotRequest>,
 ) -> ApiResult<(StatusCode, Json<Snapshot>)> {
     let id = sandbox_id(&id)?;
     if let Some(n) = &req.name {
