@@ -516,7 +516,13 @@ fn passthrough_reads_then_writes() {
     if !fuse_available() {
         return;
     }
-    let (env, id) = base_env();
+    // Passthrough is for executables, shared libraries and large files.
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 42);
+    fs::set_permissions(src.join("a/b/mid.bin"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(src.join("a/big.bin"), src.join("a/libbig.so.1")).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
     let m = env.mount(&id, "m", MountOptions::default());
     let p = m.mountpoint().join("a/b/mid.bin");
     let want = fs::read(env.path("src/a/b/mid.bin")).unwrap();
@@ -527,6 +533,11 @@ fn passthrough_reads_then_writes() {
     r1.read_to_end(&mut b1).unwrap();
     r2.read_to_end(&mut b2).unwrap();
     assert!(b1 == want && b2 == want);
+    // An ordinary file is served by the server: no whole-file object for it.
+    assert_eq!(
+        fs::read(m.mountpoint().join("small.txt")).unwrap(),
+        b"hello nodefs\n"
+    );
     let cache: Vec<_> = fs::read_dir(env.path("store/cache"))
         .unwrap()
         .flatten()
@@ -554,7 +565,7 @@ fn passthrough_reads_then_writes() {
     assert_eq!(env.store.fsck().unwrap().cache_removed, vec![obj.clone()]);
     assert!(!obj.exists());
     // mmap of a passthrough file reads the same bytes.
-    let f = File::open(m.mountpoint().join("a/big.bin")).unwrap();
+    let f = File::open(m.mountpoint().join("a/libbig.so.1")).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
     // SAFETY: read-only private mapping of 4096 bytes of an open file, unmapped below.
     let ptr = unsafe {
@@ -572,7 +583,7 @@ fn passthrough_reads_then_writes() {
     let first = unsafe { std::slice::from_raw_parts(ptr as *const u8, 4096).to_vec() };
     // SAFETY: unmapping what was mapped above.
     unsafe { libc::munmap(ptr, 4096) };
-    assert!(first[..] == fs::read(env.path("src/a/big.bin")).unwrap()[..4096]);
+    assert!(first[..] == fs::read(env.path("src/a/libbig.so.1")).unwrap()[..4096]);
 }
 
 #[test]

@@ -75,6 +75,8 @@ pub struct FileData {
     /// Bumped on every content change; commit memoizes per version.
     pub version: u64,
     pub memo: Option<(u64, Arc<Vec<ChunkRef>>)>,
+    /// Named like a shared library in the manifest (passthrough policy).
+    pub lib_name: bool,
 }
 
 impl FileData {
@@ -91,6 +93,7 @@ impl FileData {
             upper: None,
             version: 0,
             memo: None,
+            lib_name: false,
         }
     }
 

@@ -1,6 +1,5 @@
 //! The FUSE request handlers of one mount, translating to [`State`] operations.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -17,6 +16,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::file::BLOCK;
+use super::openmode::{Decision, OpenModes};
 use super::passthrough;
 use super::state::{from_systime, now, Content, DirData, State, R};
 use crate::store::Store;
@@ -30,16 +30,13 @@ pub struct Shared {
     pub store: Arc<Store>,
     pub read_only: bool,
     pub passthrough: std::sync::atomic::AtomicBool,
-    handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
-    /// Backing files registered for passthrough, per inode (shared by its open handles).
-    backing: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+    /// Open files per inode by I/O mode, with the backing file passthrough opens share.
+    modes: OpenModes<BackingId>,
 }
 
-struct Handle {
-    ino: u64,
-    passthrough: bool,
-}
+/// How long a writer waits for passthrough readers' RELEASE before ETXTBSY.
+const RELEASE_WAIT: Duration = Duration::from_millis(200);
 
 impl Shared {
     pub fn new(state: State, store: Arc<Store>, read_only: bool) -> Shared {
@@ -48,9 +45,8 @@ impl Shared {
             store,
             read_only,
             passthrough: std::sync::atomic::AtomicBool::new(false),
-            handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            backing: Mutex::new(HashMap::new()),
+            modes: OpenModes::default(),
         }
     }
 }
@@ -106,13 +102,59 @@ impl Fs {
         st.attr(ino)
     }
 
-    fn open_handle(&self, ino: u64, passthrough: bool) -> FileHandle {
-        let fh = self.s().next_fh.fetch_add(1, Ordering::Relaxed);
-        self.s()
-            .handles
-            .lock()
-            .insert(fh, Handle { ino, passthrough });
-        FileHandle(fh)
+    /// A new file handle; its low bit says whether it passes through.
+    fn new_fh(&self, passthrough: bool) -> FileHandle {
+        let n = self.s().next_fh.fetch_add(1, Ordering::Relaxed);
+        FileHandle(n << 1 | passthrough as u64)
+    }
+
+    /// Uncount one open of `ino` in the inode table; forget the inode if that was its
+    /// last open and last link.
+    fn close_inode(&self, ino: u64) {
+        let mut st = self.s().state.lock();
+        let free = match st.get_mut(ino) {
+            Ok(i) => {
+                i.open = i.open.saturating_sub(1);
+                if i.open == 0 {
+                    if let Content::File(f) = &mut i.content {
+                        f.upper = None;
+                    }
+                }
+                i.open == 0 && i.nlink == 0
+            }
+            Err(_) => false,
+        };
+        if free {
+            st.free(ino);
+        }
+    }
+
+    /// Count an open of `ino` in the inode table. For a file: prepare a writer's upper file;
+    /// return the base content if it is pristine and the policy wants it passed through.
+    fn open_inode(&self, ino: u64, write: bool) -> R<Option<Arc<super::file::Base>>> {
+        let mut st = self.s().state.lock();
+        let i = st.get_mut(ino)?;
+        let mode = i.meta.mode;
+        let base = match &mut i.content {
+            Content::File(f) => {
+                if write {
+                    f.upper_file()
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+                    None
+                } else if f.is_pristine()
+                    && f.version == 0
+                    && passthrough::wanted(mode, f.size, f.lib_name)
+                {
+                    Some(f.base.clone())
+                } else {
+                    None
+                }
+            }
+            Content::Dir(_) => return Err(libc::EISDIR),
+            _ => None,
+        };
+        i.open += 1;
+        Ok(base)
     }
 
     fn do_setattr(&self, ino: u64, a: SetAttr) -> R<fuser::FileAttr> {
@@ -246,7 +288,20 @@ impl Filesystem for Fs {
             atime,
             mtime,
         };
-        let attr = tryr!(reply, self.do_setattr(ino.0, a));
+        let r = if a.size.is_some() {
+            // Passthrough readers read the pristine backing file: no truncation under them.
+            self.s().modes.with(ino.0, |g| {
+                g.wait_passthrough_closed(RELEASE_WAIT);
+                if g.passthrough > 0 {
+                    Err(libc::ETXTBSY)
+                } else {
+                    self.do_setattr(ino.0, a)
+                }
+            })
+        } else {
+            self.do_setattr(ino.0, a)
+        };
+        let attr = tryr!(reply, r);
         reply.attr(&TTL, &attr);
     }
 
@@ -381,90 +436,45 @@ impl Filesystem for Fs {
         if write {
             tryr!(reply, self.rw());
         }
-        // The kernel requires every open of an inode in passthrough mode to be passthrough
-        // too, and refuses passthrough while cached opens exist.
-        let pt = || {
-            self.s()
-                .backing
-                .lock()
-                .get(&ino.0)
-                .map(|b| b.1)
-                .unwrap_or(0)
-        };
-        let mut pt_opens = pt();
-        if write && pt_opens > 0 {
-            // RELEASE of a closed passthrough handle reaches us after close() returned.
-            let t = std::time::Instant::now();
-            while pt_opens > 0 && t.elapsed() < Duration::from_millis(200) {
-                std::thread::sleep(Duration::from_millis(2));
-                pt_opens = pt();
+        let pt_on = self.s().passthrough.load(Ordering::Relaxed);
+        // Decide, count and reply under the inode's mode lock (see openmode.rs).
+        self.s().modes.with(ino.0, |g| {
+            if write {
+                g.wait_passthrough_closed(RELEASE_WAIT);
             }
-        }
-        let pristine_base = {
-            let mut st = self.s().state.lock();
-            let i = tryr!(reply, st.get_mut(ino.0));
-            let others_cached = i.open > pt_opens;
-            match &mut i.content {
-                Content::File(f) => {
-                    if write {
-                        if pt_opens > 0 {
-                            reply.error(Errno::ETXTBSY);
-                            return;
-                        }
-                        tryr!(
-                            reply,
-                            f.upper_file()
-                                .map(|_| ())
-                                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-                        );
-                        i.open += 1;
-                        None
-                    } else if f.is_pristine() && f.size > 0 && f.version == 0 && !others_cached {
-                        i.open += 1;
-                        Some(f.base.clone())
-                    } else {
-                        i.open += 1;
-                        None
-                    }
-                }
-                Content::Dir(_) => {
-                    reply.error(Errno::EISDIR);
-                    return;
-                }
-                _ => {
-                    i.open += 1;
-                    None
-                }
-            }
-        };
-        if let Some(base) = pristine_base.filter(|_| self.s().passthrough.load(Ordering::Relaxed)) {
-            let mut backing = self.s().backing.lock();
-            if let Some((b, n)) = backing.get_mut(&ino.0) {
-                *n += 1;
-                let b = b.clone();
-                drop(backing);
-                let fh = self.open_handle(ino.0, true);
-                reply.opened_passthrough(fh, FopenFlags::empty(), &b);
+            if g.decide(write, false) == Decision::Busy {
+                reply.error(Errno::ETXTBSY);
                 return;
             }
-            let store = self.s().store.clone();
-            match passthrough::open_object(&store, &base)
-                .and_then(|f| f.map(|f| reply.open_backing(&f)).transpose())
-            {
-                Ok(Some(b)) => {
-                    let b = Arc::new(b);
-                    backing.insert(ino.0, (b.clone(), 1));
-                    drop(backing);
-                    let fh = self.open_handle(ino.0, true);
-                    reply.opened_passthrough(fh, FopenFlags::empty(), &b);
+            let base = tryr!(reply, self.open_inode(ino.0, write));
+            if g.decide(write, pt_on && base.is_some()) == Decision::Passthrough {
+                if g.backing.is_none() {
+                    let store = &self.s().store;
+                    let opened = base
+                        .map(|b| passthrough::open_object(store, &b))
+                        .transpose()
+                        .map(Option::flatten)
+                        .and_then(|f| f.map(|f| reply.open_backing(&f)).transpose());
+                    match opened {
+                        Ok(b) => g.backing = b,
+                        Err(err) => {
+                            tracing::debug!(error = %err, "passthrough unavailable; serving reads")
+                        }
+                    }
+                }
+                let m = &mut **g;
+                if let Some(b) = &m.backing {
+                    m.passthrough += 1;
+                    reply.opened_passthrough(self.new_fh(true), FopenFlags::empty(), b);
                     return;
                 }
-                Ok(None) => {}
-                Err(err) => tracing::debug!(error = %err, "passthrough unavailable; serving reads"),
+                // No backing file yet (a large one is being materialized): serve this open,
+                // and later ones too while it stays open.
+                debug_assert_eq!(g.passthrough, 0);
             }
-        }
-        let fh = self.open_handle(ino.0, false);
-        reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
+            g.cached += 1;
+            reply.opened(self.new_fh(false), FopenFlags::FOPEN_KEEP_CACHE);
+        });
     }
 
     fn read(
@@ -566,32 +576,9 @@ impl Filesystem for Fs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let h = self.s().handles.lock().remove(&fh.0);
-        if let Some(h) = h.filter(|h| h.passthrough) {
-            let mut b = self.s().backing.lock();
-            if let Some((_, n)) = b.get_mut(&h.ino) {
-                *n -= 1;
-                if *n == 0 {
-                    b.remove(&h.ino);
-                }
-            }
-        }
-        let mut st = self.s().state.lock();
-        let free = match st.get_mut(ino.0) {
-            Ok(i) => {
-                i.open = i.open.saturating_sub(1);
-                if i.open == 0 {
-                    if let Content::File(f) = &mut i.content {
-                        f.upper = None;
-                    }
-                }
-                i.open == 0 && i.nlink == 0
-            }
-            Err(_) => false,
-        };
-        if free {
-            st.free(ino.0);
-        }
+        let passthrough = fh.0 & 1 == 1;
+        self.s().modes.with(ino.0, |g| g.release(passthrough));
+        self.close_inode(ino.0);
         reply.ok();
     }
 
@@ -844,14 +831,22 @@ impl Filesystem for Fs {
     ) {
         let content = Content::File(super::file::FileData::placeholder());
         let attr = tryr!(reply, self.new_node(req, parent, name, mode, content));
-        {
-            let mut st = self.s().state.lock();
-            if let Ok(i) = st.get_mut(attr.ino.0) {
-                i.open += 1;
+        self.s().modes.with(attr.ino.0, |g| {
+            {
+                let mut st = self.s().state.lock();
+                if let Ok(i) = st.get_mut(attr.ino.0) {
+                    i.open += 1;
+                }
             }
-        }
-        let fh = self.open_handle(attr.ino.0, false);
-        reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::empty());
+            g.cached += 1;
+            reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                self.new_fh(false),
+                FopenFlags::empty(),
+            );
+        });
     }
 
     fn fallocate(

@@ -18,6 +18,32 @@ pub fn enabled() -> bool {
     std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none()
 }
 
+/// Files at least this big pass through whatever they are: serving their reads costs most.
+pub const LARGE: u64 = 64 << 20;
+
+/// Whether read-only opens of a pristine base file should pass through. Passthrough puts the
+/// inode in a mode where the kernel refuses writers (ETXTBSY) while readers are open, so it
+/// is kept to files where that matches what programs expect or where speed matters most:
+/// executables and shared libraries (native Linux refuses writing a running executable too)
+/// and large files. Everything else is served with the kernel's page cache and stays
+/// writable while read.
+pub fn wanted(mode: u32, size: u64, lib_name: bool) -> bool {
+    size > 0 && (mode & 0o111 != 0 || lib_name || size >= LARGE)
+}
+
+/// `*.so` or `*.so.N[.N...]`: a shared library (or a Python extension module) by name.
+pub fn is_lib_name(name: &[u8]) -> bool {
+    (1..name.len()).any(|i| {
+        name[i..].starts_with(b".so") && {
+            let tail = &name[i + 3..];
+            tail.is_empty()
+                || (tail.len() > 1
+                    && tail[0] == b'.'
+                    && tail[1..].iter().all(|c| c.is_ascii_digit() || *c == b'.'))
+        }
+    })
+}
+
 /// xattr holding the BLAKE3 of a cache file's content, checked by fsck.
 pub const CONTENT_XATTR: &[u8] = b"user.nodefs.content";
 
@@ -84,4 +110,43 @@ fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> 
     crate::sys::lsetxattr(&tmp, CONTENT_XATTR, h.finalize().to_hex().as_bytes())?;
     fs::rename(&tmp, &path)?;
     File::open(&path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_names() {
+        for n in [
+            "libc.so.6",
+            "libpython3.11.so.1.0",
+            "libz.so",
+            "_ssl.cpython-311-x86_64-linux-gnu.so",
+            "libfoo.so.so.2",
+        ] {
+            assert!(is_lib_name(n.as_bytes()), "{n}");
+        }
+        for n in [
+            ".so",
+            "so",
+            "notes.sort",
+            "libc.so.6.bak",
+            "x.so.",
+            "a.sox",
+            "ld.so.conf",
+        ] {
+            assert!(!is_lib_name(n.as_bytes()), "{n}");
+        }
+    }
+
+    #[test]
+    fn policy() {
+        assert!(wanted(0o755, 1, false));
+        assert!(wanted(0o100, 1, false));
+        assert!(wanted(0o644, 10, true));
+        assert!(wanted(0o644, LARGE, false));
+        assert!(!wanted(0o644, LARGE - 1, false));
+        assert!(!wanted(0o755, 0, true));
+    }
 }

@@ -232,7 +232,11 @@ impl State {
                             parent: ino,
                         })
                     }
-                    Node::File { size, chunks } => Content::File(self.new_file(size, chunks, cino)),
+                    Node::File { size, chunks } => {
+                        let mut f = self.new_file(size, chunks, cino);
+                        f.lib_name = super::passthrough::is_lib_name(&e.name);
+                        Content::File(f)
+                    }
                     Node::Symlink(t) => Content::Symlink(t),
                     Node::Fifo => Content::Special {
                         kind: FileType::NamedPipe,
