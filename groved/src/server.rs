@@ -88,6 +88,7 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&app.config.socket);
     let rt = app.runtime.clone();
     tokio::task::spawn_blocking(move || rt.shutdown()).await?;
+    let _ = std::fs::remove_file(app.config.run_dir.join("grove-init"));
     tracing::info!("groved stopped");
     Ok(())
 }

@@ -49,6 +49,7 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
         Ok(exit_code(r.exit_code, r.signal, r.timed_out))
     });
     rt.shutdown();
+    let _ = std::fs::remove_file(config.run_dir.join("grove-init"));
     match result? {
         0 => Ok(()),
         n => Err(CliError::Exit(n)),
