@@ -276,7 +276,14 @@ impl Root {
             let mut comps = base.clone();
             comps.extend(sub.iter().cloned());
             let shown = format!("/{}", comps.join("/"));
-            for e in self.list(&shown)? {
+            let entries = match self.list(&shown) {
+                // A /proc or /sys below the requested directory: keep the (empty) directory, skip its contents.
+                Err(Error::InvalidSpec { ref field, .. }) if field == "path" && !sub.is_empty() => {
+                    continue
+                }
+                r => r?,
+            };
+            for e in entries {
                 let mut rel = sub.clone();
                 rel.push(e.name.clone());
                 let name = rel.join("/");

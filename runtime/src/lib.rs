@@ -12,6 +12,7 @@ mod files;
 pub mod init;
 pub mod mounts;
 mod network;
+mod park;
 pub mod proto;
 mod residue;
 pub mod root;

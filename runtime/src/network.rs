@@ -169,7 +169,11 @@ impl Network {
         } else {
             host_cmds += &format!("link add {h} type veth peer name eth0 netns {pid}\n");
         }
-        host_cmds += &format!("addr add {}/30 dev {h}\nlink set {h} up\n", l.host_addr);
+        // The alias names this instance (its table), so residue scans of other instances skip it.
+        host_cmds += &format!(
+            "link set {h} alias {}\naddr add {}/30 dev {h}\nlink set {h} up\n",
+            self.table, l.host_addr
+        );
         run(Command::new("ip").args(["-batch", "-"]), Some(&host_cmds))?;
         let sb_cmds = format!(
             "addr flush dev eth0\naddr add {}/30 dev eth0\nlink set eth0 up\nroute replace default via {}\n",

@@ -15,6 +15,22 @@ pub const INIT_PATH: &str = "/run/grove/init";
 /// Directory for background exec logs inside the sandbox.
 pub const LOG_DIR: &str = "/run/grove/logs";
 
+/// Arguments after `--setup` that name the runtime instance (its cgroup root) and the sandbox a
+/// setup process works for; grove-init ignores them, residue scans read them from
+/// /proc/<pid>/cmdline so each instance claims only its own in-flight setups.
+pub const OWNER_INSTANCE_ARG: &str = "--instance";
+pub const OWNER_SANDBOX_ARG: &str = "--sandbox";
+
+/// `(instance, sandbox)` from a NUL-separated cmdline carrying the owner arguments.
+pub fn setup_owner(cmdline: &[u8]) -> Option<(String, String)> {
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let value = |flag: &str| {
+        let i = args.iter().position(|a| *a == flag.as_bytes())?;
+        String::from_utf8(args.get(i + 1)?.to_vec()).ok()
+    };
+    Some((value(OWNER_INSTANCE_ARG)?, value(OWNER_SANDBOX_ARG)?))
+}
+
 pub const KIND_JSON: u8 = 1;
 pub const KIND_STDOUT: u8 = 2;
 pub const KIND_STDERR: u8 = 3;
@@ -130,6 +146,17 @@ pub struct SetupConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setup_owner_is_read_from_cmdline() {
+        let cmd = b"/x/grove-init\0--setup\0--instance\0grove-a\0--sandbox\0sb-0123456789ab\0";
+        assert_eq!(
+            setup_owner(cmd),
+            Some(("grove-a".into(), "sb-0123456789ab".into()))
+        );
+        assert_eq!(setup_owner(b"/x/grove-init\0--setup\0"), None);
+        assert_eq!(setup_owner(b"/x/grove-init\0--setup\0--instance\0"), None);
+    }
 
     #[test]
     fn frames_roundtrip() {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::mounts;
 use crate::network::host_if;
+use crate::proto::{setup_owner, INIT_PATH};
 use crate::runtime::Runtime;
 use crate::types::{ResidueItem, ResidueReport, SandboxId};
 
@@ -76,7 +77,7 @@ impl Runtime {
         }
         let links: HashSet<String> = owned.iter().map(host_if).collect();
         for name in dir_names(Path::new("/sys/class/net")) {
-            if name.starts_with("grove") && !links.contains(&name) {
+            if name.starts_with("grove") && !links.contains(&name) && self.link_is_ours(&name) {
                 items.push(item("link", name));
             }
         }
@@ -112,7 +113,25 @@ impl Runtime {
         items
     }
 
-    /// grove-init processes that are not part of an owned sandbox (nor another runtime's cgroup root).
+    /// A grove link is this instance's when its alias names our nft table (set at wiring), or, with
+    /// no alias (wiring stopped before it), when a run dir of ours carries its sandbox's id.
+    fn link_is_ours(&self, name: &str) -> bool {
+        let alias = std::fs::read_to_string(Path::new("/sys/class/net").join(name).join("ifalias"))
+            .unwrap_or_default();
+        match alias.trim() {
+            "" => dir_names(&self.sandboxes_dir())
+                .iter()
+                .filter_map(|d| d.parse::<SandboxId>().ok())
+                .any(|id| host_if(&id) == name),
+            a => a == self.net.table(),
+        }
+    }
+
+    /// This instance's grove-init processes that belong to no owned sandbox. A process is this
+    /// instance's when it sits in a cgroup under our cgroup root, or (a setup process that has not
+    /// joined its cgroups yet, or never will) when its argv names our instance. Other instances'
+    /// processes, and unmarked ones, are theirs to report; groved's host-wide `grove residue`
+    /// scan lists every grove-init regardless.
     fn stray_inits(&self, owned: &HashSet<SandboxId>) -> Vec<(i32, String)> {
         let marker = format!("/{}/", self.config.cgroup_root);
         let mut out = Vec::new();
@@ -124,39 +143,33 @@ impl Runtime {
                 continue;
             };
             let argv0 = cmd.split(|&b| b == 0).next().unwrap_or_default();
-            if !argv0.ends_with(b"grove-init") {
+            if !argv0.ends_with(b"grove-init") && argv0 != INIT_PATH.as_bytes() {
                 continue;
             }
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            let mine = cg.lines().find_map(|l| {
+            let in_cgroup = cg.lines().find_map(|l| {
                 let path = l.splitn(3, ':').nth(2)?;
                 let rest = path.split_once(&marker)?.1;
                 rest.split('/').next()?.parse::<SandboxId>().ok()
             });
-            match mine {
-                Some(id) if owned.contains(&id) => continue,
+            let mine = match in_cgroup {
+                Some(id) => id,
                 None if cg.contains("/grove") => continue, // another runtime's sandbox
-                _ => {}
-            }
-            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s[s.rfind(')')? + 2..]
-                        .split(' ')
-                        .nth(1)?
-                        .parse::<i32>()
-                        .ok()
-                });
-            // Outside every grove cgroup: a setup process of a create in flight (ours or another
-            // runtime's) while it has a parent; a leak once orphaned to the host's init.
-            if mine.is_none() && ppid != Some(1) {
+                None => match setup_owner(&cmd) {
+                    Some((instance, id)) if instance == self.config.cgroup_root => {
+                        match id.parse::<SandboxId>() {
+                            Ok(id) => id,
+                            Err(_) => continue,
+                        }
+                    }
+                    _ => continue, // another instance's setup, or not attributable
+                },
+            };
+            if owned.contains(&mine) {
                 continue;
             }
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            let sandbox = mine
-                .map(|id| format!(" (sandbox {id})"))
-                .unwrap_or_default();
-            out.push((pid, format!("{}{sandbox}", cmd.trim())));
+            out.push((pid, format!("{} (sandbox {mine})", cmd.trim())));
         }
         out
     }

@@ -80,10 +80,14 @@ pub struct Runtime {
     pub(crate) roots: Arc<dyn RootProvider>,
     pub(crate) cgroups: Arc<dyn CgroupBackend>,
     pub(crate) net: Network,
-    admission: Admission,
+    pub(crate) admission: Admission,
     pub(crate) sandboxes: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
     /// Ids being created or destroyed: owned, but not (or no longer) in `sandboxes`.
     pub(crate) pending: Mutex<HashSet<SandboxId>>,
+    /// Sandboxes destroyed for a snapshot-based pause (`park`): nothing on the host, the id kept
+    /// (state `Paused`) until `create_restored_as` brings it back or `destroy` forgets it.
+    /// Lock order: sandboxes → pending → parked.
+    pub(crate) parked: Mutex<HashMap<SandboxId, SandboxInfo>>,
     subscribers: Mutex<Vec<Sender<Event>>>,
 }
 
@@ -133,6 +137,7 @@ impl Runtime {
             admission: Admission::new(total),
             sandboxes: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
+            parked: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(Vec::new()),
         });
         rt.clean_residue();
@@ -143,7 +148,7 @@ impl Runtime {
         &self.config
     }
 
-    fn emit(&self, sandbox: &SandboxId, kind: EventKind, reason: Option<String>) {
+    pub(crate) fn emit(&self, sandbox: &SandboxId, kind: EventKind, reason: Option<String>) {
         let ev = Event {
             at_ms: now_ms(),
             sandbox: sandbox.clone(),
@@ -156,11 +161,18 @@ impl Runtime {
     }
 
     fn sandbox(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
-        self.sandboxes
-            .lock()
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Error::NotFound { id: id.to_string() })
+        if let Some(sb) = self.sandboxes.lock().get(id).cloned() {
+            return Ok(sb);
+        }
+        if self.parked.lock().contains_key(id) {
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: "sandbox is paused by snapshot (nothing runs); bring it back with \
+                         create_restored_as"
+                    .into(),
+            });
+        }
+        Err(Error::NotFound { id: id.to_string() })
     }
 
     fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
@@ -176,7 +188,7 @@ impl Runtime {
     }
 
     pub fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, Error> {
-        self.create_inner(spec, None)
+        self.create_inner(spec, None, None)
     }
 
     /// Create a sandbox whose process tree is brought by `restore` (CRIU) instead of a fresh init: the
@@ -187,13 +199,15 @@ impl Runtime {
         spec: SandboxSpec,
         restore: &mut RestoreFn<'_>,
     ) -> Result<SandboxInfo, Error> {
-        self.create_inner(spec, Some(restore))
+        self.create_inner(spec, Some(restore), None)
     }
 
-    fn create_inner(
+    /// `same_id`: re-create under this id (see `create_restored_as`) instead of a fresh one.
+    pub(crate) fn create_inner(
         &self,
         spec: SandboxSpec,
         restore: Option<&mut RestoreFn<'_>>,
+        same_id: Option<SandboxId>,
     ) -> Result<SandboxInfo, Error> {
         validate::spec(&spec)?;
         let limits = spec.limits.unwrap_or(self.config.defaults);
@@ -204,15 +218,25 @@ impl Runtime {
             });
         }
         self.admission.reserve(&limits)?;
-        let id = loop {
-            let id = SandboxId::generate();
-            let live = self.sandboxes.lock();
-            if !live.contains_key(&id) && self.pending.lock().insert(id.clone()) {
-                break id;
-            }
+        let (id, parked) = match same_id {
+            None => loop {
+                let id = SandboxId::generate();
+                let live = self.sandboxes.lock();
+                if !live.contains_key(&id) && self.pending.lock().insert(id.clone()) {
+                    break (id, None);
+                }
+            },
+            Some(id) => match self.claim_parked(&id) {
+                Ok(parked) => (id, parked),
+                Err(e) => {
+                    self.admission.release(&limits);
+                    return Err(e);
+                }
+            },
         };
         let mut parts = Parts::default();
-        let res = self.build(&id, &spec, &limits, restore, &mut parts);
+        let created_at = parked.as_ref().map(|p| p.created_at_ms);
+        let res = self.build(&id, &spec, &limits, restore, created_at, &mut parts);
         let result = match res {
             Ok(sb) => {
                 let info = sb.info();
@@ -220,7 +244,12 @@ impl Runtime {
                 live.insert(id.clone(), sb);
                 self.pending.lock().remove(&id);
                 drop(live);
-                self.emit(&id, EventKind::Created, None);
+                let kind = if parked.is_some() {
+                    EventKind::Resumed
+                } else {
+                    EventKind::Created
+                };
+                self.emit(&id, kind, None);
                 Ok(info)
             }
             Err(e) => {
@@ -228,6 +257,11 @@ impl Runtime {
                     tracing::error!(sandbox = %id, error = %undo, "undo of a failed create is incomplete");
                 }
                 self.admission.release(&limits);
+                if let Some(info) = parked {
+                    // Still paused: the caller may retry the restore or destroy it.
+                    let _pending = self.pending.lock();
+                    self.parked.lock().insert(id.clone(), info);
+                }
                 self.emit(&id, EventKind::Failed, Some(e.to_string()));
                 Err(e)
             }
@@ -243,6 +277,7 @@ impl Runtime {
         spec: &SandboxSpec,
         limits: &Limits,
         restore: Option<&mut RestoreFn<'_>>,
+        created_at: Option<u64>,
         parts: &mut Parts,
     ) -> Result<Arc<Sandbox>, Error> {
         let dir = self.config.run_dir.join("sandboxes").join(id.as_str());
@@ -286,7 +321,13 @@ impl Runtime {
                     open_files: u64::from(limits.open_files),
                     new_netns: true,
                 };
-                spawner::spawn_init(&self.config.init_binary, &cfg).map_err(|e| {
+                spawner::spawn_init(
+                    &self.config.init_binary,
+                    &cfg,
+                    &self.config.cgroup_root,
+                    id.as_str(),
+                )
+                .map_err(|e| {
                     if let SpawnError::Failed { pid: Some(p), .. } = &e {
                         parts.init_pid = Some(*p);
                     }
@@ -337,14 +378,14 @@ impl Runtime {
                 Some(lease)
             }
         };
-        let created_at_ms = now_ms();
+        let now = now_ms();
         Ok(Arc::new(Sandbox {
             id: id.clone(),
             spec: spec.clone(),
             limits: *limits,
             hostname,
-            created_at_ms,
-            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| created_at_ms + t * 1000)),
+            created_at_ms: created_at.unwrap_or(now),
+            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init_pid,
             dir,
@@ -431,21 +472,35 @@ impl Runtime {
     }
 
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
+        if let Some(info) = self.parked.lock().get(id) {
+            return Ok(info.clone());
+        }
         Ok(self.sandbox(id)?.info())
     }
 
     pub fn list(&self) -> Vec<SandboxInfo> {
         let mut v: Vec<SandboxInfo> = self.sandboxes.lock().values().map(|s| s.info()).collect();
+        v.extend(self.parked.lock().values().cloned());
         v.sort_by_key(|i| i.created_at_ms);
         v
     }
 
     /// Kill every process (cgroup.kill), tear down network, cgroups and root, remove the run dir.
+    /// A sandbox paused by `park` holds nothing on the host: destroy just forgets its id.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
-        self.destroy_with(id, EventKind::Destroyed)
+        if self.forget_parked(id, EventKind::Destroyed) {
+            return Ok(());
+        }
+        self.destroy_with(id, EventKind::Destroyed).map(|_| ())
     }
 
-    fn destroy_with(&self, id: &SandboxId, kind: EventKind) -> Result<(), Error> {
+    /// Reclaims a live sandbox; on success it ends `Destroyed`, or parked as `Paused` when `kind`
+    /// is `Paused` (the id is parked before it leaves `pending`, so no create can take it between).
+    pub(crate) fn destroy_with(
+        &self,
+        id: &SandboxId,
+        kind: EventKind,
+    ) -> Result<Arc<Sandbox>, Error> {
         let sb = {
             let mut map = self.sandboxes.lock();
             let sb = map
@@ -464,10 +519,22 @@ impl Runtime {
         };
         let res = self.reclaim(id, parts);
         self.admission.release(&sb.limits);
-        self.pending.lock().remove(id);
+        {
+            let mut pending = self.pending.lock();
+            if res.is_ok() && kind == EventKind::Paused {
+                *sb.state.lock() = SandboxState::Paused;
+                let mut info = sb.info();
+                info.init_pid = None;
+                info.address = None;
+                self.parked.lock().insert(id.clone(), info);
+            }
+            pending.remove(id);
+        }
         match &res {
             Ok(()) => {
-                *sb.state.lock() = SandboxState::Destroyed;
+                if kind != EventKind::Paused {
+                    *sb.state.lock() = SandboxState::Destroyed;
+                }
                 self.emit(id, kind, None);
             }
             Err(e) => {
@@ -475,7 +542,7 @@ impl Runtime {
                 self.emit(id, EventKind::Failed, Some(e.to_string()));
             }
         }
-        res
+        res.map(|()| sb)
     }
 
     pub fn set_ttl(&self, id: &SandboxId, ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
@@ -672,6 +739,7 @@ impl Runtime {
         expired
             .into_iter()
             .filter(|id| self.destroy_with(id, EventKind::Expired).is_ok())
+            .chain(self.expire_parked(now))
             .collect()
     }
 
@@ -682,6 +750,10 @@ impl Runtime {
             if let Err(e) = self.destroy(&id) {
                 tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
             }
+        }
+        let parked: Vec<SandboxId> = self.parked.lock().keys().cloned().collect();
+        for id in parked {
+            self.forget_parked(&id, EventKind::Destroyed);
         }
         if self.sandboxes.lock().is_empty() && self.pending.lock().is_empty() {
             self.cgroups.unprepare();

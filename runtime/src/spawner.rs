@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::proto::SetupConfig;
+use crate::proto::{SetupConfig, OWNER_INSTANCE_ARG, OWNER_SANDBOX_ARG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -25,10 +25,22 @@ pub enum SpawnError {
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Starts sandbox pid 1 and returns its host pid once its control socket listens.
-pub fn spawn_init(init_binary: &Path, cfg: &SetupConfig) -> Result<i32, SpawnError> {
+/// Starts sandbox pid 1 and returns its host pid once its control socket listens. `instance` and
+/// `sandbox` go on the setup process's argv so residue scans can tell whose it is.
+pub fn spawn_init(
+    init_binary: &Path,
+    cfg: &SetupConfig,
+    instance: &str,
+    sandbox: &str,
+) -> Result<i32, SpawnError> {
     let mut child = Command::new(init_binary)
-        .arg("--setup")
+        .args([
+            "--setup",
+            OWNER_INSTANCE_ARG,
+            instance,
+            OWNER_SANDBOX_ARG,
+            sandbox,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

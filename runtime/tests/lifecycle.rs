@@ -110,37 +110,7 @@ fn create_restored_adopts_a_tree() {
                 .veth_host
                 .as_deref()
                 .is_some_and(|v| v.starts_with("grove")));
-            let procs: Vec<String> = t
-                .cgroups
-                .iter()
-                .map(|(c, p)| format!("/sys/fs/cgroup/{c}{}/cgroup.procs", p.display()))
-                .collect();
-            let cfg = grove_runtime::proto::SetupConfig {
-                root: t.root_dir.display().to_string(),
-                hostname: "old-name".into(),
-                cgroup_procs: procs,
-                init_binary: t.externals[0].host_path.display().to_string(),
-                tmp_size_mb: 16,
-                shm_size_mb: 16,
-                open_files: 1024,
-                new_netns: true,
-            };
-            let mut child = std::process::Command::new(&t.externals[0].host_path)
-                .arg("--setup")
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .spawn()?;
-            use std::io::{BufRead, Write};
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(&serde_json::to_vec(&cfg)?)?;
-            let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-            let pid: i32 = lines.next().unwrap()?.trim_start_matches("pid ").parse()?;
-            assert_eq!(lines.next().unwrap()?, "ready");
-            child.wait()?;
-            Ok(pid)
+            start_init_into(t, "old-name")
         })
         .unwrap();
     assert_eq!(out(&sh(&rt, &info.id, "hostname")), "branch-7");

@@ -88,3 +88,49 @@ pub fn assert_gone(rt: &Runtime, id: &SandboxId) {
         .join(id.as_str())
         .exists());
 }
+
+/// A restore stand-in for tests without CRIU: starts a plain grove-init into the target (its root
+/// and cgroups) the way CRIU would restore one, and returns its host pid.
+pub fn start_init_into(
+    t: &grove_runtime::RestoreTarget,
+    hostname: &str,
+) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+    use std::io::{BufRead, Write};
+    let procs: Vec<String> = t
+        .cgroups
+        .iter()
+        .map(|(c, p)| format!("/sys/fs/cgroup/{c}{}/cgroup.procs", p.display()))
+        .collect();
+    let cfg = grove_runtime::proto::SetupConfig {
+        root: t.root_dir.display().to_string(),
+        hostname: hostname.into(),
+        cgroup_procs: procs,
+        init_binary: t.externals[0].host_path.display().to_string(),
+        tmp_size_mb: 16,
+        shm_size_mb: 16,
+        open_files: 1024,
+        new_netns: true,
+    };
+    let mut child = std::process::Command::new(&t.externals[0].host_path)
+        .arg("--setup")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or("stdin")?
+        .write_all(&serde_json::to_vec(&cfg)?)?;
+    let mut lines = std::io::BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
+    let pid: i32 = lines
+        .next()
+        .ok_or("no pid line")??
+        .trim_start_matches("pid ")
+        .parse()?;
+    let ready = lines.next().ok_or("no ready line")??;
+    child.wait()?;
+    if ready != "ready" {
+        return Err(format!("init: {ready}").into());
+    }
+    Ok(pid)
+}

@@ -1,0 +1,75 @@
+//! Snapshot-based pause: `park` destroys a sandbox but keeps its id (state `Paused`);
+//! `create_restored_as` brings it back under the same id from a CRIU restore (`Paused` → `Running`).
+
+use crate::error::Error;
+use crate::runtime::{RestoreFn, Runtime};
+use crate::types::{EventKind, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
+
+impl Runtime {
+    /// Destroys a sandbox for a snapshot-based pause, after the snapshotter has dumped it: every
+    /// host resource is reclaimed (and its capacity released) as by `destroy`, but the id stays
+    /// reserved in state `Paused` — `get`/`list` show it, exec and files answer Conflict, no create
+    /// can take the id — until `create_restored_as` brings it back or `destroy` forgets it.
+    /// Emits `paused`. A frozen (`pause`d) sandbox may be parked too.
+    pub fn park(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
+        self.destroy_with(id, EventKind::Paused)?;
+        self.get(id)
+    }
+
+    /// `create_restored` under an existing id: the way back from `park` (then `Paused` → `Running`,
+    /// `created_at_ms` kept, event `resumed`), or, for an id this runtime does not know (parked by
+    /// a daemon before its restart), a restore under that id (event `created`). Conflict if the id
+    /// is live or being created/destroyed. If the restore fails, a parked sandbox stays parked so
+    /// the caller can retry or destroy it; nothing else is left.
+    pub fn create_restored_as(
+        &self,
+        id: SandboxId,
+        spec: SandboxSpec,
+        restore: &mut RestoreFn<'_>,
+    ) -> Result<SandboxInfo, Error> {
+        self.create_inner(spec, Some(restore), Some(id))
+    }
+
+    /// Reserves `id` for a create (in `pending`) and takes its parked record, if any.
+    pub(crate) fn claim_parked(&self, id: &SandboxId) -> Result<Option<SandboxInfo>, Error> {
+        let live = self.sandboxes.lock();
+        let mut pending = self.pending.lock();
+        if live.contains_key(id) || pending.contains(id) {
+            let state = live
+                .get(id)
+                .map(|s| *s.state.lock())
+                .unwrap_or(SandboxState::Creating);
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "sandbox exists ({state:?}); only a parked or unknown id can be restored as"
+                ),
+            });
+        }
+        pending.insert(id.clone());
+        Ok(self.parked.lock().remove(id))
+    }
+
+    /// Drops a parked record; false when `id` was not parked.
+    pub(crate) fn forget_parked(&self, id: &SandboxId, kind: EventKind) -> bool {
+        let gone = self.parked.lock().remove(id).is_some();
+        if gone {
+            self.emit(id, kind, None);
+        }
+        gone
+    }
+
+    /// Parked sandboxes past their time-to-live are forgotten (event `expired`).
+    pub(crate) fn expire_parked(&self, now: u64) -> Vec<SandboxId> {
+        let due: Vec<SandboxId> = self
+            .parked
+            .lock()
+            .values()
+            .filter(|i| i.expires_at_ms.is_some_and(|t| t <= now))
+            .map(|i| i.id.clone())
+            .collect();
+        due.into_iter()
+            .filter(|id| self.forget_parked(id, EventKind::Expired))
+            .collect()
+    }
+}
