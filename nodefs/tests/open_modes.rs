@@ -247,3 +247,51 @@ fn append_while_another_process_reads() {
         assert_eq!(fs::metadata(&p).unwrap().len() as usize, before.len() + 21);
     }
 }
+
+#[test]
+fn large_files_pass_through_and_refuse_writers_only_while_read() {
+    if !fuse_available() {
+        return;
+    }
+    // The one case where a writer still meets ETXTBSY: a large ordinary file (>= 64 MiB)
+    // read through passthrough. The kernel allows one read-only backing file per inode,
+    // so the writer waits for the readers' release, briefly, and is refused.
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let pattern: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    let mut f = File::create(src.join("big.img")).unwrap();
+    for _ in 0..64 {
+        f.write_all(&pattern).unwrap();
+    }
+    drop(f);
+    let id = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let p = m.mountpoint().join("big.img");
+    // The first open is served while the whole-file object is made in the background.
+    drop(File::open(&p).unwrap());
+    let cache = env.path("store/cache");
+    let t = std::time::Instant::now();
+    while fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0) == 0 {
+        assert!(t.elapsed().as_secs() < 20, "whole-file object made");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut r = File::open(&p).unwrap();
+    let mut b = vec![1u8; 4096];
+    r.read_exact(&mut b).unwrap();
+    assert!(b[..] == pattern[..4096]);
+    let e = OpenOptions::new().append(true).open(&p).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ETXTBSY));
+    drop(r);
+    // Once the reader is gone the writer gets in, and new readers see what it wrote.
+    let mut w = OpenOptions::new().append(true).open(&p).unwrap();
+    w.write_all(b"tail").unwrap();
+    drop(w);
+    let mut r = File::open(&p).unwrap();
+    assert_eq!(r.metadata().unwrap().len(), (64 << 20) + 4);
+    let mut tail = Vec::new();
+    std::io::Seek::seek(&mut r, std::io::SeekFrom::Start(64 << 20)).unwrap();
+    r.read_to_end(&mut tail).unwrap();
+    assert_eq!(tail, b"tail");
+}

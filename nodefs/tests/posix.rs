@@ -607,3 +607,36 @@ fn changing_one_hard_link_updates_unvisited_directories_on_commit() {
         fs::metadata(out.join("a/b/hard.txt")).unwrap().ino()
     );
 }
+
+#[test]
+fn missing_names_appear_once_created() {
+    if !fuse_available() {
+        return;
+    }
+    // The kernel caches "no such name" replies; every way of making the name must show.
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    for n in ["f", "d", "l", "s", "r", "t"] {
+        assert_eq!(
+            fs::metadata(mp.join(n)).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+    }
+    fs::write(mp.join("f"), b"x").unwrap();
+    fs::create_dir(mp.join("d")).unwrap();
+    fs::hard_link(mp.join("small.txt"), mp.join("l")).unwrap();
+    std::os::unix::fs::symlink("small.txt", mp.join("s")).unwrap();
+    fs::write(mp.join("tmp"), b"y").unwrap();
+    fs::rename(mp.join("tmp"), mp.join("r")).unwrap();
+    File::create(mp.join("t")).unwrap();
+    for n in ["f", "d", "l", "s", "r", "t"] {
+        assert!(fs::symlink_metadata(mp.join(n)).is_ok(), "{n} is found");
+    }
+    assert_eq!(fs::read(mp.join("r")).unwrap(), b"y");
+    assert_eq!(fs::read(mp.join("s")).unwrap(), b"hello nodefs\n");
+    fs::remove_file(mp.join("f")).unwrap();
+    assert!(fs::metadata(mp.join("f")).is_err());
+    fs::write(mp.join("f"), b"again").unwrap();
+    assert_eq!(fs::read(mp.join("f")).unwrap(), b"again");
+}

@@ -61,6 +61,27 @@ struct SetAttr {
     mtime: Option<TimeOrNow>,
 }
 
+/// A lookup reply with node id 0: "no such name", cached by the kernel for the TTL.
+fn negative_entry() -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The [`fuser::Filesystem`] of one mount.
 pub struct Fs(pub Arc<Shared>);
 
@@ -251,7 +272,14 @@ impl Filesystem for Fs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut st = self.s().state.lock();
-        let ino = tryr!(reply, st.lookup(parent.0, name.as_bytes()));
+        let ino = match st.lookup(parent.0, name.as_bytes()) {
+            // A negative entry the kernel may cache: names only appear through this mount.
+            Err(libc::ENOENT) => {
+                reply.entry(&TTL, &negative_entry(), Generation(0));
+                return;
+            }
+            r => tryr!(reply, r),
+        };
         let attr = tryr!(reply, st.attr(ino));
         reply.entry(&TTL, &attr, Generation(0));
     }
@@ -563,7 +591,9 @@ impl Filesystem for Fs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing to flush (writes are synchronous, locks are the kernel's): ENOSYS makes
+        // the kernel stop sending FLUSH, one request less per close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
