@@ -272,11 +272,16 @@ fn large_files_pass_through_and_refuse_writers_only_while_read() {
     drop(File::open(&p).unwrap());
     let cache = env.path("store/cache");
     let t = std::time::Instant::now();
-    while fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0) == 0 {
+    let made = || {
+        fs::read_dir(&cache).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| !e.file_name().to_string_lossy().contains(".tmp"))
+        })
+    };
+    while !made() {
         assert!(t.elapsed().as_secs() < 20, "whole-file object made");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(100));
     let mut r = File::open(&p).unwrap();
     let mut b = vec![1u8; 4096];
     r.read_exact(&mut b).unwrap();
