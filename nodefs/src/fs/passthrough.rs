@@ -1,6 +1,16 @@
 //! Whole-file objects for FUSE passthrough: a pristine base file is materialized once per
 //! node under `<store>/cache/<content id>` and handed to the kernel as the backing file, so
 //! reads bypass the server and the page cache is shared by every mount reading it.
+//!
+//! Which files pass through is a policy ([`wanted`]): while an inode has passthrough
+//! readers the kernel accepts only passthrough opens of it, all to the same backing file,
+//! and that file is the shared read-only object, so a writer cannot be let in. A write open
+//! (or a truncate) then waits up to 200 ms for the readers' RELEASE and fails with ETXTBSY.
+//! That matches native Linux for a running executable, so executables and shared libraries
+//! pass through; ordinary files are served by the server and stay writable while read. The
+//! one case left where a writer meets ETXTBSY although native Linux would let it in: a
+//! pristine base file of 64 MiB or more (or an executable or library merely being read)
+//! opened for writing while a read-only open of it is still held in the same mount.
 
 use std::fs::{self, File};
 use std::io::Write;
