@@ -106,6 +106,11 @@ struct Sample {
     /// Mounts under this soak's run dir (its sandboxes' roots, /run/grove-soak).
     own_mounts: u64,
     memcgs: u64,
+    /// Unreclaimable slab + percpu (KiB): kernel memory a leak of namespaces/cgroups would grow.
+    kernel_kb: u64,
+    /// Charged to this instance's memory cgroup parent (KiB): what destroyed sandboxes still hold
+    /// (page cache and kernel objects they were charged for, dying memcgs included).
+    charged_kb: u64,
 }
 
 fn meminfo_field(text: &str, key: &str) -> u64 {
@@ -122,6 +127,15 @@ fn sample() -> Sample {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     Sample {
         mem_available_kb: meminfo_field(&mem, "MemAvailable:"),
+        kernel_kb: meminfo_field(&mem, "SUnreclaim:") + meminfo_field(&mem, "Percpu:"),
+        charged_kb: [
+            "/sys/fs/cgroup/memory/grove-soak/memory.usage_in_bytes",
+            "/sys/fs/cgroup/grove-soak/memory.current",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+            / 1024,
         rss_kb: meminfo_field(&status, "VmRSS:"),
         proc_fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
         // file-nr: allocated, free (always 0 on modern kernels), max.
@@ -292,11 +306,11 @@ fn main() {
 
     if let Some(path) = &args.csv {
         let mut f = std::fs::File::create(path).expect("csv");
-        writeln!(f, "cycle,worker,kind,ms,outcome,mem_available_kb,rss_kb,proc_fds,host_files,mounts,own_mounts,memcgs").expect("csv");
+        writeln!(f, "cycle,worker,kind,ms,outcome,mem_available_kb,rss_kb,proc_fds,host_files,mounts,own_mounts,memcgs,kernel_kb,charged_kb").expect("csv");
         for r in &rows {
             writeln!(
                 f,
-                "{},{},{:?},{:.2},{},{},{},{},{},{},{},{}",
+                "{},{},{:?},{:.2},{},{},{},{},{},{},{},{},{},{}",
                 r.cycle,
                 r.worker,
                 r.kind,
@@ -308,7 +322,9 @@ fn main() {
                 r.s.host_files,
                 r.s.mounts,
                 r.s.own_mounts,
-                r.s.memcgs
+                r.s.memcgs,
+                r.s.kernel_kb,
+                r.s.charged_kb
             )
             .expect("csv");
         }
@@ -360,7 +376,8 @@ fn main() {
     println!(
         "before → after: MemAvailable {} → {} KiB ({:+} KiB); own RSS {} → {} KiB; own fds {} → {}; \
          host open files {} → {} ({:+}); host mounts {} → {}, under {RUN_DIR} {} → {}; \
-         memory cgroups (host) {} → {}",
+         memory cgroups (host, incl. dying) {} → {}; kernel SUnreclaim+Percpu {} → {} KiB; \
+         still charged to grove-soak's memory cgroup {} → {} KiB",
         before.mem_available_kb,
         after.mem_available_kb,
         d(before.mem_available_kb, after.mem_available_kb),
@@ -376,7 +393,11 @@ fn main() {
         before.own_mounts,
         after.own_mounts,
         before.memcgs,
-        after.memcgs
+        after.memcgs,
+        before.kernel_kb,
+        after.kernel_kb,
+        before.charged_kb,
+        after.charged_kb
     );
     println!(
         "residue: {} item(s) {:?}",
@@ -415,12 +436,16 @@ fn main() {
             args.files_tol
         ));
     }
+    if after.charged_kb > before.charged_kb + 64 * 1024 {
+        failed
+            .push("memory still charged to the sandboxes' cgroups grew by more than 64 MiB".into());
+    }
     if after.rss_kb > before.rss_kb + 64 * 1024 {
         failed.push("own RSS grew by more than 64 MiB".into());
     }
     if failed.is_empty() {
         println!(
-            "soak: PASS (tolerances: MemAvailable {} MiB, host open files {}, own RSS 64 MiB; own fds exact, no mount under the run dir)",
+            "soak: PASS (tolerances: MemAvailable {} MiB, host open files {}, own RSS and sandbox cgroup charge 64 MiB each; own fds exact, no mount under the run dir)",
             args.mem_tol_mb, args.files_tol
         );
     } else {
