@@ -281,6 +281,7 @@ impl GroveRuntime {
             cpu_millis: Some(10_000_000),
             sandboxes: Some(4096),
             memory_mb: Some(64 * 1024),
+            pids: Some(1_000_000),
             ..Default::default()
         };
         let cgroup_root = cfg.cgroup_root.clone();
@@ -370,11 +371,8 @@ impl Drop for GroveRuntime {
     fn drop(&mut self) {
         self.rt.shutdown();
         let _ = std::fs::remove_dir_all(&self.run_dir);
-        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
-            for e in rd.flatten() {
-                let _ = std::fs::remove_dir(e.path().join(&self.cgroup_root));
-            }
-        }
+        // Anything the runtime left was already captured by the residue check; leave the host clean.
+        crate::util::sweep_cgroups(&self.cgroup_root);
     }
 }
 

@@ -516,7 +516,12 @@ pub fn render(r: &Report) -> String {
         render_scenario(&mut out, s);
     }
     let _ = writeln!(out, "## Residue after the run\n");
-    if r.residue.is_empty() {
+    if r.finished_utc.is_empty() {
+        let _ = writeln!(
+            out,
+            "Not checked yet: the run is still going (this report is partial)."
+        );
+    } else if r.residue.is_empty() {
         let _ = writeln!(
             out,
             "None: no mount, cgroup, container, image or temp dir of the bench is left."
@@ -633,6 +638,11 @@ mod tests {
         };
         let md = render(&rep);
         assert!(md.contains("--quick"));
+        let partial = render(&Report {
+            finished_utc: String::new(),
+            ..rep.clone()
+        });
+        assert!(partial.contains("Not checked yet"));
         assert!(md.contains("## Headline"), "{md}");
         assert!(md.contains("| create → exec true → destroy, sequential | ms | 20.00 (p99 29.80) | bwrap 5.00 (4.00×) · podman failed |"), "{md}");
         assert!(md.contains("## Lifecycle"));

@@ -128,6 +128,47 @@ pub fn unmount(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Removes every cgroup directory (v1 hierarchies and cgroup2) whose name starts with `prefix`, children
+/// first, retrying briefly while the kernel still counts exiting tasks. Returns how many it removed.
+pub fn sweep_cgroups(prefix: &str) -> usize {
+    fn remove_tree(dir: &Path, removed: &mut usize) {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    remove_tree(&e.path(), removed);
+                }
+            }
+        }
+        for _ in 0..20 {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {
+                    *removed += 1;
+                    return;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Err(_) => return,
+            }
+        }
+    }
+    let mut removed = 0;
+    let Ok(ctrls) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return 0;
+    };
+    for c in ctrls.flatten() {
+        let Ok(rd) = std::fs::read_dir(c.path()) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                remove_tree(&e.path(), &mut removed);
+            }
+        }
+    }
+    removed
+}
+
 /// Polls `f` until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t = Instant::now();

@@ -215,6 +215,12 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         ));
     }
 
+    let n = util::sweep_cgroups(&format!("grove-bench-{}-crun", std::process::id()));
+    if n > 0 {
+        res.note(format!(
+            "crun delete left {n} cgroup directories behind; the bench removed them"
+        ));
+    }
     let p = ctx.out.join("lifecycle-latency-cdf.svg");
     if plot::line_chart(
         &p,
