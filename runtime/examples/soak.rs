@@ -399,6 +399,22 @@ fn main() {
         before.charged_kb,
         after.charged_kb
     );
+    // What the leftover charge is made of (v1): page cache vs kernel objects (reclaimable slab).
+    let stat =
+        std::fs::read_to_string("/sys/fs/cgroup/memory/grove-soak/memory.stat").unwrap_or_default();
+    let kmem =
+        std::fs::read_to_string("/sys/fs/cgroup/memory/grove-soak/memory.kmem.usage_in_bytes")
+            .unwrap_or_default();
+    if !stat.is_empty() {
+        let f = |k: &str| meminfo_field(&stat, &format!("total_{k} ")) / 1024;
+        println!(
+            "leftover charge: page cache {} KiB (rss {}, shmem {}), kernel {} KiB",
+            f("cache"),
+            f("rss"),
+            f("shmem"),
+            kmem.trim().parse::<u64>().unwrap_or(0) / 1024
+        );
+    }
     println!(
         "residue: {} item(s) {:?}",
         residue.items.len(),

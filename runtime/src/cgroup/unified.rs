@@ -1,6 +1,6 @@
 //! Operations of a cgroup2 directory used by both backends: freeze, kill, wait for empty.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{CgroupError, CgroupFs, Result};
@@ -47,22 +47,40 @@ pub fn kill(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
     wait_for(fs, dir, "populated", "0")
 }
 
-/// rmdir, retrying briefly on EBUSY (exiting tasks can hold the dir for a moment).
+/// How long rmdir keeps retrying on EBUSY. Killed tasks leave their cgroups
+/// only once they have exited, which takes seconds when thousands of sandboxes
+/// are torn down at once on a busy node.
+const RMDIR_PATIENCE: Duration = Duration::from_secs(15);
+
+/// rmdir, retrying with backoff on EBUSY (exiting tasks hold the dir until they are gone).
 pub fn rmdir(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
     let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
     loop {
         match fs.rmdir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e)
-                if e.raw_os_error() == Some(libc::EBUSY)
-                    && start.elapsed() < Duration::from_secs(2) =>
+                if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < RMDIR_PATIENCE =>
             {
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
             }
             Err(e) => return Err(CgroupError::new("rmdir", dir, e)),
         }
     }
+}
+
+/// Removes every dir, even after one fails, so one busy hierarchy never
+/// strands the others; returns the first failure.
+pub fn rmdir_all(fs: &dyn CgroupFs, dirs: &[PathBuf]) -> Result<()> {
+    let mut first = None;
+    for d in dirs {
+        if let Err(e) = rmdir(fs, d) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Parses `usage_usec` from a cgroup2 cpu.stat.

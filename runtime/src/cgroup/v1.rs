@@ -207,10 +207,9 @@ impl CgroupBackend for V1 {
     }
 
     fn remove(&self, id: &str) -> Result<()> {
-        for d in self.all_dirs(id).iter().rev() {
-            unified::rmdir(&*self.fs, d)?;
-        }
-        Ok(())
+        let mut dirs = self.all_dirs(id);
+        dirs.reverse();
+        unified::rmdir_all(&*self.fs, &dirs)
     }
 
     fn usage(&self, id: &str) -> CgroupUsage {
