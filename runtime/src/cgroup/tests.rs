@@ -15,6 +15,7 @@ struct MemFs {
     dirs: Mutex<Vec<PathBuf>>,
     files: Mutex<BTreeMap<PathBuf, String>>,
     fail_write: Option<&'static str>,
+    fail_rmdir: Option<&'static str>,
 }
 
 impl MemFs {
@@ -41,6 +42,9 @@ impl CgroupFs for MemFs {
         Ok(())
     }
     fn rmdir(&self, p: &Path) -> io::Result<()> {
+        if self.fail_rmdir.is_some_and(|f| p.ends_with(f)) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
         let mut d = self.dirs.lock();
         let before = d.len();
         d.retain(|x| x != p);
@@ -203,4 +207,17 @@ fn v2_create_freeze_kill() {
     cg.kill_all("sb-3").unwrap();
     cg.remove("sb-3").unwrap();
     assert!(cg.existing().is_empty());
+}
+
+#[test]
+fn rmdir_all_removes_the_rest_when_one_dir_fails() {
+    let mut fs = MemFs::with_dirs(&["/cg/a", "/cg/b", "/cg/c"]);
+    fs.fail_rmdir = Some("b");
+    let dirs: Vec<PathBuf> = ["/cg/a", "/cg/b", "/cg/c"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let err = unified::rmdir_all(&fs, &dirs).expect_err("b cannot be removed");
+    assert!(err.to_string().contains("rmdir"), "{err}");
+    assert_eq!(*fs.dirs.lock(), vec![PathBuf::from("/cg/b")]);
 }

@@ -60,9 +60,7 @@ pub fn rmdir(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
         match fs.rmdir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e)
-                if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < RMDIR_PATIENCE =>
-            {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < RMDIR_PATIENCE => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(20));
             }
