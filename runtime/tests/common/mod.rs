@@ -14,6 +14,7 @@ pub const STATE_DIR: &str = "/var/lib/grove";
 /// A config of its own (run dir, cgroup root, nft table, address pool) so these tests never touch
 /// a groved running on the same machine.
 pub fn config(instance: &str) -> RuntimeConfig {
+    exclusive();
     let mut c = RuntimeConfig::default_paths();
     c.state_dir = PathBuf::from(STATE_DIR);
     c.run_dir = PathBuf::from(format!("/run/{instance}"));
@@ -21,6 +22,19 @@ pub fn config(instance: &str) -> RuntimeConfig {
     c.init_binary = PathBuf::from(env!("CARGO_BIN_EXE_grove-init"));
     c.net_pool = "10.211.0.0/16".into();
     c
+}
+
+/// Serializes test processes of this crate across the host (another `cargo test` of this crate,
+/// e.g. a CI trial in another checkout, uses the same instance names: its runtime would clean up
+/// ours at start and each would see the other's sandboxes). Held until the process exits.
+fn exclusive() {
+    static LOCK: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    LOCK.get_or_init(|| {
+        let dir = std::fs::File::open(STATE_DIR).ok()?;
+        // SAFETY: flock(2) on a descriptor owned by `dir`, which lives as long as the process.
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir), libc::LOCK_EX) };
+        (rc == 0).then_some(dir)
+    });
 }
 
 /// Whether the machine can run these tests at all; if not, says so loudly.
