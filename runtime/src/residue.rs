@@ -69,9 +69,12 @@ impl Runtime {
                 items.push(item("cgroup", d.display().to_string()));
             }
         }
+        // This runtime names no netns (sandboxes hold theirs through pid 1); a named one is ours
+        // only if it carries our instance's name. Others' are for the host-wide scan.
+        let root = &self.config.cgroup_root;
         for name in dir_names(Path::new("/run/netns"))
             .into_iter()
-            .filter(|n| n.starts_with("grove"))
+            .filter(|n| n.starts_with(root.as_str()))
         {
             items.push(item("netns", name));
         }
