@@ -1,6 +1,7 @@
 //! Host mount-table helpers (reading /proc/self/mountinfo, unmounting).
 
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// Mount points from /proc/self/mountinfo (octal escapes decoded).
@@ -9,11 +10,12 @@ pub fn mount_points() -> io::Result<Vec<PathBuf>> {
     Ok(text
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
+        .map(unescape)
         .collect())
 }
 
-fn unescape(s: &str) -> String {
+/// Decodes mountinfo's \ooo escapes (space, tab, newline, backslash); paths need not be UTF-8.
+fn unescape(s: &str) -> PathBuf {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -29,7 +31,7 @@ fn unescape(s: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// Unmounts `target` (all stacked mounts), tolerating "not mounted". Falls back to a lazy detach when busy.
@@ -46,4 +48,18 @@ pub fn unmount_if_mounted(target: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::unescape;
+
+    #[test]
+    fn unescape_decodes_octal_and_keeps_non_utf8_bytes() {
+        assert_eq!(unescape(r"/run/a\040b"), std::path::Path::new("/run/a b"));
+        let p = unescape(r"/x\377y");
+        assert_eq!(p.as_os_str().as_bytes(), b"/x\xffy");
+    }
 }

@@ -89,6 +89,27 @@ fn e(errno: i32) -> Errno {
     Errno::from_i32(errno)
 }
 
+/// Directory `ino`'s entries after position `offset`: ".", "..", then the children by name, each with
+/// its 1-based position (the cookie the kernel hands back to continue a listing).
+fn listing(st: &mut State, ino: u64, offset: u64) -> R<Vec<(u64, u64, Vec<u8>)>> {
+    let parent = match &st.get(ino)?.content {
+        Content::Dir(d) => d.parent,
+        _ => return Err(libc::ENOTDIR),
+    };
+    let mut out = Vec::new();
+    if offset < 1 {
+        out.push((ino, 1, b".".to_vec()));
+    }
+    if offset < 2 {
+        out.push((parent, 2, b"..".to_vec()));
+    }
+    let skip = offset.saturating_sub(2) as usize;
+    for (i, (name, cino)) in st.children(ino)?.iter().enumerate().skip(skip) {
+        out.push((*cino, i as u64 + 3, name.clone()));
+    }
+    Ok(out)
+}
+
 impl Fs {
     fn s(&self) -> &Shared {
         &self.0
@@ -653,40 +674,12 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectory,
     ) {
         let mut st = self.s().state.lock();
-        let parent = match &tryr!(reply, st.get(ino.0)).content {
-            Content::Dir(d) => d.parent,
-            _ => {
-                reply.error(Errno::ENOTDIR);
-                return;
-            }
-        };
-        let kids: Vec<(Vec<u8>, u64)> = tryr!(reply, st.children(ino.0))
-            .iter()
-            .skip((offset as usize).saturating_sub(2))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        let mut idx = offset;
-        if idx == 0 {
-            if reply.add(ino, 1, FileType::Directory, ".") {
-                reply.ok();
-                return;
-            }
-            idx = 1;
-        }
-        if idx == 1 {
-            if reply.add(INodeNo(parent), 2, FileType::Directory, "..") {
-                reply.ok();
-                return;
-            }
-            idx = 2;
-        }
-        for (name, cino) in kids {
+        for (cino, pos, name) in tryr!(reply, listing(&mut st, ino.0, offset)) {
             let kind = st
                 .get(cino)
                 .map(|i| i.kind())
                 .unwrap_or(FileType::RegularFile);
-            idx += 1;
-            if reply.add(INodeNo(cino), idx, kind, OsStr::from_bytes(&name)) {
+            if reply.add(INodeNo(cino), pos, kind, OsStr::from_bytes(&name)) {
                 break;
             }
         }
@@ -702,46 +695,10 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut st = self.s().state.lock();
-        let parent = match &tryr!(reply, st.get(ino.0)).content {
-            Content::Dir(d) => d.parent,
-            _ => {
-                reply.error(Errno::ENOTDIR);
-                return;
-            }
-        };
-        let kids: Vec<(Vec<u8>, u64)> = tryr!(reply, st.children(ino.0))
-            .iter()
-            .skip((offset as usize).saturating_sub(2))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        let mut idx = offset;
-        if idx == 0 {
-            let a = tryr!(reply, st.attr(ino.0));
-            if reply.add(ino, 1, ".", &TTL, &a, Generation(0)) {
-                reply.ok();
-                return;
-            }
-            idx = 1;
-        }
-        if idx == 1 {
-            let a = tryr!(reply, st.attr(parent));
-            if reply.add(INodeNo(parent), 2, "..", &TTL, &a, Generation(0)) {
-                reply.ok();
-                return;
-            }
-            idx = 2;
-        }
-        for (name, cino) in kids {
+        for (cino, pos, name) in tryr!(reply, listing(&mut st, ino.0, offset)) {
             let Ok(a) = st.attr(cino) else { continue };
-            idx += 1;
-            if reply.add(
-                INodeNo(cino),
-                idx,
-                OsStr::from_bytes(&name),
-                &TTL,
-                &a,
-                Generation(0),
-            ) {
+            let name = OsStr::from_bytes(&name);
+            if reply.add(INodeNo(cino), pos, name, &TTL, &a, Generation(0)) {
                 break;
             }
         }
