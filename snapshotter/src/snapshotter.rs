@@ -21,9 +21,6 @@ use crate::root::NodefsRootMount;
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
 
-/// Restore attempts per branch when CRIU hits an I/O error opening a file of the fresh root.
-const RESTORE_ATTEMPTS: u32 = 3;
-
 /// At most this many branches per fork call.
 pub const MAX_FORK: u32 = 64;
 
@@ -413,25 +410,9 @@ impl Snapshotter {
             };
             self.restore_one(&opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
-        // A restore that failed opening a file of its fresh root with EIO is retried (seen
-        // intermittently with nodefs under concurrent first opens); the runtime has undone the
-        // failed attempt entirely.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .runtime
-                .create_restored(spec.clone(), &mut restore)
-                .map_err(unwrap_restore_error)
-            {
-                Err(Error::Criu(criu::Error::RestoreFailed { log_tail, .. }))
-                    if attempt < RESTORE_ATTEMPTS && criu::log::is_io_error(&log_tail) =>
-                {
-                    tracing::warn!(snapshot = %info.id, branch = i, ?log_tail, "restore hit an I/O error; retrying");
-                }
-                other => return other,
-            }
-        }
+        self.runtime
+            .create_restored(spec, &mut restore)
+            .map_err(unwrap_restore_error)
     }
 
     /// One CRIU restore; with lazy pages, a `criu lazy-pages` daemon serves the memory and is
