@@ -1,11 +1,13 @@
 //! What groved serves besides the runtime: images and snapshots, behind traits so the HTTP layer does not care
 //! whether roots come from nodefs or from plain overlayfs directories.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use axum::http::StatusCode;
 use grove_runtime::{SandboxId, SandboxInfo};
+use nodefs::ObjectId;
 
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{ForkRequest, Image, Snapshot, SnapshotRequest};
@@ -33,7 +35,18 @@ pub trait Snapshots: Send + Sync {
     fn list(&self) -> ApiResult<Vec<Snapshot>>;
     fn get(&self, name: &str) -> ApiResult<Snapshot>;
     fn delete(&self, name: &str) -> ApiResult<()>;
-    fn export(&self, name: &str, out: &mut dyn Write) -> ApiResult<()>;
+    /// The whole snapshot, or with `only` just those of its objects (a delta for a receiver that
+    /// holds the rest).
+    fn export(
+        &self,
+        name: &str,
+        only: Option<&HashSet<ObjectId>>,
+        out: &mut dyn Write,
+    ) -> ApiResult<()>;
+    /// Every object the snapshot reaches.
+    fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>>;
+    /// The ones among `ids` this node lacks.
+    fn missing(&self, ids: &[ObjectId]) -> Vec<ObjectId>;
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot>;
 }
 

@@ -1,6 +1,7 @@
 //! Images in the nodefs content store (a ref per image, named like the image) and snapshots through the
 //! snapshotter. Snapshots are optional: without CRIU the node still serves sandboxes.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use grove_runtime::{Runtime, SandboxId, SandboxInfo};
 use grove_snapshotter::{
     ForkOptions, NodefsRoot, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
 };
-use nodefs::{ManifestId, NodeFs, Store};
+use nodefs::{ManifestId, NodeFs, ObjectId, Store};
 
 use crate::backend::{check_name, Images, Snapshots};
 use crate::config::Config;
@@ -237,8 +238,26 @@ impl Snapshots for NodefsSnapshots {
         self.s.delete(name).map_err(snap_err)
     }
 
-    fn export(&self, name: &str, out: &mut dyn Write) -> ApiResult<()> {
-        self.s.export(name, out).map(|_| ()).map_err(snap_err)
+    fn export(
+        &self,
+        name: &str,
+        only: Option<&HashSet<ObjectId>>,
+        out: &mut dyn Write,
+    ) -> ApiResult<()> {
+        match only {
+            None => self.s.export(name, out),
+            Some(only) => self.s.export_delta(name, &|id| !only.contains(id), out),
+        }
+        .map(|_| ())
+        .map_err(snap_err)
+    }
+
+    fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>> {
+        self.s.objects(name).map_err(snap_err)
+    }
+
+    fn missing(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+        self.s.lacking(ids)
     }
 
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {

@@ -394,6 +394,22 @@ pub struct ForkRequest {
     pub hostname_prefix: Option<String>,
 }
 
+/// Object ids (64 hex digits each) of content-store objects: what a snapshot reaches
+/// (GET /v1/snapshots/{name}/objects), what a node is asked about (POST /v1/snapshots/missing),
+/// and what a delta export should carry (POST /v1/snapshots/{name}/export).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectList {
+    pub objects: Vec<String>,
+}
+
+/// POST /v1/snapshots/{name}/export: the objects the receiver lacks (from its /missing answer).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaExportRequest {
+    pub missing: Vec<String>,
+}
+
 /// POST /v1/images: import from a path on the node.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -906,6 +906,64 @@ fn snapshot_fork_export_import() {
         )
         .expect(200);
     assert!(ex.body.len() > 1000);
+
+    // delta transfer: the objects list, what this node lacks, an export of just those
+    let objs = d
+        .call(Method::GET, &format!("/v1/snapshots/{name}/objects"), None)
+        .expect(200)
+        .json();
+    let objs: Vec<String> = serde_json::from_value(objs["objects"].clone()).unwrap();
+    assert!(objs.len() > 10, "{objs:?}");
+    let absent = "ab".repeat(32);
+    let mut asked = objs[..3].to_vec();
+    asked.push(absent.clone());
+    let m = d
+        .call(
+            Method::POST,
+            "/v1/snapshots/missing",
+            Some(json!({ "objects": asked })),
+        )
+        .expect(200)
+        .json();
+    assert_eq!(
+        m["objects"],
+        json!([absent]),
+        "this node holds its own objects"
+    );
+    d.send(
+        Method::POST,
+        "/v1/snapshots/missing",
+        Some((
+            "application/json",
+            br#"{"objects": ["XYZ"]}"#.to_vec().into(),
+        )),
+        &[],
+    )
+    .expect_error(422, Some("objects"));
+    let delta = |missing: &[String]| {
+        d.send(
+            Method::POST,
+            &format!("/v1/snapshots/{name}/export"),
+            Some((
+                "application/json",
+                serde_json::to_vec(&json!({ "missing": missing }))
+                    .unwrap()
+                    .into(),
+            )),
+            &[],
+        )
+        .expect(200)
+        .body
+    };
+    let empty = delta(&[]);
+    let some = delta(&objs[..objs.len() / 2]);
+    assert!(
+        empty.len() < some.len() && some.len() < ex.body.len(),
+        "delta sizes {} < {} < {}",
+        empty.len(),
+        some.len(),
+        ex.body.len()
+    );
     for b in branches.iter().chain([&one, &id]) {
         d.delete(b);
     }

@@ -66,6 +66,25 @@ impl Snapshotter {
         Ok(w.n)
     }
 
+    /// Every object (trees and chunks) the snapshot's filesystem and images reach, sorted: what a
+    /// receiver checks against its own store before asking for a delta.
+    pub fn objects(&self, snapshot: &str) -> Result<Vec<ObjectId>, Error> {
+        let info = self.get(snapshot)?;
+        let mut v = self.store().objects_of(&parse(&info.fs_root)?)?;
+        v.extend(self.store().objects_of(&parse(&info.images_root)?)?);
+        v.sort();
+        v.dedup();
+        Ok(v)
+    }
+
+    /// The ones among `ids` this node's store does not hold.
+    pub fn lacking(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
+        ids.iter()
+            .filter(|id| !self.store().has_object(id))
+            .copied()
+            .collect()
+    }
+
     /// Reads a stream written by `export` and records the snapshot; fails cleanly (nothing
     /// recorded) if the stream is damaged or lacks objects this store does not have.
     pub fn import(&self, input: &mut dyn Read) -> Result<SnapshotInfo, Error> {

@@ -13,10 +13,10 @@ from ._transport import AsyncClient, Client, RetryPolicy
 from .async_sandbox import AsyncSandbox, AsyncSnapshot
 from .errors import (CapacityExceeded, Conflict, ConnectionFailed, ForkError, GroveError, InvalidRequest, NotFound,
                      ServerError, Unauthorized, Unavailable, Unsupported)
-from .sandbox import Sandbox, Snapshot
+from .sandbox import Sandbox, Snapshot, Transfer
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncSnapshot", "CapacityExceeded", "Client", "Conflict", "ConnectionFailed",
     "EntryInfo", "ExecResult", "ForkError", "GroveError", "InvalidRequest", "NotFound", "RetryPolicy", "Sandbox",
-    "SandboxInfo", "ServerError", "Snapshot", "Unauthorized", "Unavailable", "Unsupported",
+    "SandboxInfo", "ServerError", "Snapshot", "Transfer", "Unauthorized", "Unavailable", "Unsupported",
 ]

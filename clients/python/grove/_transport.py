@@ -73,7 +73,7 @@ def _retry_after(resp: httpx.Response) -> Optional[float]:
         return None
 
 
-def _raise_for(resp: httpx.Response) -> None:
+def raise_for(resp: httpx.Response) -> None:
     if resp.is_success:
         return
     try:
@@ -123,7 +123,7 @@ class Client:
             if resp.status_code in RETRY_STATUSES and not last:
                 time.sleep(policy.delay(attempt, _retry_after(resp)))
                 continue
-            _raise_for(resp)
+            raise_for(resp)
             return resp
         raise AssertionError("unreachable")
 
@@ -170,7 +170,7 @@ class AsyncClient:
             if resp.status_code in RETRY_STATUSES and not last:
                 await asyncio.sleep(policy.delay(attempt, _retry_after(resp)))
                 continue
-            _raise_for(resp)
+            raise_for(resp)
             return resp
         raise AssertionError("unreachable")
 

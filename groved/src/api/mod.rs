@@ -69,7 +69,12 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             "/snapshots/{name}/fork",
             post(snapshots::fork).route_layer(idem()),
         )
-        .route("/snapshots/{name}/export", get(snapshots::export))
+        .route(
+            "/snapshots/{name}/export",
+            get(snapshots::export).post(snapshots::export_delta),
+        )
+        .route("/snapshots/{name}/objects", get(snapshots::objects))
+        .route("/snapshots/missing", post(snapshots::missing))
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))
         .route("/images/{name}/tar", put(images::import_tar))

@@ -1,5 +1,8 @@
-//! Snapshots: create from a sandbox, list, get, delete, fork, export, import.
+//! Snapshots: create from a sandbox, list, get, delete, fork, export, import; and the delta
+//! transfer between nodes (the source lists a snapshot's objects, the receiver names those it
+//! lacks, the source exports only those).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -17,7 +20,10 @@ use crate::events::own;
 use crate::jsonx::{ApiJson, OptionalJson};
 use crate::metrics::Op;
 use crate::pipe::{ChanReader, ChanWriter};
-use crate::wire::{ForkRequest, Snapshot, SnapshotList, SnapshotRequest};
+use crate::wire::{
+    DeltaExportRequest, ForkRequest, ObjectList, Snapshot, SnapshotList, SnapshotRequest,
+};
+use nodefs::ObjectId;
 
 pub async fn create(
     State(app): State<Arc<App>>,
@@ -98,6 +104,60 @@ pub async fn fork(
 }
 
 pub async fn export(State(app): State<Arc<App>>, Path(name): Path<String>) -> ApiResult<Response> {
+    stream_export(app, name, None).await
+}
+
+/// POST /v1/snapshots/{name}/export: a delta carrying only the objects the receiver lacks.
+pub async fn export_delta(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<DeltaExportRequest>,
+) -> ApiResult<Response> {
+    let only = parse_ids("missing", &req.missing)?.into_iter().collect();
+    stream_export(app, name, Some(only)).await
+}
+
+/// GET /v1/snapshots/{name}/objects.
+pub async fn objects(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ObjectList>> {
+    check_name("name", &name)?;
+    let snaps = app.snapshots()?;
+    let ids = blocking(move || snaps.objects(&name)).await?;
+    Ok(Json(ObjectList {
+        objects: ids.iter().map(|i| i.to_hex()).collect(),
+    }))
+}
+
+/// POST /v1/snapshots/missing: which of the given objects this node lacks.
+pub async fn missing(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<ObjectList>,
+) -> ApiResult<Json<ObjectList>> {
+    let ids = parse_ids("objects", &req.objects)?;
+    let snaps = app.snapshots()?;
+    let lacking = blocking(move || Ok(snaps.missing(&ids))).await?;
+    Ok(Json(ObjectList {
+        objects: lacking.iter().map(|i| i.to_hex()).collect(),
+    }))
+}
+
+fn parse_ids(field: &str, hex: &[String]) -> ApiResult<Vec<ObjectId>> {
+    hex.iter()
+        .map(|h| {
+            h.parse().map_err(|_| {
+                ApiError::invalid(field, format!("{h:?} is not an object id (64 hex digits)"))
+            })
+        })
+        .collect()
+}
+
+async fn stream_export(
+    app: Arc<App>,
+    name: String,
+    only: Option<HashSet<ObjectId>>,
+) -> ApiResult<Response> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
     {
@@ -106,7 +166,7 @@ pub async fn export(State(app): State<Arc<App>>, Path(name): Path<String>) -> Ap
     }
     let (mut w, body) = ChanWriter::new();
     tokio::task::spawn_blocking(move || {
-        let r = snaps.export(&name, &mut w).and_then(|()| {
+        let r = snaps.export(&name, only.as_ref(), &mut w).and_then(|()| {
             std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(e.to_string()))
         });
         if let Err(e) = r {
