@@ -48,7 +48,7 @@ def pids_in_netns(ns_path: str) -> List[int]:
     ino = os.stat(ns_path).st_ino
     out = []
     for p in Path("/proc").iterdir():
-        if p.name.isdigit():
+        if p.name.isdigit() and int(p.name) != os.getpid():
             try:
                 if os.stat(p / "ns" / "net").st_ino == ino:
                     out.append(int(p.name))
@@ -202,7 +202,8 @@ disk_mb = 512
                 left.append(f"{self.name}: groved ignored SIGTERM")
             if self.groved.returncode != 0:
                 left.append(f"{self.name}: groved exit {self.groved.returncode}\n{self.log()}")
-            left += [f"{self.name}: residue {k}={v}" for k, v in res.items() if v]
+            if not res.get("clean"):
+                left.append(f"{self.name}: residue {res}")
         d = str(self.dir)
         left += [f"{self.name}: mount {l}" for l in Path("/proc/self/mountinfo").read_text().splitlines() if d in l]
         for ctrl in Path("/sys/fs/cgroup").iterdir():
@@ -273,6 +274,10 @@ class Cluster:
                 stray = [f"{n.name}: process {p} {comm(p)}" for p in pids_in_netns(n.ns_path)]
                 left += stray
                 if not stray:
+                    # Threads a Ray driver started in the head's namespace may pin it until this process exits:
+                    # take the veth down with us rather than wait for the namespace to go.
+                    subprocess.run(["ip", "link", "del", f"{self.prefix}h{n.index}"], check=False,
+                                   stderr=subprocess.DEVNULL)
                     subprocess.run(["ip", "netns", "del", n.ns], check=False)
         subprocess.run(["ip", "link", "del", self.bridge], check=False, stderr=subprocess.DEVNULL)
         os.close(self._host_ns)
