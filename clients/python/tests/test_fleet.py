@@ -42,7 +42,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def fleet(cluster):
-    f = Fleet(address=f"{cluster.subnet}.1:6379", api_key=cluster.api_key, place_timeout=3.0)
+    f = Fleet(address=f"{cluster.subnet}.1:6379", api_key=cluster.api_key, place_timeout=5.0)
     yield f
     f.close()
 

@@ -89,3 +89,40 @@ def test_bodies():
     assert network_body("none") == {"mode": "none"}
     assert exec_body(["ls", "-l"], timeout=1.5, stdin="x") == {"argv": ["ls", "-l"], "timeout_ms": 1500, "stdin": "eA==",
                                                                "encoding": "base64"}
+
+
+def test_fleet_node_slots_and_labels():
+    from grove.ray.fleet import FleetNode, _matches
+    from grove.ray.node import labels, slots
+
+    node = {"capacity": {"total": {"sandboxes": 4096, "memory_mb": 8192}}, "labels": {"pool": "rl", "bad": "a b"}}
+    assert slots(node, 256) == 32  # memory runs out first
+    assert slots(node, 0) == 4096
+    lab = labels(node, ["debian12"], 7070, gpu=False)
+    assert lab == {"grove.io/port": "7070", "grove.io/gpu": "false", "grove.io/image.debian12": "cached",
+                   "grove.io/pool": "rl"}  # a value Ray cannot carry is left out
+    n = FleetNode("abc", "http://x:7070", {}, 4, {"grove.io/pool": "rl"})
+    assert _matches(n, {"grove.io/pool": "rl"}) and not _matches(n, {"grove.io/pool": "b"})
+    assert not _matches(n, {"ray.io/node-id": "!in(abc,def)"}) and _matches(n, {"ray.io/node-id": "!in(def)"})
+
+
+def test_snapshot_transfer_asks_only_for_missing_objects():
+    seen = {}
+
+    def source(req):
+        if req.url.path.endswith("/objects"):
+            return httpx.Response(200, json={"objects": ["a" * 64, "b" * 64]})
+        seen["export"] = req.read()
+        return httpx.Response(200, content=b"GRVSNAP1-delta")
+
+    def target(req):
+        if req.url.path == "/v1/snapshots/missing":
+            return httpx.Response(200, json={"objects": ["b" * 64]})
+        seen["import"] = req.read()
+        return httpx.Response(201, json={"id": "s1", "name": "snap"})
+
+    snap = grove.Snapshot({"id": "s1", "name": "snap"}, client_with(source))
+    t = snap.transfer(client_with(target))
+    assert b'"missing"' in seen["export"] and b"b" * 64 in seen["export"] and b"a" * 64 not in seen["export"]
+    assert seen["import"] == b"GRVSNAP1-delta"
+    assert (t.objects, t.objects_sent, t.bytes_sent, t.snapshot.name) == (2, 1, 14, "snap")

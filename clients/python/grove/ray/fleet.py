@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
@@ -33,6 +34,7 @@ class FleetNode:
     url: str
     labels: Dict[str, str]  # groved's labels, without the grove.io/ prefix
     slots: float
+    ray_labels: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,7 +109,7 @@ class Fleet:
                 continue
             url = f"http://{n['NodeManagerAddress']}:{lab[PORT_LABEL]}"
             grove_labels = {k[len(PREFIX):]: v for k, v in lab.items() if k.startswith(PREFIX)}
-            out.append(FleetNode(n["NodeID"], url, grove_labels, n["Resources"][SLOT]))
+            out.append(FleetNode(n["NodeID"], url, grove_labels, n["Resources"][SLOT], dict(lab)))
         return out
 
     def client(self, node_id: str) -> Client:
@@ -142,8 +144,12 @@ class Fleet:
         with self._lock:
             gone = [sid for sid, lease in self._leases.items() if lease.node_id not in alive]
             leases = [self._leases.pop(sid) for sid in gone]
+            dead = [self._clients.pop(n) for n in list(self._clients) if n not in alive]
         for lease in leases:
             remove_placement_group(lease.pg)
+        for _, a, b in dead:
+            a.close()
+            b.close()
         return gone
 
     # --- sandboxes ------------------------------------------------------------------------------------------
@@ -219,10 +225,19 @@ class Fleet:
                 by_node: Dict[str, List[PlacementGroup]] = {}
                 for pg, node in leases:
                     by_node.setdefault(node, []).append(pg)
-                for node, pgs in by_node.items():
-                    got = self._fill(node, pgs, make, snapshot, placement, refused)
-                    made += got
-                    want -= len(got)
+                # One batch per node, all nodes at once; every batch finishes (and records what it made)
+                # before the first failure is raised, so nothing made is left untracked.
+                with ThreadPoolExecutor(max_workers=len(by_node)) as pool:
+                    futs = [pool.submit(self._fill, node, pgs, make, snapshot, placement, refused)
+                            for node, pgs in by_node.items()]
+                    wait(futs)
+                for f in futs:
+                    if f.exception() is None:
+                        made += f.result()
+                        want -= len(f.result())
+                for f in futs:
+                    if f.exception() is not None:
+                        raise f.exception()
         except BaseException:
             for s in made:
                 try:
@@ -240,6 +255,12 @@ class Fleet:
             if NODE_ID_LABEL in sel:
                 raise errors.CapacityExceeded(f"node {sel[NODE_ID_LABEL]} refused the sandboxes", code="capacity_exceeded")
             sel[NODE_ID_LABEL] = "!in(" + ",".join(sorted(avoid)) + ")"
+        room = sum(n.slots for n in self.nodes() if _matches(n, sel))
+        if room < count:
+            raise errors.CapacityExceeded(
+                f"the live nodes matching {selector} have {room:g} {SLOT} in all, fewer than {count}"
+                f"{' (refused by ' + ', '.join(sorted(avoid)) + ')' if avoid else ''}", status=429,
+                code="capacity_exceeded")
         pgs = [placement_group([{SLOT: 1}], strategy=strategy or self.strategy, bundle_label_selector=[sel])
                for _ in range(count)]
         deadline = time.monotonic() + self.place_timeout
@@ -273,12 +294,18 @@ class Fleet:
             with self._lock:
                 self._leases[info["id"]] = _Lease(pg, node)
             out.append(FleetSandbox(info, client, self, node))
+        failure = None
         for e, pg in zip(bad, pgs[len(made):]):
             remove_placement_group(pg)
-            if e.get("code") not in _REFUSALS:
-                raise errors.GroveError(f"node {node}: {e.get('message')}", code=e.get("code"))
-            placement.refusals.append((node, e.get("code", "")))
-            refused.add(node)
+            if e.get("code") in _REFUSALS:
+                placement.refusals.append((node, e.get("code", "")))
+                refused.add(node)
+            elif failure is None:
+                failure = errors.GroveError(f"node {node}: {e.get('message')}", code=e.get("code"))
+        if failure is not None:
+            for s in out:
+                s.kill()
+            raise failure
         if out:
             placement.per_node[node] = placement.per_node.get(node, 0) + len(out)
         return out
@@ -294,6 +321,18 @@ class Fleet:
             lease = self._leases.pop(sandbox_id, None)
         if lease is not None:
             remove_placement_group(lease.pg)
+
+
+def _matches(node: FleetNode, selector: Dict[str, str]) -> bool:
+    """Whether a node's labels satisfy a Ray label selector of exact values and `!in(...)` (what Fleet builds)."""
+    for k, want in selector.items():
+        have = node.node_id if k == NODE_ID_LABEL else node.ray_labels.get(k)
+        if want.startswith("!in(") and want.endswith(")"):
+            if have in want[4:-1].split(","):
+                return False
+        elif have != want:
+            return False
+    return True
 
 
 def spread(sandboxes: Iterable[FleetSandbox]) -> Dict[str, int]:
