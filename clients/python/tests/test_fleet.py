@@ -33,10 +33,14 @@ def cluster():
         yield c
     finally:
         c.leave()
+        restart = []
         for n in c.nodes:
             if n.groved is not None and n.groved.poll() is not None:
-                n.start_groved()  # a killed node's groved comes back and sweeps what its sandboxes left
-        left = c.teardown()
+                try:
+                    n.start_groved()  # a killed node's groved comes back and sweeps what its sandboxes left
+                except RuntimeError as e:
+                    restart.append(str(e))
+        left = c.teardown() + restart
         assert not left, "fleet residue:\n" + "\n".join(left)
 
 
