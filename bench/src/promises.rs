@@ -1,7 +1,7 @@
 //! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
 
 use crate::scenarios::{
-    checkpoint as ck, density as de, filesystem as fs, lifecycle as lc, storage as st,
+    api, checkpoint as ck, density as de, filesystem as fs, lifecycle as lc, storage as st,
 };
 
 /// Which statistic of a figure a promise is about.
@@ -124,6 +124,7 @@ pub fn all() -> Vec<Promise> {
         Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "50000 files", fs::OVERLAY, AtMost(1.0)),
         Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
         Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "100 MiB tree", Stat::P50, 1.2),
+        Promise::at_most("API-1", "latency the HTTP API adds to exec true over a library call, p50 (ms)", api::NAME, api::ADDED, api::EXEC_ADDED_P50, Stat::P50, 1.0),
     ]
 }
 
@@ -146,6 +147,7 @@ mod tests {
         assert_eq!(find("ST-2"), st::tree_param(100));
         assert_eq!(find("CK-2"), ck::heap_param(256 << 20));
         assert!(find("CK-4").starts_with(&ck::heap_param(256 << 20)));
+        assert_eq!(find("API-1"), format!("{}, p50", api::EXEC));
     }
 
     #[test]

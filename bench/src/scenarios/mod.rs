@@ -1,6 +1,7 @@
 //! The bench scenarios. Each takes the run context and returns its figures; a scenario that stops early
 //! still returns what it measured, with the error set.
 
+pub mod api;
 pub mod checkpoint;
 pub mod density;
 pub mod filesystem;
@@ -90,6 +91,13 @@ pub fn all() -> Vec<Scenario> {
             est_quick: 15.0,
             est_full: 90.0,
             run: storage::run,
+        },
+        Scenario {
+            name: api::NAME,
+            title: "API: what groved's HTTP API adds over the runtime library",
+            est_quick: 15.0,
+            est_full: 60.0,
+            run: api::run,
         },
     ]
 }
