@@ -410,6 +410,25 @@ pub struct DeltaExportRequest {
     pub missing: Vec<String>,
 }
 
+/// POST /v1/snapshots/pull: fetch snapshot `name` from the peer groved at `source` (`http://host:port`),
+/// with `source_api_key` or else this node's own key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    pub source: String,
+    pub name: String,
+    pub source_api_key: Option<String>,
+}
+
+/// The pulled snapshot and what moved: `objects_sent` of the snapshot's `objects`, `bytes_received` on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PullResult {
+    pub snapshot: Snapshot,
+    pub objects: u64,
+    pub objects_sent: u64,
+    pub bytes_received: u64,
+}
+
 /// POST /v1/images: import from a path on the node.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

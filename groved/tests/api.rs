@@ -955,6 +955,25 @@ fn snapshot_fork_export_import() {
         .expect(200)
         .body
     };
+    // pull: from a peer (here this node's own TCP address, where the key is the same)
+    let pull = |source: &str, snap: &str| {
+        d.call(
+            Method::POST,
+            "/v1/snapshots/pull",
+            Some(json!({"source": source, "name": snap})),
+        )
+    };
+    let me = format!("http://{}", d.tcp);
+    pull(&me, &name).expect_error(409, None); // already here
+    let e = pull(&me, "no-such-snapshot").expect_error(404, None);
+    assert!(
+        e["message"].as_str().unwrap().contains("answered 404"),
+        "{e}"
+    );
+    pull("ftp://x", &name).expect_error(422, Some("source"));
+    pull("http://peer.example:7070", &name).expect_error(422, Some("source"));
+    pull(&format!("{me}/v1"), &name).expect_error(422, Some("source"));
+    pull("http://127.0.0.1:1", "other").expect_error(502, Some("source"));
     let empty = delta(&[]);
     let some = delta(&objs[..objs.len() / 2]);
     assert!(

@@ -290,6 +290,20 @@ class Snapshot:
         return Transfer(snap, objects=len(objects), objects_sent=len(missing), bytes_sent=sent[0])
 
     @classmethod
+    def pull(cls, name: str, source: str, *, client: Optional[Client] = None,
+             source_api_key: Optional[str] = None) -> "Transfer":
+        """The node behind `client` fetches snapshot `name` from the groved at `source` (`http://host:port`),
+        asking it only for the objects it lacks; the bytes go node to node. The peer is called with
+        `source_api_key`, else with the pulling node's own key."""
+        c = client or default_client()
+        body = {"source": source, "name": name}
+        if source_api_key:
+            body["source_api_key"] = source_api_key
+        r = c.request("POST", "/v1/snapshots/pull", json=body, timeout=600).json()
+        return Transfer(cls(r["snapshot"], c), objects=r["objects"], objects_sent=r["objects_sent"],
+                        bytes_sent=r["bytes_received"])
+
+    @classmethod
     def import_(cls, data: Union[bytes, Iterator[bytes]], client: Optional[Client] = None) -> "Snapshot":
         c = client or default_client()
         return cls(c.request("POST", "/v1/snapshots/import", content=data,

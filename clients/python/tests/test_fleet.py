@@ -167,7 +167,7 @@ def test_snapshot_forks_on_another_node_moving_only_missing_objects(fleet, clust
         assert 0 < t.objects_sent < t.objects
         assert t.bytes_sent < full / 2, (t.bytes_sent, full)
         print(f"\nFLEET-TRANSFER snapshot {snap.name}: {t.objects_sent} of {t.objects} objects, "
-              f"{t.bytes_sent} bytes moved n1->n2 (a self-contained export is {full} bytes, "
+              f"{t.bytes_sent} bytes pulled n1->n2 by n2 (a self-contained export is {full} bytes, "
               f"{100 * t.bytes_sent / full:.1f} %)")
         for b in branches:
             assert b.exec("cat /root/mark").stdout == "fleet\n"

@@ -126,3 +126,16 @@ def test_snapshot_transfer_asks_only_for_missing_objects():
     assert b'"missing"' in seen["export"] and b"b" * 64 in seen["export"] and b"a" * 64 not in seen["export"]
     assert seen["import"] == b"GRVSNAP1-delta"
     assert (t.objects, t.objects_sent, t.bytes_sent, t.snapshot.name) == (2, 1, 14, "snap")
+
+
+def test_snapshot_pull_asks_the_target_node():
+    import json
+
+    def target(req):
+        assert req.url.path == "/v1/snapshots/pull"
+        assert json.loads(req.read()) == {"source": "http://10.0.0.1:7070", "name": "snap", "source_api_key": "k"}
+        return httpx.Response(201, json={"snapshot": {"id": "s1", "name": "snap"}, "objects": 10, "objects_sent": 2,
+                                         "bytes_received": 1234})
+
+    t = grove.Snapshot.pull("snap", "http://10.0.0.1:7070", client=client_with(target), source_api_key="k")
+    assert (t.snapshot.name, t.objects, t.objects_sent, t.bytes_sent) == ("snap", 10, 2, 1234)

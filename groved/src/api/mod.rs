@@ -4,6 +4,7 @@ mod exec;
 mod files;
 mod images;
 mod node;
+mod pull;
 mod sandboxes;
 mod snapshots;
 
@@ -75,6 +76,7 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         )
         .route("/snapshots/{name}/objects", get(snapshots::objects))
         .route("/snapshots/missing", post(snapshots::missing))
+        .route("/snapshots/pull", post(pull::pull))
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))
         .route("/images/{name}/tar", put(images::import_tar))

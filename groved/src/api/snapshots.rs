@@ -143,7 +143,7 @@ pub async fn missing(
     }))
 }
 
-fn parse_ids(field: &str, hex: &[String]) -> ApiResult<Vec<ObjectId>> {
+pub(crate) fn parse_ids(field: &str, hex: &[String]) -> ApiResult<Vec<ObjectId>> {
     hex.iter()
         .map(|h| {
             h.parse().map_err(|_| {

@@ -311,10 +311,16 @@ class Fleet:
         return out
 
     def _ensure_snapshot(self, snapshot: FleetSnapshot, target: Client) -> None:
+        """The target node pulls the snapshot from its node unless it has it: only missing objects move."""
         try:
             target.request("GET", f"/v1/snapshots/{_q(snapshot.name)}")
         except errors.NotFound:
-            self.transfers.append(snapshot.transfer(target))
+            source = self._node(snapshot.node_id)[0]
+            try:
+                self.transfers.append(Snapshot.pull(snapshot.name, source, client=target,
+                                                    source_api_key=self.api_key))
+            except errors.Conflict:
+                pass  # another call brought it meanwhile
 
     def _release(self, sandbox_id: str) -> None:
         with self._lock:
