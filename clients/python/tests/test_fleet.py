@@ -132,6 +132,18 @@ def test_no_node_is_over_committed(fleet, cluster):
     assert free_slots() == 13
 
 
+def test_sandboxes_that_expire_give_their_slots_back(fleet, cluster):
+    short = fleet.create(count=13, timeout=1)  # every slot, each sandbox ending by its TTL
+    time.sleep(2.5)
+    fresh = fleet.create(count=2)
+    try:
+        assert set(fleet.sandboxes()) == {s.id for s in fresh}, "expired sandboxes hold no leases"
+        assert not any(s.is_running() for s in short)
+    finally:
+        kill_all(fresh)
+    assert free_slots() == 13
+
+
 def test_a_node_that_refuses_sends_placements_elsewhere(fleet, cluster):
     ids = node_ids(fleet, cluster)
     n1 = cluster.nodes[0]

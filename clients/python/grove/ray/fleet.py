@@ -152,6 +152,24 @@ class Fleet:
             b.close()
         return gone
 
+    def reap(self) -> List[str]:
+        """Sandboxes that ended on a live node without this fleet killing them (their TTL ran out, someone deleted
+        them directly): their slots are given back. One listing per node that holds leases."""
+        with self._lock:
+            by_node: Dict[str, Set[str]] = {}
+            for sid, lease in self._leases.items():
+                by_node.setdefault(lease.node_id, set()).add(sid)
+        gone: List[str] = []
+        for node, sids in by_node.items():
+            try:
+                live = {s.id for s in Sandbox.list(client=self._node(node)[2])}
+            except errors.GroveError:
+                continue  # unreachable now: whether the node is lost is lost()'s call
+            gone += sorted(sids - live)
+        for sid in gone:
+            self._release(sid)
+        return gone
+
     # --- sandboxes ------------------------------------------------------------------------------------------
     def create(self, image: str = DEFAULT_IMAGE, *, count: int = 1, labels: Optional[Dict[str, str]] = None,
                on: Optional[str] = None, strategy: Optional[str] = None, **create_kw) -> List[FleetSandbox]:
@@ -215,13 +233,22 @@ class Fleet:
         if count < 1:
             raise errors.InvalidRequest("count must be at least 1", field="count")
         self.lost()
+        if ray.available_resources().get(SLOT, 0) < count:
+            self.reap()
         self.last_placement = placement = Placement()
         made: List[FleetSandbox] = []
         refused: Set[str] = set()
         want = count
+        reaped = False
         try:
             while want > 0:
-                leases = self._place(want, selector, strategy, refused)
+                try:
+                    leases = self._place(want, selector, strategy, refused)
+                except errors.CapacityExceeded:
+                    if reaped or not self.reap():
+                        raise
+                    reaped = True  # slots of sandboxes that ended by themselves came back: one more try
+                    continue
                 by_node: Dict[str, List[PlacementGroup]] = {}
                 for pg, node in leases:
                     by_node.setdefault(node, []).append(pg)
