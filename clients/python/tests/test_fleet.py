@@ -144,6 +144,31 @@ def test_sandboxes_that_expire_give_their_slots_back(fleet, cluster):
     assert free_slots() == 13
 
 
+def test_block_leases_take_slots_from_ray_a_block_at_a_time(fleet, cluster):
+    assert free_slots() == 13
+    blocky = Fleet(address=f"{cluster.subnet}.1:6379", api_key=cluster.api_key, place_timeout=5.0, block=4)
+    made = []
+    try:
+        made += blocky.create(count=3)  # one placement group of 4 bundles
+        made += blocky.create(count=1)  # the block's 4th slot: nothing asked of Ray
+        assert (blocky._slots.groups_created, blocky._slots.held()) == (1, 4)
+        assert free_slots(13 - 4) == 13 - 4
+        made += blocky.create(count=6)  # more than a block: one group of 6
+        assert (blocky._slots.groups_created, blocky._slots.held()) == (2, 10)
+        with pytest.raises(grove.CapacityExceeded):
+            blocky.create(count=4)  # 3 left
+        for n in cluster.nodes:
+            info = n.info()
+            assert info["sandboxes"] <= info["capacity"]["total"]["sandboxes"]
+        for s in made:
+            assert s.exec("echo hi").stdout == "hi\n"
+    finally:
+        kill_all(made)
+        assert blocky._slots.held() == 0, "blocks go back to Ray once all their slots are free"
+        blocky.close()
+    assert free_slots() == 13
+
+
 def test_a_node_that_refuses_sends_placements_elsewhere(fleet, cluster):
     ids = node_ids(fleet, cluster)
     n1 = cluster.nodes[0]

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from .. import errors
 from .._api import batch_split, create_body
 from .._transport import Client, RetryPolicy, idempotency_headers
 from ..sandbox import DEFAULT_IMAGE, Sandbox, Snapshot, Transfer, _q
+from .lease import Leases, Slot
 from .node import IMAGE_LABEL, PORT_LABEL, PREFIX, SLOT
 
 NODE_ID_LABEL = "ray.io/node-id"
@@ -35,12 +34,6 @@ class FleetNode:
     labels: Dict[str, str]  # groved's labels, without the grove.io/ prefix
     slots: float
     ray_labels: Dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Lease:
-    pg: PlacementGroup
-    node_id: str
 
 
 @dataclass
@@ -87,7 +80,8 @@ class Fleet:
     """
 
     def __init__(self, address: str = "auto", *, api_key: Optional[str] = None, place_timeout: float = 10.0,
-                 strategy: str = "SPREAD"):
+                 strategy: str = "SPREAD", block: int = 1):
+        """`block` > 1 takes slots from Ray that many at a time and hands them out locally (see `lease.Leases`)."""
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
@@ -96,7 +90,8 @@ class Fleet:
         self.strategy = strategy
         self.transfers: List[Transfer] = []
         self._lock = threading.Lock()
-        self._leases: Dict[str, _Lease] = {}
+        self._slots = Leases(block, place_timeout)
+        self._leases: Dict[str, Slot] = {}
         self._clients: Dict[str, Tuple[str, Client, Client]] = {}  # node id -> (url, client, no-retry client)
 
     # --- the cluster ------------------------------------------------------------------------------------------
@@ -141,12 +136,13 @@ class Fleet:
         """Sandboxes whose node has left the cluster (its raylet died): they are gone with it. Their slots are
         given back (Ray would otherwise hold them on another node) and they are forgotten."""
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        self._slots.node_died(alive)
         with self._lock:
             gone = [sid for sid, lease in self._leases.items() if lease.node_id not in alive]
             leases = [self._leases.pop(sid) for sid in gone]
             dead = [self._clients.pop(n) for n in list(self._clients) if n not in alive]
         for lease in leases:
-            remove_placement_group(lease.pg)
+            lease.release()
         for _, a, b in dead:
             a.close()
             b.close()
@@ -207,7 +203,8 @@ class Fleet:
             leases, self._leases = list(self._leases.values()), {}
             clients, self._clients = list(self._clients.values()), {}
         for lease in leases:
-            remove_placement_group(lease.pg)
+            lease.release()
+        self._slots.close()
         for _, a, b in clients:
             a.close()
             b.close()
@@ -249,14 +246,14 @@ class Fleet:
                         raise
                     reaped = True  # slots of sandboxes that ended by themselves came back: one more try
                     continue
-                by_node: Dict[str, List[PlacementGroup]] = {}
-                for pg, node in leases:
-                    by_node.setdefault(node, []).append(pg)
+                by_node: Dict[str, List[Slot]] = {}
+                for slot in leases:
+                    by_node.setdefault(slot.node_id, []).append(slot)
                 # One batch per node, all nodes at once; every batch finishes (and records what it made)
                 # before the first failure is raised, so nothing made is left untracked.
                 with ThreadPoolExecutor(max_workers=len(by_node)) as pool:
-                    futs = [pool.submit(self._fill, node, pgs, make, snapshot, placement, refused)
-                            for node, pgs in by_node.items()]
+                    futs = [pool.submit(self._fill, node, slots, make, snapshot, placement, refused)
+                            for node, slots in by_node.items()]
                     wait(futs)
                 for f in futs:
                     if f.exception() is None:
@@ -275,55 +272,45 @@ class Fleet:
         return made
 
     def _place(self, count: int, selector: Dict[str, str], strategy: Optional[str], avoid: Set[str]
-               ) -> List[Tuple[PlacementGroup, str]]:
+               ) -> List[Slot]:
         """`count` one-slot leases; all or none."""
         sel = dict(selector)
         if avoid:
             if NODE_ID_LABEL in sel:
                 raise errors.CapacityExceeded(f"node {sel[NODE_ID_LABEL]} refused the sandboxes", code="capacity_exceeded")
             sel[NODE_ID_LABEL] = "!in(" + ",".join(sorted(avoid)) + ")"
-        room = sum(n.slots for n in self.nodes() if _matches(n, sel))
+        matching = {n.node_id for n in self.nodes() if _matches(n, sel)}
+        room = sum(n.slots for n in self.nodes() if n.node_id in matching)
         if room < count:
             raise errors.CapacityExceeded(
                 f"the live nodes matching {selector} have {room:g} {SLOT} in all, fewer than {count}"
                 f"{' (refused by ' + ', '.join(sorted(avoid)) + ')' if avoid else ''}", status=429,
                 code="capacity_exceeded")
-        pgs = [placement_group([{SLOT: 1}], strategy=strategy or self.strategy, bundle_label_selector=[sel])
-               for _ in range(count)]
-        deadline = time.monotonic() + self.place_timeout
-        placed = sum(1 for pg in pgs if pg.wait(max(0.0, deadline - time.monotonic())))
-        if placed < count:
-            for pg in pgs:
-                remove_placement_group(pg)
-            raise errors.CapacityExceeded(
-                f"the fleet has {placed} of {count} free {SLOT} matching {selector}"
-                f"{' (refused by ' + ', '.join(sorted(avoid)) + ')' if avoid else ''}", status=429,
-                code="capacity_exceeded")
-        return [(pg, placement_group_table(pg)["bundles_to_node_id"][0]) for pg in pgs]
+        return self._slots.acquire(count, sel, strategy or self.strategy, lambda node: node in matching)
 
-    def _fill(self, node: str, pgs: List[PlacementGroup], make, snapshot, placement: Placement,
+    def _fill(self, node: str, slots: List[Slot], make, snapshot, placement: Placement,
               refused: Set[str]) -> List[FleetSandbox]:
-        """Creates len(pgs) sandboxes on `node`, each holding one lease; leases it refuses are given back and the
+        """Creates len(slots) sandboxes on `node`, each holding one slot; slots it refuses are given back and the
         node is avoided from then on in this call."""
         try:
             url, client, once = self._node(node)
             if snapshot is not None and snapshot.node_id != node:
                 self._ensure_snapshot(snapshot, client)
-            made, bad = batch_split(make(once, len(pgs)))
+            made, bad = batch_split(make(once, len(slots)))
         except (errors.CapacityExceeded, errors.Unavailable, errors.ConnectionFailed) as e:
-            made, bad = [], [{"code": e.code or "unavailable"}] * len(pgs)
+            made, bad = [], [{"code": e.code or "unavailable"}] * len(slots)
         except BaseException:
-            for pg in pgs:
-                remove_placement_group(pg)
+            for slot in slots:
+                slot.release()
             raise
         out = []
-        for info, pg in zip(made, pgs):
+        for info, slot in zip(made, slots):
             with self._lock:
-                self._leases[info["id"]] = _Lease(pg, node)
+                self._leases[info["id"]] = slot
             out.append(FleetSandbox(info, client, self, node))
         failure = None
-        for e, pg in zip(bad, pgs[len(made):]):
-            remove_placement_group(pg)
+        for e, slot in zip(bad, slots[len(made):]):
+            slot.release()
             if e.get("code") in _REFUSALS:
                 placement.refusals.append((node, e.get("code", "")))
                 refused.add(node)
@@ -353,7 +340,7 @@ class Fleet:
         with self._lock:
             lease = self._leases.pop(sandbox_id, None)
         if lease is not None:
-            remove_placement_group(lease.pg)
+            lease.release()
 
 
 def _matches(node: FleetNode, selector: Dict[str, str]) -> bool:
