@@ -1,8 +1,9 @@
 """Sandboxes across many Grove nodes, placed by Ray.
 
-Each node advertises `grove_slots` (see `grove.ray.node`). A sandbox holds one slot through a one-bundle Ray
-placement group for as long as it lives: Ray's scheduler picks the node (free slots, label selectors, spread), then
-the sandbox is created by direct HTTP to that node's groved. groved's own admission stays authoritative: a node that
+Each node advertises `grove_slots` (see `grove.ray.node`). A sandbox holds one slot through a Ray placement group
+for as long as it lives (a one-bundle group of its own, or a bundle of a block: see `lease.py`): Ray's scheduler
+picks the node (free slots, label selectors, spread), then the sandbox is created by direct HTTP to that node's
+groved. groved's own admission stays authoritative: a node that
 answers 429 (or cannot be reached) gets its leases back and the sandboxes are placed again, elsewhere."""
 
 from __future__ import annotations
