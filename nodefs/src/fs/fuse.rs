@@ -16,6 +16,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::file::BLOCK;
+use super::killpriv;
 use super::openmode::{Decision, OpenModes};
 use super::passthrough;
 use super::state::{from_systime, now, Content, DirData, State, R};
@@ -59,6 +60,8 @@ struct SetAttr {
     size: Option<u64>,
     atime: Option<TimeOrNow>,
     mtime: Option<TimeOrNow>,
+    /// The caller, for deciding whether a truncate drops setuid/setgid.
+    pid: u32,
 }
 
 /// A lookup reply with node id 0: "no such name", cached by the kernel for the TTL.
@@ -207,6 +210,7 @@ impl Fs {
             size,
             atime,
             mtime,
+            pid,
         } = a;
         if mode.is_some() || uid.is_some() || gid.is_some() || size.is_some() || mtime.is_some() {
             self.rw()?;
@@ -232,8 +236,17 @@ impl Fs {
             let i = st.get_mut(ino)?;
             i.meta.mtime_sec = t.0;
             i.meta.mtime_nsec = t.1;
+            killpriv::drop_caps(&mut i.meta);
+            if killpriv::has_suidgid(i.meta.mode) && !killpriv::has_fsetid(pid) {
+                killpriv::drop_suidgid(&mut i.meta);
+            }
         }
         let i = st.get_mut(ino)?;
+        let chown = uid.is_some() || gid.is_some();
+        if chown && mode.is_none() && !matches!(i.content, Content::Dir(_)) {
+            killpriv::drop_caps(&mut i.meta);
+            killpriv::drop_suidgid(&mut i.meta);
+        }
         let t = now();
         if let Some(m) = mode {
             i.meta.mode = m & 0o7777;
@@ -281,6 +294,9 @@ impl Filesystem for Fs {
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // Listing a directory also fills the kernel's dentry and attribute caches.
         let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        // The server drops setuid/setgid/capabilities itself (see killpriv.rs): saves a
+        // GETXATTR per write and a GETATTR per chown.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
         {
@@ -313,7 +329,7 @@ impl Filesystem for Fs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -336,6 +352,7 @@ impl Filesystem for Fs {
             size,
             atime,
             mtime,
+            pid: req.pid(),
         };
         let r = if a.size.is_some() {
             // Passthrough readers read the pristine backing file: no truncation under them.
@@ -577,7 +594,7 @@ impl Filesystem for Fs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -600,6 +617,10 @@ impl Filesystem for Fs {
             i.meta.mtime_nsec = t.1;
             i.ctime = t;
             i.touched = true;
+            killpriv::drop_caps(&mut i.meta);
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+                killpriv::drop_suidgid(&mut i.meta);
+            }
         }
         reply.written(data.len() as u32);
     }
@@ -662,7 +683,12 @@ impl Filesystem for Fs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let mut st = self.s().state.lock();
         tryr!(reply, st.load_dir(ino.0));
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        // The kernel may keep listings in its page cache across opens: every change to a
+        // directory goes through this mount's kernel, which drops the cached listing then.
+        reply.opened(
+            FileHandle(0),
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+        );
     }
 
     fn readdir(

@@ -3,6 +3,7 @@
 mod commit;
 mod file;
 mod fuse;
+mod killpriv;
 mod openmode;
 mod passthrough;
 mod state;
