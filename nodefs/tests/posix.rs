@@ -640,3 +640,105 @@ fn missing_names_appear_once_created() {
     fs::write(mp.join("f"), b"again").unwrap();
     assert_eq!(fs::read(mp.join("f")).unwrap(), b"again");
 }
+
+/// Set a valid file capability (v2: cap_net_bind_service permitted).
+fn set_file_caps(p: &Path) {
+    let mut v = Vec::new();
+    for w in [0x0200_0000u32, 1 << 10, 0, 0, 0] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    let name = CString::new("security.capability").unwrap();
+    // SAFETY: valid path, name and value buffer.
+    let rc = unsafe { libc::setxattr(c(p).as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+/// Permission bits and whether file capabilities are present.
+fn privs(p: &Path) -> (u32, bool) {
+    let name = CString::new("security.capability").unwrap();
+    // SAFETY: valid path and name; a null buffer of size 0 asks for the size.
+    let n = unsafe { libc::getxattr(c(p).as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    (fs::metadata(p).unwrap().mode() & 0o7777, n > 0)
+}
+
+/// Run `sh -c script` on `p` as root without CAP_FSETID.
+fn without_fsetid(script: &str, p: &Path) {
+    let st = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-fsetid", "--", "sh", "-c", script, "sh"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success(), "{script}");
+}
+
+/// Writes, truncates and chowns drop setuid/setgid and file capabilities exactly as on the
+/// host's own filesystem (the server does it: FUSE_HANDLE_KILLPRIV_V2).
+#[test]
+fn writes_truncates_and_chowns_drop_privileges_like_linux() {
+    if !fuse_available() {
+        return;
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let native = env.path("native");
+    fs::create_dir(&native).unwrap();
+    type Step = fn(&Path);
+    let steps: [(&str, Step); 7] = [
+        ("root write", |p| {
+            OpenOptions::new()
+                .append(true)
+                .open(p)
+                .unwrap()
+                .write_all(b"a")
+                .unwrap()
+        }),
+        ("write without CAP_FSETID", |p| {
+            without_fsetid("printf b >> \"$1\"", p)
+        }),
+        ("root truncate", |p| {
+            OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_len(1)
+                .unwrap()
+        }),
+        ("truncate without CAP_FSETID", |p| {
+            without_fsetid("truncate -s 3 \"$1\"", p)
+        }),
+        ("chown", |p| {
+            std::os::unix::fs::chown(p, Some(7), Some(8)).unwrap()
+        }),
+        ("chown to the same owner", |p| {
+            std::os::unix::fs::chown(p, Some(7), Some(8)).unwrap()
+        }),
+        ("read", |p| drop(fs::read(p).unwrap())),
+    ];
+    for mode in [0o6755, 0o6745, 0o4700, 0o2644] {
+        for (what, step) in &steps {
+            let mut seen = Vec::new();
+            for dir in [native.as_path(), m.mountpoint()] {
+                let p = dir.join(format!("f{mode:o}"));
+                fs::write(&p, b"data").unwrap();
+                fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+                set_file_caps(&p);
+                assert_eq!(privs(&p), (mode, true));
+                step(&p);
+                seen.push(privs(&p));
+                fs::remove_file(&p).unwrap();
+            }
+            assert_eq!(
+                seen[1], seen[0],
+                "mode {mode:o}, {what}: nodefs (mode, caps) differ from the host's"
+            );
+        }
+    }
+}

@@ -37,7 +37,8 @@ pub fn drop_suidgid(meta: &mut Meta) -> bool {
 
 /// Whether setuid/setgid would be cleared from this mode.
 pub fn has_suidgid(mode: u32) -> bool {
-    mode & libc::S_ISUID != 0 || mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP
+    mode & libc::S_ISUID != 0
+        || mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP
 }
 
 /// Whether process `pid` (as the kernel names it to this server) holds CAP_FSETID. A
