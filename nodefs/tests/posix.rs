@@ -742,3 +742,50 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
         }
     }
 }
+
+/// A directory changed between getdents batches: every entry present throughout is listed
+/// exactly once, and no entry twice (listing cookies stay fixed while entries exist).
+#[test]
+fn listing_a_directory_while_it_changes() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let id = env.empty();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let d = m.mountpoint().join("d");
+    fs::create_dir(&d).unwrap();
+    // Long names: one getdents buffer holds a few hundred, so the listing takes many.
+    let pad = "x".repeat(100);
+    let keep: Vec<String> = (0..1500).map(|i| format!("keep-{i:04}-{pad}")).collect();
+    let doomed: Vec<String> = (0..1500).map(|i| format!("doomed-{i:04}-{pad}")).collect();
+    for n in keep.iter().chain(&doomed) {
+        File::create(d.join(n)).unwrap();
+    }
+    for round in 0..2 {
+        let mut seen = std::collections::HashMap::<String, usize>::new();
+        let mut changes = 0;
+        for (k, e) in fs::read_dir(&d).unwrap().enumerate() {
+            *seen
+                .entry(e.unwrap().file_name().into_string().unwrap())
+                .or_default() += 1;
+            if k % 50 == 49 {
+                for _ in 0..3 {
+                    let _ = fs::remove_file(d.join(&doomed[changes % doomed.len()]));
+                    File::create(d.join(format!("new-{round}-{changes}"))).unwrap();
+                    changes += 1;
+                }
+            }
+        }
+        assert!(
+            changes > 100,
+            "the listing took too few batches to test anything"
+        );
+        for n in &keep {
+            assert_eq!(seen.get(n), Some(&1), "round {round}: {n} listed wrongly");
+        }
+        for (n, c) in &seen {
+            assert_eq!(*c, 1, "round {round}: {n} listed {c} times");
+        }
+    }
+}

@@ -83,7 +83,7 @@ fn load_linked(
         Content::Dir(d) => d
             .children
             .as_ref()
-            .map(|c| c.values().copied().collect())
+            .map(|c| c.iter().map(|(_, k)| k).collect())
             .unwrap_or_default(),
         _ => Vec::new(),
     };
@@ -95,7 +95,12 @@ fn load_linked(
 
 fn dir_tree(st: &mut State, store: &Store, ino: u64) -> Result<ObjectId, Error> {
     let (children, tree) = match &st.inodes[&ino].content {
-        Content::Dir(d) => (d.children.clone(), d.tree),
+        Content::Dir(d) => (
+            d.children
+                .as_ref()
+                .map(|c| c.iter().map(|(n, i)| (n.to_vec(), i)).collect::<Vec<_>>()),
+            d.tree,
+        ),
         _ => unreachable!("dir_tree on a non-directory"),
     };
     let Some(children) = children else {

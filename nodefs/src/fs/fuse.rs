@@ -92,25 +92,18 @@ fn e(errno: i32) -> Errno {
     Errno::from_i32(errno)
 }
 
-/// Directory `ino`'s entries after position `offset`: ".", "..", then the children by name, each with
-/// its 1-based position (the cookie the kernel hands back to continue a listing).
-fn listing(st: &mut State, ino: u64, offset: u64) -> R<Vec<(u64, u64, Vec<u8>)>> {
-    let parent = match &st.get(ino)?.content {
-        Content::Dir(d) => d.parent,
-        _ => return Err(libc::ENOTDIR),
+/// Directory `ino`'s entries after cookie `offset`: ".", "..", then the children in the
+/// order they were added, each with its cookie (what the kernel hands back to continue).
+/// Nothing is copied: the caller stops taking entries when the kernel's buffer is full.
+/// The directory must be loaded ([`State::load_dir`]).
+fn listing(st: &State, ino: u64, offset: u64) -> R<impl Iterator<Item = (u64, u64, &[u8])>> {
+    let Content::Dir(d) = &st.get(ino)?.content else {
+        return Err(libc::ENOTDIR);
     };
-    let mut out = Vec::new();
-    if offset < 1 {
-        out.push((ino, 1, b".".to_vec()));
-    }
-    if offset < 2 {
-        out.push((parent, 2, b"..".to_vec()));
-    }
-    let skip = offset.saturating_sub(2) as usize;
-    for (i, (name, cino)) in st.children(ino)?.iter().enumerate().skip(skip) {
-        out.push((*cino, i as u64 + 3, name.clone()));
-    }
-    Ok(out)
+    let kids = d.children.as_ref().ok_or(libc::EIO)?;
+    let dots = [(ino, 1, &b"."[..]), (d.parent, 2, &b".."[..])];
+    let dots = dots.into_iter().skip(offset.min(2) as usize);
+    Ok(dots.chain(kids.after(offset).map(|(c, n, i)| (i, c, n))))
 }
 
 impl Fs {
@@ -700,12 +693,15 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectory,
     ) {
         let mut st = self.s().state.lock();
-        for (cino, pos, name) in tryr!(reply, listing(&mut st, ino.0, offset)) {
+        tryr!(reply, st.load_dir(ino.0));
+        let st: &State = &st;
+        for (cino, pos, name) in tryr!(reply, listing(st, ino.0, offset)) {
             let kind = st
-                .get(cino)
+                .inodes
+                .get(&cino)
                 .map(|i| i.kind())
                 .unwrap_or(FileType::RegularFile);
-            if reply.add(INodeNo(cino), pos, kind, OsStr::from_bytes(&name)) {
+            if reply.add(INodeNo(cino), pos, kind, OsStr::from_bytes(name)) {
                 break;
             }
         }
@@ -721,9 +717,11 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut st = self.s().state.lock();
-        for (cino, pos, name) in tryr!(reply, listing(&mut st, ino.0, offset)) {
+        tryr!(reply, st.load_dir(ino.0));
+        let st: &State = &st;
+        for (cino, pos, name) in tryr!(reply, listing(st, ino.0, offset)) {
             let Ok(a) = st.attr(cino) else { continue };
-            let name = OsStr::from_bytes(&name);
+            let name = OsStr::from_bytes(name);
             if reply.add(INodeNo(cino), pos, name, &TTL, &a, Generation(0)) {
                 break;
             }

@@ -1,6 +1,7 @@
 //! Serving writable copy-on-write views of manifests over FUSE.
 
 mod commit;
+mod dir;
 mod file;
 mod fuse;
 mod killpriv;

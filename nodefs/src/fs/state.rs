@@ -1,13 +1,14 @@
 //! The in-memory inode table of one mount: metadata lives here, directories load lazily
 //! from tree objects, file data is a [`FileData`] overlay.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo};
 
+use super::dir::Children;
 use super::file::{FileData, BLOCK};
 use crate::id::ObjectId;
 use crate::store::Store;
@@ -19,7 +20,7 @@ pub type R<T> = Result<T, Errno>;
 /// Directory contents, loaded on first use.
 #[derive(Debug)]
 pub struct DirData {
-    pub children: Option<BTreeMap<Vec<u8>, u64>>,
+    pub children: Option<Children>,
     pub tree: Option<ObjectId>,
     pub parent: u64,
 }
@@ -207,7 +208,7 @@ impl State {
             Content::Dir(d) => d.tree,
             _ => return Err(libc::ENOTDIR),
         };
-        let mut children = BTreeMap::new();
+        let mut children = Children::default();
         let mut subdirs = 0;
         if let Some(tid) = tree {
             let t = self.store.get_tree(&tid).map_err(|e| {
@@ -218,7 +219,7 @@ impl State {
             for e in t.entries {
                 if e.link != 0 {
                     if let Some(&existing) = self.links.get(&e.link) {
-                        children.insert(e.name, existing);
+                        children.insert(&e.name, existing);
                         continue;
                     }
                 }
@@ -276,7 +277,7 @@ impl State {
                 if e.link != 0 {
                     self.links.insert(e.link, cino);
                 }
-                children.insert(e.name, cino);
+                children.insert(&e.name, cino);
             }
         }
         let i = self.get_mut(ino)?;
@@ -287,7 +288,7 @@ impl State {
         Ok(())
     }
 
-    pub fn children(&mut self, ino: u64) -> R<&mut BTreeMap<Vec<u8>, u64>> {
+    pub fn children(&mut self, ino: u64) -> R<&mut Children> {
         self.load_dir(ino)?;
         match &mut self.get_mut(ino)?.content {
             Content::Dir(d) => Ok(d.children.as_mut().expect("loaded")),
@@ -299,10 +300,7 @@ impl State {
         if name.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
-        self.children(parent)?
-            .get(name)
-            .copied()
-            .ok_or(libc::ENOENT)
+        self.children(parent)?.get(name).ok_or(libc::ENOENT)
     }
 
     fn touch_dir(&mut self, ino: u64) {
@@ -374,7 +372,7 @@ impl State {
             },
         );
         self.quota.used_inodes += 1;
-        self.children(parent)?.insert(name.to_vec(), ino);
+        self.children(parent)?.insert(name, ino);
         if is_dir {
             self.get_mut(parent)?.nlink += 1;
         }
@@ -474,15 +472,15 @@ impl State {
         if src_dir && self.is_ancestor(src, np) {
             return Err(libc::EINVAL);
         }
-        let dst = self.children(np)?.get(nn).copied();
+        let dst = self.children(np)?.get(nn);
         if flags & EXCHANGE != 0 {
             let dst = dst.ok_or(libc::ENOENT)?;
             let dst_dir = matches!(self.get(dst)?.content, Content::Dir(_));
             if dst_dir && self.is_ancestor(dst, parent) {
                 return Err(libc::EINVAL);
             }
-            self.children(parent)?.insert(name.to_vec(), dst);
-            self.children(np)?.insert(nn.to_vec(), src);
+            self.children(parent)?.insert(name, dst);
+            self.children(np)?.insert(nn, src);
             self.reparent(src, parent, np, src_dir);
             self.reparent(dst, np, parent, dst_dir);
             self.touch_dir(parent);
@@ -513,7 +511,7 @@ impl State {
             self.drop_link(dst);
         }
         self.children(parent)?.remove(name);
-        self.children(np)?.insert(nn.to_vec(), src);
+        self.children(np)?.insert(nn, src);
         self.reparent(src, parent, np, src_dir);
         if let Ok(i) = self.get_mut(src) {
             i.ctime = now();
@@ -560,7 +558,7 @@ impl State {
         i.touched = true;
         let link = i.link;
         self.links.insert(link, ino);
-        self.children(np)?.insert(nn.to_vec(), ino);
+        self.children(np)?.insert(nn, ino);
         self.touch_dir(np);
         Ok(())
     }
