@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
 use crate::error::{io_err, Error};
+use crate::fs::ObjectWriter;
 use crate::id::{ManifestId, ObjectId};
 use crate::store::Store;
 use crate::sys;
@@ -125,7 +126,7 @@ impl Store {
                         Some(n) => n,
                         None => {
                             let mut f = fs::File::open(&p).map_err(io_err(&p))?;
-                            self.chunk_stream(&mut f, policy(&r))
+                            self.chunk_stream(&mut f, policy(&r), cmd.len())
                                 .map_err(|e| chunk_err(e, &p))?
                         }
                     }
@@ -183,7 +184,8 @@ impl Store {
                         break;
                     }
                     let r = fs::File::open(p).map_err(io_err(p)).and_then(|mut f| {
-                        self.chunk_stream(&mut f, policies[i])
+                        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+                        self.chunk_stream(&mut f, policies[i], size)
                             .map_err(|e| chunk_err(e, p))
                     });
                     match r {
@@ -204,12 +206,20 @@ impl Store {
         }
     }
 
-    /// Chunk and store a stream, returning the file node.
+    /// Chunk and store a stream of (about) `size_hint` bytes, returning the file node. A large
+    /// file also gets its whole-file object for passthrough reads on the way.
     pub(crate) fn chunk_stream(
         &self,
         r: &mut dyn Read,
         policy: ChunkPolicy,
+        size_hint: u64,
     ) -> Result<Node, ChunkError> {
+        let mut object = ObjectWriter::wanted(size_hint)
+            .then(|| ObjectWriter::new(self))
+            .and_then(|w| {
+                w.map_err(|e| tracing::warn!(error = %e, "no whole-file object at import"))
+                    .ok()
+            });
         let mut chunks = Vec::new();
         let mut size = 0u64;
         let mut batch: Vec<Vec<u8>> = Vec::new();
@@ -225,6 +235,10 @@ impl Store {
         };
         chunk_reader(r, policy, &mut |c| {
             size += c.len() as u64;
+            if let Some(Err(e)) = object.as_mut().map(|o| o.write(c)) {
+                tracing::warn!(error = %e, "no whole-file object at import");
+                object = None;
+            }
             batch.push(c.to_vec());
             batch_bytes += c.len();
             if batch_bytes >= BATCH_BYTES {
@@ -235,6 +249,9 @@ impl Store {
         })?;
         if !batch.is_empty() {
             flush(&mut batch, &mut chunks).map_err(ChunkError::Sink)?;
+        }
+        if let Some(Err(e)) = object.map(|o| o.finish(&chunks)) {
+            tracing::warn!(error = %e, "no whole-file object at import");
         }
         Ok(Node::File { size, chunks })
     }

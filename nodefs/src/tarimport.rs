@@ -90,7 +90,8 @@ impl Store {
                 }
                 continue;
             } else if et.is_file() || et == tar::EntryType::Continuous {
-                let node = match self.chunk_stream(&mut ent, ChunkPolicy::Cdc) {
+                let size = h.size().unwrap_or(0);
+                let node = match self.chunk_stream(&mut ent, ChunkPolicy::Cdc, size) {
                     Ok(n) => n,
                     Err(ChunkError::Io(e)) => return Err(bad(&format!("reading content: {e}"))),
                     Err(ChunkError::Sink(e)) => return Err(e),

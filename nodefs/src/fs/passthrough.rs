@@ -1,6 +1,7 @@
 //! Whole-file objects for FUSE passthrough: a pristine base file is materialized once per
 //! node under `<store>/cache/<content id>` and handed to the kernel as the backing file, so
-//! reads bypass the server and the page cache is shared by every mount reading it.
+//! reads bypass the server and the page cache is shared by every mount reading it. Large
+//! files get theirs at import ([`ObjectWriter`]), the others at their first open.
 //!
 //! Which files pass through is a policy ([`wanted`]): while an inode has passthrough
 //! readers the kernel accepts only passthrough opens of it, all to the same backing file,
@@ -16,12 +17,15 @@ use std::fs::{self, File};
 use std::io::Write;
 
 use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::file::Base;
 use crate::store::Store;
+use crate::tree::ChunkRef;
 
 /// Passthrough is on unless `NODEFS_NO_PASSTHROUGH` is set (for before/after measurements).
 pub fn enabled() -> bool {
@@ -63,9 +67,9 @@ const SYNC_LIMIT: u64 = 16 << 20;
 
 static IN_PROGRESS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
-fn object_name(base: &Base) -> String {
+fn object_name(chunks: &[ChunkRef]) -> String {
     let mut h = blake3::Hasher::new();
-    for c in &base.chunks {
+    for c in chunks {
         h.update(&c.id.0);
         h.update(&c.len.to_le_bytes());
     }
@@ -74,7 +78,7 @@ fn object_name(base: &Base) -> String {
 
 /// The whole-file object for `base` if it can be had now.
 pub fn open_object(store: &Arc<Store>, base: &Arc<Base>) -> std::io::Result<Option<File>> {
-    let name = object_name(base);
+    let name = object_name(&base.chunks);
     let path = store.dir().join("cache").join(&name);
     if let Ok(f) = File::open(&path) {
         return Ok(Some(f));
@@ -120,6 +124,68 @@ fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> 
     crate::sys::lsetxattr(&tmp, CONTENT_XATTR, h.finalize().to_hex().as_bytes())?;
     fs::rename(&tmp, &path)?;
     File::open(&path)
+}
+
+/// A whole-file object written while a large file's content streams past during import, so
+/// that even the first (cold) open of the file passes through instead of being served while
+/// the object is built.
+pub struct ObjectWriter {
+    dir: PathBuf,
+    tmp: PathBuf,
+    out: Option<std::io::BufWriter<File>>,
+    hash: blake3::Hasher,
+}
+
+impl ObjectWriter {
+    /// Whether a file of `size` bytes gets its object at import.
+    pub fn wanted(size: u64) -> bool {
+        enabled() && size >= LARGE
+    }
+
+    pub fn new(store: &Store) -> std::io::Result<ObjectWriter> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = store.dir().join("cache");
+        let tmp = dir.join(format!(
+            "import-{}-{}.tmp",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let out = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        Ok(ObjectWriter {
+            dir,
+            tmp,
+            out: Some(out),
+            hash: blake3::Hasher::new(),
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.hash.update(data);
+        match &mut self.out {
+            Some(o) => o.write_all(data),
+            None => Ok(()),
+        }
+    }
+
+    /// Name the object after the file's chunks and put it in place.
+    pub fn finish(mut self, chunks: &[ChunkRef]) -> std::io::Result<()> {
+        if let Some(o) = self.out.take() {
+            drop(o.into_inner().map_err(|e| e.into_error())?);
+        }
+        crate::sys::lsetxattr(
+            &self.tmp,
+            CONTENT_XATTR,
+            self.hash.finalize().to_hex().as_bytes(),
+        )?;
+        fs::rename(&self.tmp, self.dir.join(object_name(chunks)))
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        // Gone already after a successful finish.
+        let _ = fs::remove_file(&self.tmp);
+    }
 }
 
 #[cfg(test)]
