@@ -34,7 +34,8 @@ struct Args {
     /// Directory for report.md, results.json and the plots.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
-    /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, storage.
+    /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, storage,
+    /// soak (the soak runs only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Base image root the sandboxes and peers run on.
@@ -46,6 +47,9 @@ struct Args {
     /// Where this run's scratch directory is made (a fresh grove-bench-* dir, removed at the end).
     #[arg(long, default_value = "/var/tmp")]
     scratch: PathBuf,
+    /// Cycles of the soak scenario (default 10,000; 120 with --quick).
+    #[arg(long)]
+    soak_cycles: Option<u64>,
 }
 
 fn main() {
@@ -81,7 +85,13 @@ fn run(args: Args) -> Result<bool> {
     }
     let selected: Vec<_> = all
         .into_iter()
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|o| o == s.name))
+        .filter(|s| {
+            if args.only.is_empty() {
+                !s.opt_in
+            } else {
+                args.only.iter().any(|o| o == s.name)
+            }
+        })
         .collect();
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
     cleanup::install_signal_handlers();
@@ -98,6 +108,7 @@ fn run(args: Args) -> Result<bool> {
         image: args.image.clone(),
         criu: args.criu.clone(),
         grove: grove::GroveEnv::new(&args.image, &work, &args.criu),
+        soak_cycles: args.soak_cycles,
     };
     let mut rep = Report {
         started_utc: util::utc_now(),

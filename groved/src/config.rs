@@ -223,7 +223,8 @@ impl Config {
     }
 }
 
-/// `GROVE_INIT_BINARY`, then the config, then `grove-init` next to the running executable.
+/// `GROVE_INIT_BINARY`, then the config, then `grove-init` next to the running executable or where
+/// `grove install` puts it (`<prefix>/libexec/grove/`).
 fn find_init(configured: Option<PathBuf>) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("GROVE_INIT_BINARY").map(PathBuf::from) {
         return Some(p);
@@ -233,10 +234,18 @@ fn find_init(configured: Option<PathBuf>) -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join("grove-init"), dir.join("../grove-init")]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
+    [
+        dir.join("grove-init"),
+        dir.join("../grove-init"),
+        dir.join("../libexec/grove/grove-init"),
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
 }
+
+#[cfg(test)]
+#[path = "config_shipped_tests.rs"]
+mod shipped_tests;
 
 #[cfg(test)]
 mod tests {

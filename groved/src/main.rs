@@ -27,6 +27,9 @@ fn main() {
 
 fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.overrides)?;
+    if let Some(leaf) = groved::systemd::enter_leaf_cgroup()? {
+        tracing::info!(cgroup = %leaf.display(), "moved into the service's leaf cgroup");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -12,6 +12,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::app::App;
+use crate::debug_hooks::DebugHooks;
+use crate::systemd;
 
 /// How long in-flight requests get to finish after a shutdown signal.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -66,6 +68,15 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     }
     tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
     let reaper = tokio::spawn(reap(app.clone()));
+    let hooks = DebugHooks::from_env();
+    hooks.arm()?;
+    if let Some(d) = hooks.ready_delay {
+        tokio::time::sleep(d).await;
+    }
+    // Every listener is bound: clients connecting from now on are served.
+    systemd::notify_or_log("READY=1\nSTATUS=serving");
+    let watchdog =
+        systemd::watchdog_interval().map(|every| tokio::spawn(watchdog(app.clone(), every)));
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -73,6 +84,10 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = int.recv() => tracing::info!("SIGINT: draining"),
         r = servers.join_next() => tracing::error!("a listener stopped: {r:?}"),
+    }
+    systemd::notify_or_log("STOPPING=1\nSTATUS=draining");
+    if let Some(w) = watchdog {
+        w.abort();
     }
     app.start_draining();
     let _ = stop_tx.send(true);
@@ -89,6 +104,9 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     let rt = app.runtime.clone();
     tokio::task::spawn_blocking(move || rt.shutdown()).await?;
     let _ = std::fs::remove_file(app.config.run_dir.join("grove-init"));
+    // The snapshotter's (empty) scratch root, then the run dir itself: nothing of ours stays in it.
+    let _ = std::fs::remove_dir(app.config.run_dir.join("snapshot-work"));
+    let _ = std::fs::remove_dir(&app.config.run_dir);
     tracing::info!("groved stopped");
     Ok(())
 }
@@ -106,6 +124,24 @@ async fn reap(app: Arc<App>) {
             }
             Ok(_) => {}
             Err(e) => tracing::error!("reaper: {e}"),
+        }
+    }
+}
+
+/// Pings systemd's watchdog while the daemon really works: each ping follows a round trip through the
+/// runtime's state on the blocking pool, answered within one interval, so a deadlocked daemon (async
+/// workers or blocking pool stuck, the runtime's locks held) stops pinging and gets restarted.
+async fn watchdog(app: Arc<App>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let rt = app.runtime.clone();
+        let probe = tokio::task::spawn_blocking(move || rt.capacity());
+        match tokio::time::timeout(every, probe).await {
+            Ok(Ok(_)) => systemd::notify_or_log("WATCHDOG=1"),
+            Ok(Err(e)) => tracing::error!("watchdog probe failed: {e}"),
+            Err(_) => tracing::error!("watchdog probe took over {every:?}; not pinging"),
         }
     }
 }

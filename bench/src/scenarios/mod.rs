@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod density;
 pub mod filesystem;
 pub mod lifecycle;
+pub mod soak;
 pub mod storage;
 
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ pub struct Ctx {
     /// CRIU >= 4.1 (the private wrapper by default).
     pub criu: PathBuf,
     pub grove: crate::grove::GroveEnv,
+    /// `--soak-cycles`: overrides the soak's cycle count.
+    pub soak_cycles: Option<u64>,
 }
 
 impl Ctx {
@@ -52,6 +55,8 @@ pub struct Scenario {
     pub title: &'static str,
     pub est_quick: f64,
     pub est_full: f64,
+    /// Runs only when named with `--only` (long soaks).
+    pub opt_in: bool,
     pub run: fn(&Ctx, &mut ScenarioResult) -> Result<()>,
 }
 
@@ -61,6 +66,7 @@ pub fn all() -> Vec<Scenario> {
             name: lifecycle::NAME,
             title: "Lifecycle: create → exec `true` → destroy",
             est_quick: 30.0,
+            opt_in: false,
             est_full: 200.0,
             run: lifecycle::run,
         },
@@ -68,6 +74,7 @@ pub fn all() -> Vec<Scenario> {
             name: checkpoint::NAME,
             title: "Checkpoint, restore and fork: python3 with a 256 MiB heap and a loopback HTTP server",
             est_quick: 25.0,
+            opt_in: false,
             est_full: 300.0,
             run: checkpoint::run,
         },
@@ -75,6 +82,7 @@ pub fn all() -> Vec<Scenario> {
             name: filesystem::NAME,
             title: "Filesystem: nodefs vs kernel overlayfs vs fuse-overlayfs vs the plain disk",
             est_quick: 20.0,
+            opt_in: false,
             est_full: 420.0,
             run: filesystem::run,
         },
@@ -82,6 +90,7 @@ pub fn all() -> Vec<Scenario> {
             name: density::NAME,
             title: "Density: memory per idle sandbox",
             est_quick: 10.0,
+            opt_in: false,
             est_full: 300.0,
             run: density::run,
         },
@@ -89,6 +98,7 @@ pub fn all() -> Vec<Scenario> {
             name: storage::NAME,
             title: "Storage: dedup across imports, snapshot chains and fork trees",
             est_quick: 15.0,
+            opt_in: false,
             est_full: 90.0,
             run: storage::run,
         },
@@ -96,8 +106,17 @@ pub fn all() -> Vec<Scenario> {
             name: api::NAME,
             title: "API: what groved's HTTP API adds over the runtime library",
             est_quick: 15.0,
+            opt_in: false,
             est_full: 60.0,
             run: api::run,
+        },
+        Scenario {
+            name: soak::NAME,
+            title: "Soak: create → adversarial workload → destroy through groved's API; residue, RSS and fds",
+            est_quick: 60.0,
+            opt_in: true,
+            est_full: 900.0,
+            run: soak::run,
         },
     ]
 }

@@ -2,6 +2,7 @@
 
 mod embedded;
 mod files;
+pub mod install;
 mod misc;
 mod mount;
 mod sandbox;
@@ -74,6 +75,8 @@ pub enum Cmd {
     Doctor,
     /// Mount a writable nodefs view of an image until Ctrl-C (no daemon needed).
     Mount(mount::MountArgs),
+    /// Install groved on this node as a systemd service: binaries, unit, tmpfiles.d entry, default config.
+    Install(install::InstallArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -336,5 +339,8 @@ async fn dispatch(cli: Cli) -> CliResult {
         }
         Cmd::Doctor => Err(CliError::Exit(crate::doctor::run())),
         Cmd::Mount(a) => mount::run(a).await,
+        Cmd::Install(a) => tokio::task::spawn_blocking(move || install::run(a))
+            .await
+            .map_err(|e| CliError::Other(e.to_string()))?,
     }
 }

@@ -1,0 +1,541 @@
+//! Soak: thousands of create → workload → destroy cycles through the HTTP API of a real groved, with
+//! workloads that try to leave things behind (fork bombs at the pids limit, memory hogs OOM-killed,
+//! `setsid nohup` daemons, /dev/shm fillers, listening sockets, file writes). groved's RSS and open fds
+//! are sampled all along (CSV + SVG plots); at the end nothing may be left and both must be flat:
+//! the last quarter's median within a few percent of the second quarter's (the first quarter is warm-up).
+//! Not part of `--quick` (it runs for many minutes): `grove-bench --only soak [--soak-cycles N]`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use groved::client::{Client, ClientError};
+use hyper::Method;
+use serde_json::{json, Value};
+
+use super::Ctx;
+use crate::plot::{self, Series};
+use crate::progress;
+use crate::report::{Better, Key, Measurement, ScenarioResult};
+use crate::stats::median;
+
+pub const NAME: &str = "soak";
+/// Concurrent API clients (each runs whole cycles).
+const CLIENTS: u64 = 4;
+/// Samples over the run (plus one before the first cycle).
+const SAMPLES: u64 = 100;
+/// Flatness: last-quarter median RSS at most this much above the second quarter's.
+const RSS_SLACK: f64 = 0.05;
+/// Flatness: last-quarter median open fds at most this many above the second quarter's.
+const FD_SLACK: f64 = 2.0;
+
+/// One workload and how its result must look.
+struct Workload {
+    name: &'static str,
+    shell: &'static str,
+    expect: fn(&Value) -> bool,
+}
+
+fn exit_code(r: &Value) -> Option<i64> {
+    r["exit_code"].as_i64()
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "fork bomb at the pids limit",
+        shell: "f() { f | f & }; f >/dev/null 2>&1 </dev/null; sleep 0.5; echo survived",
+        expect: |r| r["timed_out"] == false,
+    },
+    Workload {
+        name: "memory hog (OOM-killed)",
+        shell: "python3 -c \"b = b'x' * (256 << 20)\"",
+        expect: |r| exit_code(r) != Some(0),
+    },
+    Workload {
+        name: "setsid nohup daemon",
+        shell: "setsid nohup sleep 1000 >/dev/null 2>&1 </dev/null & echo started",
+        expect: |r| exit_code(r) == Some(0),
+    },
+    Workload {
+        name: "/dev/shm filler",
+        shell: "head -c 16M /dev/zero >/dev/shm/fill && ls -l /dev/shm/fill",
+        expect: |r| exit_code(r) == Some(0),
+    },
+    Workload {
+        name: "listening socket",
+        shell: "nohup python3 -c 'import socket, time; s = socket.socket(); \
+                s.bind((\"127.0.0.1\", 8080)); s.listen(); time.sleep(1000)' \
+                >/dev/null 2>&1 & sleep 0.3; echo listening",
+        expect: |r| exit_code(r) == Some(0),
+    },
+    Workload {
+        name: "file writes (API upload + shell)",
+        shell: "for i in 1 2 3 4 5 6 7 8; do head -c 65536 /dev/urandom >/tmp/f$i; done; \
+                wc -c </upload.bin",
+        expect: |r| {
+            exit_code(r) == Some(0) && r["stdout"].as_str().map(str::trim) == Some("1048576")
+        },
+    },
+];
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    cycle: u64,
+    secs: f64,
+    rss_kib: u64,
+    fds: u64,
+}
+
+/// groved started for the soak, with its own state, run dir and cgroup root.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    client: Client,
+    cgroup_root: String,
+}
+
+impl Daemon {
+    fn start(ctx: &Ctx) -> Result<Daemon> {
+        let exe = std::env::current_exe()?;
+        let groved = exe.with_file_name("groved");
+        let init = exe.with_file_name("grove-init");
+        if !groved.is_file() || !init.is_file() {
+            bail!(
+                "groved and grove-init must be built next to grove-bench ({})",
+                exe.display()
+            );
+        }
+        let dir = ctx.fresh_dir("soak")?;
+        let cgroup_root = format!("grove-soak{:x}", std::process::id());
+        let config = format!(
+            "state_dir = \"{d}/state\"\nrun_dir = \"{d}/run\"\nroot_provider = \"nodefs\"\n\
+             cgroup_root = \"{cgroup_root}\"\nnet_pool = \"10.219.0.0/16\"\n\
+             [capacity]\nsandboxes = 64\nmemory_reserve_mb = 0\n\
+             [defaults]\ncpu_millis = 500\nmemory_mb = 64\npids = 32\nopen_files = 256\ndisk_mb = 64\n",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("groved.toml"), config)?;
+        let log = std::fs::File::create(dir.join("groved.log"))?;
+        let child = Command::new(&groved)
+            .arg("--config")
+            .arg(dir.join("groved.toml"))
+            .env("GROVE_INIT_BINARY", &init)
+            .env("GROVE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", groved.display()))?;
+        let client = Client::new(dir.join("run/groved.sock"));
+        let mut d = Daemon {
+            child,
+            dir,
+            client,
+            cgroup_root,
+        };
+        let t = Instant::now();
+        while !d.client.reachable() {
+            if let Some(st) = d.child.try_wait()? {
+                bail!("groved exited at start ({st}): {}", d.log_tail());
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("groved did not come up in 60 s: {}", d.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(d)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("groved.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(20).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// SIGTERM, then waits: groved destroys what is left and removes its cgroup root and run dir.
+    fn stop(&mut self) -> Result<()> {
+        // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                if !st.success() {
+                    bail!("groved exited with {st}: {}", self.log_tail());
+                }
+                return Ok(());
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("groved did not stop in 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// Counters shared by the clients.
+#[derive(Default)]
+struct Tally {
+    done: AtomicU64,
+    unexpected: Mutex<Vec<String>>,
+    errors: Mutex<Vec<String>>,
+    samples: Mutex<Vec<Sample>>,
+}
+
+pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
+    let cycles = ctx
+        .soak_cycles
+        .unwrap_or(ctx.pick(120, 10_000))
+        .max(CLIENTS);
+    let mut daemon = Daemon::start(ctx)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let tally = Arc::new(Tally::default());
+    let start = Instant::now();
+    let outcome = rt.block_on(drive(&daemon, ctx, cycles, tally.clone(), start));
+    let residue = rt.block_on(api_residue(&daemon.client));
+    drop(rt);
+    let stopped = daemon.stop();
+    let wall = start.elapsed().as_secs_f64();
+    let host_left = host_residue(&daemon);
+
+    let samples = tally.samples.lock().unwrap().clone();
+    write_csv(&ctx.out.join("soak.csv"), &samples)?;
+    plot_samples(ctx, res, &samples)?;
+    let done = tally.done.load(Ordering::SeqCst);
+    let param = format!("{done} cycles, {CLIENTS} clients");
+    res.push(Measurement::value(
+        &Key::new(
+            "cycles per second (create → workload → destroy)",
+            &param,
+            "1/s",
+            Better::Higher,
+        ),
+        "grove (groved API)",
+        true,
+        done as f64 / wall,
+    ));
+    let (rss2, rss4, fd2, fd4) = quarters(&samples);
+    for (metric, unit, q2, q4) in [
+        ("groved RSS, 2nd-quarter median", "MiB", rss2, rss4),
+        ("groved open fds, 2nd-quarter median", "fds", fd2, fd4),
+    ] {
+        res.push(Measurement::value(
+            &Key::new(metric, &param, unit, Better::Lower),
+            "grove (groved API)",
+            true,
+            q2,
+        ));
+        res.push(Measurement::value(
+            &Key::new(&metric.replace("2nd", "last"), &param, unit, Better::Lower),
+            "grove (groved API)",
+            true,
+            q4,
+        ));
+    }
+    let unexpected = tally.unexpected.lock().unwrap().clone();
+    let errors = tally.errors.lock().unwrap().clone();
+    res.note(format!(
+        "{done} cycles in {wall:.0} s; workloads in turn: {}; unexpected workload results: {}; API errors: {}",
+        WORKLOADS.iter().map(|w| w.name).collect::<Vec<_>>().join(", "),
+        unexpected.len(),
+        errors.len()
+    ));
+    res.note("samples of groved's VmRSS and /proc/<pid>/fd count: soak.csv".to_string());
+
+    let mut failures = Vec::new();
+    if let Err(e) = outcome {
+        failures.push(format!("{e:#}"));
+    }
+    if let Err(e) = stopped {
+        failures.push(format!("stopping groved: {e:#}"));
+    }
+    match residue {
+        Ok(items) if items.is_empty() => {}
+        Ok(items) => failures.push(format!("groved reports residue: {}", items.join("; "))),
+        Err(e) => failures.push(format!("residue query: {e:#}")),
+    }
+    if !host_left.is_empty() {
+        failures.push(format!("left on the host: {}", host_left.join("; ")));
+    }
+    if rss4 > rss2 * (1.0 + RSS_SLACK) {
+        failures.push(format!(
+            "RSS grew: {rss2:.1} → {rss4:.1} MiB (over {:.0} %)",
+            RSS_SLACK * 100.0
+        ));
+    }
+    if fd4 > fd2 + FD_SLACK {
+        failures.push(format!("open fds grew: {fd2} → {fd4}"));
+    }
+    for (what, list) in [
+        ("unexpected workload result", &unexpected),
+        ("API error", &errors),
+    ] {
+        if let Some(first) = list.first() {
+            failures.push(format!("{} {what}s, first: {first}", list.len()));
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        bail!(failures.join(" | "))
+    }
+}
+
+async fn drive(
+    d: &Daemon,
+    ctx: &Ctx,
+    cycles: u64,
+    tally: Arc<Tally>,
+    start: Instant,
+) -> Result<()> {
+    let image = ctx.image.to_string_lossy().into_owned();
+    progress::step(0.0, "soak: importing the base image into groved's store");
+    d.client
+        .call(
+            Method::POST,
+            "/v1/images",
+            Some(&json!({"name": "base", "source": "dir", "path": image})),
+        )
+        .await
+        .context("importing the base image")?;
+    tally
+        .samples
+        .lock()
+        .unwrap()
+        .push(sample_pid(d.pid(), 0, start)?);
+    let every = (cycles / SAMPLES).max(1);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..CLIENTS {
+        let (client, tally, next) = (d.client.clone(), tally.clone(), next.clone());
+        let pid = d.pid();
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= cycles || crate::cleanup::cancelled() {
+                    return;
+                }
+                let w = &WORKLOADS[(i % WORKLOADS.len() as u64) as usize];
+                match cycle(&client, w).await {
+                    Ok(r) if (w.expect)(&r) => {}
+                    Ok(r) => tally
+                        .unexpected
+                        .lock()
+                        .unwrap()
+                        .push(format!("cycle {i} {}: {r}", w.name)),
+                    Err(e) => tally
+                        .errors
+                        .lock()
+                        .unwrap()
+                        .push(format!("cycle {i} {}: {e:#}", w.name)),
+                }
+                let n = tally.done.fetch_add(1, Ordering::SeqCst) + 1;
+                if n % every == 0 || n == cycles {
+                    if let Ok(s) = sample_pid(pid, n, start) {
+                        tally.samples.lock().unwrap().push(s);
+                    }
+                    progress::step(
+                        n as f64 / cycles as f64,
+                        &format!("soak: {n}/{cycles} cycles"),
+                    );
+                }
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+    tally.samples.lock().unwrap().sort_by_key(|s| s.cycle);
+    crate::cleanup::check()
+}
+
+fn sample_pid(pid: u32, cycle: u64, start: Instant) -> Result<Sample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS for groved"))?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64;
+    Ok(Sample {
+        cycle,
+        secs: start.elapsed().as_secs_f64(),
+        rss_kib,
+        fds,
+    })
+}
+
+/// One cycle: create, run the workload, destroy (always, even when the workload failed).
+async fn cycle(c: &Client, w: &Workload) -> Result<Value> {
+    let sb: Value = c
+        .json(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"image": "base", "labels": {"soak": "1"}})),
+        )
+        .await?;
+    let id = sb["id"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no id in {sb}"))?
+        .to_string();
+    let r = workload(c, &id, w).await;
+    let del = c
+        .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    let r = r?;
+    del.with_context(|| format!("deleting {id}"))?;
+    Ok(r)
+}
+
+async fn workload(c: &Client, id: &str, w: &Workload) -> Result<Value> {
+    if w.shell.contains("/upload.bin") {
+        let body = hyper::body::Bytes::from(vec![7u8; 1 << 20]);
+        let resp = c
+            .send(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/files?path=/upload.bin"),
+                Some("application/octet-stream"),
+                body,
+            )
+            .await?;
+        groved::client::check(resp).await?;
+    }
+    let r: Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"shell": w.shell, "timeout_ms": 20_000})),
+        )
+        .await
+        .map_err(|e: ClientError| anyhow!(e))?;
+    Ok(r)
+}
+
+async fn api_residue(c: &Client) -> Result<Vec<String>> {
+    let r: Value = c.json(Method::GET, "/v1/node/residue", None).await?;
+    Ok(r["items"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| format!("{} {}", i["kind"], i["what"]))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// What the stopped daemon must not leave: its cgroup dirs, mounts under its dirs, its run dir.
+fn host_residue(d: &Daemon) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Ok(hier) = std::fs::read_dir("/sys/fs/cgroup") {
+        for h in hier.flatten() {
+            let p = h.path().join(&d.cgroup_root);
+            if p.exists() {
+                left.push(format!("cgroup {}", p.display()));
+            }
+        }
+    }
+    let p = Path::new("/sys/fs/cgroup").join(&d.cgroup_root);
+    if p.exists() {
+        left.push(format!("cgroup {}", p.display()));
+    }
+    let dir = d.dir.to_string_lossy().into_owned();
+    if let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") {
+        for l in mi.lines() {
+            if let Some(mp) = l.split(' ').nth(4) {
+                if mp.starts_with(&dir) {
+                    left.push(format!("mount {mp}"));
+                }
+            }
+        }
+    }
+    if d.dir.join("run").exists() {
+        let entries: Vec<String> = std::fs::read_dir(d.dir.join("run"))
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        left.push(format!(
+            "run dir {} ({})",
+            d.dir.join("run").display(),
+            entries.join(", ")
+        ));
+    }
+    left
+}
+
+/// Medians of the second and last quarters (by cycle): RSS in MiB, then open fds.
+fn quarters(s: &[Sample]) -> (f64, f64, f64, f64) {
+    let last = s.last().map(|x| x.cycle).unwrap_or(0) as f64;
+    let q = |lo: f64, hi: f64, f: fn(&Sample) -> f64| {
+        let v: Vec<f64> = s
+            .iter()
+            .filter(|x| (x.cycle as f64) > lo * last && (x.cycle as f64) <= hi * last)
+            .map(f)
+            .collect();
+        median(&v).unwrap_or(f64::NAN)
+    };
+    let rss = |x: &Sample| x.rss_kib as f64 / 1024.0;
+    let fds = |x: &Sample| x.fds as f64;
+    (
+        q(0.25, 0.5, rss),
+        q(0.75, 1.0, rss),
+        q(0.25, 0.5, fds),
+        q(0.75, 1.0, fds),
+    )
+}
+
+fn write_csv(path: &Path, s: &[Sample]) -> Result<()> {
+    let mut out = String::from("cycle,seconds,rss_kib,open_fds\n");
+    for x in s {
+        let _ = writeln!(out, "{},{:.1},{},{}", x.cycle, x.secs, x.rss_kib, x.fds);
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+fn plot_samples(ctx: &Ctx, res: &mut ScenarioResult, s: &[Sample]) -> Result<()> {
+    let series = |name: &str, f: fn(&Sample) -> f64| Series {
+        name: name.into(),
+        points: s.iter().map(|x| (x.cycle as f64, f(x))).collect(),
+    };
+    let charts = [
+        (
+            "soak-rss.svg",
+            "groved resident memory over the soak",
+            "RSS (MiB)",
+            series("groved VmRSS", |x| x.rss_kib as f64 / 1024.0),
+        ),
+        (
+            "soak-fds.svg",
+            "groved open file descriptors over the soak",
+            "open fds",
+            series("groved /proc/<pid>/fd", |x| x.fds as f64),
+        ),
+    ];
+    for (file, title, y, ser) in charts {
+        plot::line_chart(&ctx.out.join(file), title, "cycle", y, &[ser], false)
+            .map_err(|e| anyhow!("plot {file}: {e}"))?;
+        res.plots.push(file.into());
+    }
+    Ok(())
+}
