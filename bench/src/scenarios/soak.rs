@@ -5,6 +5,7 @@
 //! the last quarter's median within a few percent of the second quarter's (the first quarter is warm-up).
 //! Not part of `--quick` (it runs for many minutes): `grove-bench --only soak [--soak-cycles N]`.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -124,7 +125,7 @@ impl Daemon {
             .arg("--config")
             .arg(dir.join("groved.toml"))
             .env("GROVE_INIT_BINARY", &init)
-            .env("GROVE_LOG", "warn")
+            .env("GROVE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -197,6 +198,8 @@ struct Tally {
     unexpected: Mutex<Vec<String>>,
     errors: Mutex<Vec<String>>,
     samples: Mutex<Vec<Sample>>,
+    /// Which workload each sandbox ran, to say what a leftover came from.
+    workload_of: Mutex<HashMap<String, &'static str>>,
 }
 
 pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
@@ -271,7 +274,20 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     }
     match residue {
         Ok(items) if items.is_empty() => {}
-        Ok(items) => failures.push(format!("groved reports residue: {}", items.join("; "))),
+        Ok(items) => {
+            let of = tally.workload_of.lock().unwrap();
+            let items: Vec<String> = items
+                .iter()
+                .map(|i| {
+                    let w = of
+                        .iter()
+                        .find(|(id, _)| i.contains(id.as_str()))
+                        .map(|(_, w)| *w);
+                    format!("{i} ({})", w.unwrap_or("?"))
+                })
+                .collect();
+            failures.push(format!("groved reports residue: {}", items.join("; ")));
+        }
         Err(e) => failures.push(format!("residue query: {e:#}")),
     }
     if !host_left.is_empty() {
@@ -297,6 +313,10 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     if failures.is_empty() {
         Ok(())
     } else {
+        let log = ctx.out.join("soak-groved.log");
+        if std::fs::copy(daemon.dir.join("groved.log"), &log).is_ok() {
+            res.note(format!("groved's log: {}", log.display()));
+        }
         bail!(failures.join(" | "))
     }
 }
@@ -336,7 +356,7 @@ async fn drive(
                     return;
                 }
                 let w = &WORKLOADS[(i % WORKLOADS.len() as u64) as usize];
-                match cycle(&client, w).await {
+                match cycle(&client, w, &tally).await {
                     Ok(r) if (w.expect)(&r) => {}
                     Ok(r) => tally
                         .unexpected
@@ -385,7 +405,7 @@ fn sample_pid(pid: u32, cycle: u64, start: Instant) -> Result<Sample> {
 }
 
 /// One cycle: create, run the workload, destroy (always, even when the workload failed).
-async fn cycle(c: &Client, w: &Workload) -> Result<Value> {
+async fn cycle(c: &Client, w: &Workload, tally: &Tally) -> Result<Value> {
     let sb: Value = c
         .json(
             Method::POST,
@@ -397,6 +417,7 @@ async fn cycle(c: &Client, w: &Workload) -> Result<Value> {
         .as_str()
         .ok_or_else(|| anyhow!("no id in {sb}"))?
         .to_string();
+    tally.workload_of.lock().unwrap().insert(id.clone(), w.name);
     let r = workload(c, &id, w).await;
     let del = c
         .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
