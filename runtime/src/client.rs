@@ -47,8 +47,12 @@ fn read_reply(s: &mut UnixStream) -> Result<Reply, ClientError> {
 }
 
 fn simple(init_pid: i32, req: &Request) -> Result<Reply, ClientError> {
+    simple_within(init_pid, req, Duration::from_secs(10))
+}
+
+fn simple_within(init_pid: i32, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
     let mut s = connect(init_pid, req)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_read_timeout(Some(timeout))?;
     match read_reply(&mut s)? {
         Reply::Error { message } => Err(ClientError::Init(message)),
         r => Ok(r),
@@ -57,6 +61,11 @@ fn simple(init_pid: i32, req: &Request) -> Result<Reply, ClientError> {
 
 pub fn ping(init_pid: i32) -> Result<(), ClientError> {
     simple(init_pid, &Request::Ping).map(|_| ())
+}
+
+/// A ping that gives up after `timeout` (a healthy init answers in microseconds).
+pub fn ping_within(init_pid: i32, timeout: Duration) -> Result<(), ClientError> {
+    simple_within(init_pid, &Request::Ping, timeout).map(|_| ())
 }
 
 pub fn processes(init_pid: i32) -> Result<Vec<Proc>, ClientError> {

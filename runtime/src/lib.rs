@@ -14,6 +14,8 @@ pub mod mounts;
 mod network;
 mod park;
 pub mod proto;
+mod record;
+mod recover;
 mod residue;
 pub mod root;
 pub mod runtime;

@@ -10,11 +10,12 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
 use crate::types::{EgressRule, PortMapping, SandboxId};
 use crate::validate;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NetLease {
     pub index: u32,
     pub host_if: String,
@@ -185,6 +186,12 @@ impl Network {
             Some(&sb_cmds),
         )?;
 
+        nft(&self.rules(l, allow))
+    }
+
+    /// The nft commands that give one sandbox its chains, allowlist and published ports.
+    fn rules(&self, l: &NetLease, allow: &[EgressRule]) -> String {
+        let h = &l.host_if;
         let (t, c) = (&self.table, &l.chain);
         let mut s = format!("add chain inet {t} {c}\nadd chain inet {t} {c}_out\n");
         for r in allow {
@@ -210,7 +217,7 @@ impl Network {
                 p.host_port, l.sandbox_addr, p.sandbox_port
             );
         }
-        nft(&s)
+        s
     }
 
     /// Removes the link, the rules and the lease; the table goes with the last lease.
@@ -252,6 +259,30 @@ impl Network {
         } else {
             Err(errors.join("; "))
         }
+    }
+
+    /// At start-up, with the leases of the sandboxes a restart adopted: the table is rebuilt to hold
+    /// exactly their rules, in one nft transaction (no instant without the filter). With none, the
+    /// table goes.
+    pub fn restore(&self, adopted: &[(NetLease, Vec<EgressRule>)]) -> Result<(), String> {
+        let mut st = self.state.lock();
+        let t = &self.table;
+        if adopted.is_empty() {
+            if self.table_chains().is_some() {
+                self.delete_table();
+            }
+            return Ok(());
+        }
+        let mut s = format!("add table inet {t}\ndelete table inet {t}\n") + &self.base_table();
+        for (lease, allow) in adopted {
+            s += &self.rules(lease, allow);
+        }
+        nft(&s)?;
+        for (lease, _) in adopted {
+            st.used.insert(lease.index);
+            st.leases += 1;
+        }
+        Ok(())
     }
 
     /// Chains in our table (for residue), or None when the table does not exist.

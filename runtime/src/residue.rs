@@ -1,5 +1,5 @@
-//! Residue: every Grove-owned thing on the host that belongs to no live sandbox of this runtime, and
-//! the cleanup of a previous run's leftovers at start-up.
+//! Residue: every Grove-owned thing on the host that belongs to no live sandbox of this runtime
+//! (the cleanup of a previous run's leftovers at start-up is in `recover`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -175,48 +175,6 @@ impl Runtime {
             out.push((pid, format!("{} (sandbox {mine})", cmd.trim())));
         }
         out
-    }
-
-    /// Removes a previous run's leftovers (there is no re-attach yet). Runs before any create.
-    pub(crate) fn clean_residue(&self) {
-        let mut ids: HashSet<String> = self.cgroups.existing().into_iter().collect();
-        ids.extend(dir_names(&self.sandboxes_dir()));
-        for id in &ids {
-            if let Err(e) = self.cgroups.kill_all(id) {
-                tracing::warn!(sandbox = %id, error = %e, "kill leftover processes");
-            }
-            let dir = self.sandboxes_dir().join(id);
-            let mut under: Vec<PathBuf> = mounts::mount_points()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|m| m.starts_with(&dir))
-                .collect();
-            under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-            for m in under {
-                let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
-            }
-            if let Ok(sid) = id.parse::<SandboxId>() {
-                let link = host_if(&sid);
-                if Path::new("/sys/class/net").join(&link).exists() {
-                    let _ = std::process::Command::new("ip")
-                        .args(["link", "del", &link])
-                        .status();
-                }
-            }
-            if let Err(e) = self.cgroups.remove(id) {
-                tracing::warn!(sandbox = %id, error = %e, "remove leftover cgroups");
-            }
-            let still_mounted = mounts::mount_points()
-                .unwrap_or_default()
-                .iter()
-                .any(|m| m.starts_with(&dir));
-            if dir.exists() && !still_mounted {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        }
-        if self.net.table_chains().is_some() {
-            self.net.delete_table();
-        }
     }
 }
 

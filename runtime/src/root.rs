@@ -19,6 +19,13 @@ pub trait RootProvider: Send + Sync {
         disk: &DiskQuota,
     ) -> Result<Box<dyn RootMount>, RootError>;
     fn image_exists(&self, image: &str) -> bool;
+    /// The root a previous process of this provider mounted at `target` for `id`, if it still
+    /// works (a restarted runtime adopting a live sandbox). None: it is gone, or it cannot outlive
+    /// the process that served it; the sandbox is then reclaimed.
+    fn reattach(&self, id: &SandboxId, image: &str, target: &Path) -> Option<Box<dyn RootMount>> {
+        let _ = (id, image, target);
+        None
+    }
 }
 
 /// A mounted sandbox root.
@@ -146,6 +153,20 @@ impl RootProvider for OverlayRoot {
 
     fn image_exists(&self, image: &str) -> bool {
         self.image_dir(image).is_some_and(|d| d.is_dir())
+    }
+
+    /// A kernel overlay mount outlives its mounter: still an overlayfs at `target`, it is adopted.
+    fn reattach(&self, _id: &SandboxId, _image: &str, target: &Path) -> Option<Box<dyn RootMount>> {
+        let fs = nix::sys::statfs::statfs(target).ok()?;
+        if fs.filesystem_type() != nix::sys::statfs::OVERLAYFS_SUPER_MAGIC {
+            return None;
+        }
+        let base = target.parent()?;
+        Some(Box::new(OverlayMount {
+            target: target.to_path_buf(),
+            upper: base.join("upper"),
+            work: base.join("work"),
+        }))
     }
 }
 

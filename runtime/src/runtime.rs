@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::files::Root;
 use crate::network::Network;
 use crate::proto::{self, ExecSpec, SetupConfig};
+use crate::record::{self, LostRecord};
 use crate::root::{DiskQuota, RootMount, RootProvider};
 use crate::sandbox::{now_ms, Parts, Sandbox};
 use crate::spawner::{self, SpawnError};
@@ -88,6 +89,9 @@ pub struct Runtime {
     /// (state `Paused`) until `create_restored_as` brings it back or `destroy` forgets it.
     /// Lock order: sandboxes → pending → parked.
     pub(crate) parked: Mutex<HashMap<SandboxId, SandboxInfo>>,
+    /// Sandboxes a restart found but could not adopt (init or root gone): reclaimed, reported
+    /// `failed` until destroyed. Durable (`record::write_lost`) so a second restart still reports them.
+    pub(crate) lost: Mutex<HashMap<SandboxId, LostRecord>>,
     subscribers: Mutex<Vec<Sender<Event>>>,
 }
 
@@ -96,7 +100,8 @@ fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 impl Runtime {
-    /// Sets up the host side (cgroup parents, run dir) and cleans residue of a previous run.
+    /// Sets up the host side (cgroup parents, run dir), adopts the live sandboxes of a previous
+    /// run of this instance and reclaims everything else it left (see `recover`).
     pub fn new(config: RuntimeConfig, roots: Arc<dyn RootProvider>) -> Result<Arc<Runtime>, Error> {
         if !config.cgroup_root.starts_with("grove")
             || !config
@@ -138,9 +143,10 @@ impl Runtime {
             sandboxes: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
             parked: Mutex::new(HashMap::new()),
+            lost: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(Vec::new()),
         });
-        rt.clean_residue();
+        rt.recover();
         Ok(rt)
     }
 
@@ -170,6 +176,12 @@ impl Runtime {
                 reason: "sandbox is paused by snapshot (nothing runs); bring it back with \
                          create_restored_as"
                     .into(),
+            });
+        }
+        if let Some(lost) = self.lost.lock().get(id) {
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: format!("sandbox failed: {}", lost.reason),
             });
         }
         Err(Error::NotFound { id: id.to_string() })
@@ -364,6 +376,10 @@ impl Runtime {
             }
         };
         parts.init_pid = Some(init_pid);
+        let init_start = record::start_time(init_pid).ok_or_else(|| Error::Init {
+            id: id.clone(),
+            reason: format!("init {init_pid} exited at start"),
+        })?;
         let net = match &spec.network {
             NetworkPolicy::None => None,
             NetworkPolicy::Egress { allow } => {
@@ -379,7 +395,7 @@ impl Runtime {
             }
         };
         let now = now_ms();
-        Ok(Arc::new(Sandbox {
+        let sb = Arc::new(Sandbox {
             id: id.clone(),
             spec: spec.clone(),
             limits: *limits,
@@ -388,10 +404,26 @@ impl Runtime {
             expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init_pid,
+            init_start,
             dir,
             root,
             net,
-        }))
+        });
+        // The commit point of a create: from here a restart adopts the sandbox.
+        record::write(&sb.dir, &sb.record(SandboxState::Running))
+            .map_err(io_err(format!("write the record of {id}")))?;
+        Ok(sb)
+    }
+
+    /// Rewrites a live sandbox's durable record (its state or TTL changed). Under the state lock,
+    /// so it never races destroy's removal of the record.
+    fn persist(&self, sb: &Sandbox) -> Result<(), Error> {
+        let state = sb.state.lock();
+        if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
+            return Ok(());
+        }
+        record::write(&sb.dir, &sb.record(*state))
+            .map_err(io_err(format!("write the record of {}", sb.id)))
     }
 
     /// Removes everything in `parts`, in reverse order of making; every step is tried and verified.
@@ -400,7 +432,7 @@ impl Runtime {
         // A create that failed before learning its init's pid: find our children in the cgroup so
         // they are reaped below, not left as zombies.
         let orphans: Vec<i32> = match (parts.cgroups, parts.init_pid) {
-            (true, None) => self.our_children_in(id),
+            (true, None) => self.our_children_in(id.as_str()),
             _ => Vec::new(),
         };
         if parts.cgroups {
@@ -455,9 +487,9 @@ impl Runtime {
     }
 
     /// Host pids in the sandbox's cgroup whose parent is this process.
-    fn our_children_in(&self, id: &SandboxId) -> Vec<i32> {
+    pub(crate) fn our_children_in(&self, id: &str) -> Vec<i32> {
         let me = std::process::id().to_string();
-        let Some(procs) = self.cgroups.procs_files(id.as_str()).into_iter().next() else {
+        let Some(procs) = self.cgroups.procs_files(id).into_iter().next() else {
             return Vec::new();
         };
         let text = std::fs::read_to_string(procs).unwrap_or_default();
@@ -475,12 +507,16 @@ impl Runtime {
         if let Some(info) = self.parked.lock().get(id) {
             return Ok(info.clone());
         }
+        if let Some(lost) = self.lost.lock().get(id) {
+            return Ok(lost.info.clone());
+        }
         Ok(self.sandbox(id)?.info())
     }
 
     pub fn list(&self) -> Vec<SandboxInfo> {
         let mut v: Vec<SandboxInfo> = self.sandboxes.lock().values().map(|s| s.info()).collect();
         v.extend(self.parked.lock().values().cloned());
+        v.extend(self.lost.lock().values().map(|l| l.info.clone()));
         v.sort_by_key(|i| i.created_at_ms);
         v
     }
@@ -488,7 +524,9 @@ impl Runtime {
     /// Kill every process (cgroup.kill), tear down network, cgroups and root, remove the run dir.
     /// A sandbox paused by `park` holds nothing on the host: destroy just forgets its id.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
-        if self.forget_parked(id, EventKind::Destroyed) {
+        if self.forget_parked(id, EventKind::Destroyed)
+            || self.forget_lost(id, EventKind::Destroyed)
+        {
             return Ok(());
         }
         self.destroy_with(id, EventKind::Destroyed).map(|_| ())
@@ -509,7 +547,14 @@ impl Runtime {
             self.pending.lock().insert(id.clone());
             sb
         };
-        *sb.state.lock() = SandboxState::Destroying;
+        {
+            // Record gone first: a restart from here on finishes the destroy.
+            let mut state = sb.state.lock();
+            *state = SandboxState::Destroying;
+            if let Err(e) = record::discard(&sb.dir) {
+                tracing::warn!(sandbox = %id, error = %e, "remove the durable record");
+            }
+        }
         let parts = Parts {
             dir: Some(sb.dir.clone()),
             root: Some(sb.root.clone()),
@@ -551,6 +596,7 @@ impl Runtime {
         }
         let sb = self.sandbox(id)?;
         *sb.expires_at_ms.lock() = ttl_secs.map(|t| now_ms() + t * 1000);
+        self.persist(&sb)?;
         Ok(sb.info())
     }
 
@@ -678,6 +724,7 @@ impl Runtime {
         let sb = self.running(id)?;
         self.freeze(id)?;
         *sb.state.lock() = SandboxState::Paused;
+        self.persist(&sb)?;
         self.emit(id, EventKind::Paused, None);
         Ok(sb.info())
     }
@@ -692,6 +739,7 @@ impl Runtime {
         }
         self.thaw(id)?;
         *sb.state.lock() = SandboxState::Running;
+        self.persist(&sb)?;
         self.emit(id, EventKind::Resumed, None);
         Ok(sb.info())
     }
@@ -740,6 +788,7 @@ impl Runtime {
             .into_iter()
             .filter(|id| self.destroy_with(id, EventKind::Expired).is_ok())
             .chain(self.expire_parked(now))
+            .chain(self.expire_lost(now))
             .collect()
     }
 
@@ -755,6 +804,11 @@ impl Runtime {
         for id in parked {
             self.forget_parked(&id, EventKind::Destroyed);
         }
+        let lost: Vec<SandboxId> = self.lost.lock().keys().cloned().collect();
+        for id in lost {
+            self.forget_lost(&id, EventKind::Destroyed);
+        }
+        let _ = std::fs::remove_dir(self.lost_dir());
         if self.sandboxes.lock().is_empty() && self.pending.lock().is_empty() {
             self.cgroups.unprepare();
             let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::network::NetLease;
+use crate::record::SandboxRecord;
 use crate::root::RootMount;
 use crate::types::{Limits, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
 
@@ -18,6 +19,8 @@ pub struct Sandbox {
     pub expires_at_ms: Mutex<Option<u64>>,
     pub state: Mutex<SandboxState>,
     pub init_pid: i32,
+    /// The init's start time (see `record::start_time`), kept in the durable record.
+    pub init_start: u64,
     pub dir: PathBuf,
     pub root: Arc<dyn RootMount>,
     pub net: Option<NetLease>,
@@ -34,6 +37,22 @@ impl Sandbox {
             init_pid: Some(self.init_pid),
             hostname: self.hostname.clone(),
             address: self.net.as_ref().map(|n| n.sandbox_addr.to_string()),
+        }
+    }
+
+    /// The durable record; `state` is passed in because callers hold the state lock.
+    pub fn record(&self, state: SandboxState) -> SandboxRecord {
+        SandboxRecord {
+            id: self.id.clone(),
+            spec: self.spec.clone(),
+            limits: self.limits,
+            hostname: self.hostname.clone(),
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: *self.expires_at_ms.lock(),
+            state,
+            init_pid: self.init_pid,
+            init_start: self.init_start,
+            net: self.net.clone(),
         }
     }
 

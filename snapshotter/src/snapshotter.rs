@@ -98,6 +98,30 @@ fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
     })
 }
 
+/// Empties the scratch dir a killed predecessor may have left. CRIU killed mid-restore leaves its
+/// cgroup yard (`.criu.cgyard.*`, every cgroup hierarchy) mounted there: unmount everything under
+/// it, deepest first, and remove nothing while a mount remains (never recurse into a cgroupfs).
+fn reset_work_root(work_root: &Path) {
+    let mounted = || -> Vec<PathBuf> {
+        grove_runtime::mounts::mount_points()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.starts_with(work_root))
+            .collect()
+    };
+    let mut under = mounted();
+    under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in &under {
+        tracing::warn!(mount = %m.display(), "unmounting a predecessor's scratch mount");
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    if mounted().is_empty() {
+        let _ = std::fs::remove_dir_all(work_root);
+    } else {
+        tracing::error!(dir = %work_root.display(), "scratch dir still has mounts; left in place");
+    }
+}
+
 /// Removes a scratch directory when dropped (success or failure).
 struct Scratch(PathBuf);
 impl Drop for Scratch {
@@ -115,7 +139,7 @@ impl Snapshotter {
         let criu = Criu::locate(cfg.criu.as_deref())?;
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
         let work_root = cfg.run_dir.join("snapshot-work");
-        let _ = std::fs::remove_dir_all(&work_root);
+        reset_work_root(&work_root);
         std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
         let mut index = BTreeMap::new();
         for info in records.load_all()? {

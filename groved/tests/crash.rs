@@ -1,0 +1,481 @@
+//! Crash recovery under fire: a worker streams create / exec / snapshot / fork / destroy through the
+//! API while groved is SIGKILLed at random moments (at least 200 times) and restarted on the same
+//! state and run dirs. Asserted throughout and at the end: every sandbox reported created is
+//! usable (running, exec works) or reported failed, never silently gone; every snapshot reported
+//! committed forks; after deleting everything the node reports no residue, and nothing is left
+//! under the test's run dir or cgroup root.
+//!
+//! GROVE_CRASH_KILLS overrides the number of kills (default 200).
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use groved::client::Client;
+use http_body_util::BodyExt as _;
+use hyper::Method;
+use serde_json::{json, Value};
+
+use common::{groved_bin, init_binary, leftovers, rand_suffix, BASE_IMAGE_DIR, IMAGE};
+
+/// At most this many sandboxes alive at once (the stream creates more when below).
+const MAX_LIVE: usize = 4;
+
+fn pick(n: usize) -> usize {
+    (rand::random::<u64>() % n as u64) as usize
+}
+
+/// One groved on a private state dir, run dir and cgroup root, restartable.
+struct Node {
+    dir: PathBuf,
+    cgroup_root: String,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = PathBuf::from(format!("/tmp/grove-crash-{}", rand_suffix()));
+        let cgroup_root = format!("grove-k{}", &rand_suffix()[..6]);
+        std::fs::create_dir_all(dir.join("state")).unwrap();
+        let config = format!(
+            r#"state_dir = "{state}"
+run_dir = "{run}"
+socket = "{run}/groved.sock"
+root_provider = "nodefs"
+cgroup_root = "{cgroup_root}"
+net_pool = "10.214.0.0/16"
+[capacity]
+memory_mb = 4096
+memory_reserve_mb = 0
+sandboxes = 32
+[defaults]
+cpu_millis = 500
+memory_mb = 128
+pids = 64
+open_files = 256
+disk_mb = 128
+"#,
+            state = dir.join("state").display(),
+            run = dir.join("run").display(),
+        );
+        std::fs::write(dir.join("groved.toml"), config).unwrap();
+        Node {
+            dir,
+            cgroup_root,
+            child: None,
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("run/groved.sock")
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("groved.log"))
+            .unwrap();
+        let child = Command::new(groved_bin())
+            .arg("--config")
+            .arg(self.dir.join("groved.toml"))
+            .env("GROVE_INIT_BINARY", init_binary())
+            .env("GROVE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn groved");
+        self.child = Some(child);
+        let t = Instant::now();
+        while !Client::new(self.socket()).reachable() {
+            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("groved exited at start ({s}): {}", self.log_tail());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "groved did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+
+    fn stop(&mut self) {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on the pid of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "groved exit {status}: {}",
+            self.log_tail()
+        );
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("groved.log")).unwrap_or_default();
+        log[log.len().saturating_sub(4000)..].to_string()
+    }
+}
+
+impl Drop for Node {
+    /// On a failed run: stop the daemon (SIGTERM destroys its sandboxes); the dir and its log stay.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the pid of our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+            eprintln!("crash test: log kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// A blocking API client; a request that dies with the daemon is an `Err`.
+struct Api {
+    client: Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Api {
+    fn new(socket: PathBuf) -> Api {
+        Api {
+            client: Client::new(socket),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), String> {
+        let (ct, bytes) = match &body {
+            Some(b) => (Some("application/json"), Bytes::from(b.to_string())),
+            None => (None, Bytes::new()),
+        };
+        self.rt.block_on(async {
+            let fut = async {
+                let resp = self
+                    .client
+                    .send(method.clone(), path, ct, bytes)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = resp.status().as_u16();
+                let ct = resp
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                common::spec()
+                    .check_response(&method, path, status, &ct, &body)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                Ok((status, v))
+            };
+            tokio::time::timeout(Duration::from_secs(60), fut)
+                .await
+                .map_err(|_| format!("{method} {path} timed out"))?
+        })
+    }
+
+    /// Retries while the daemon is down (connection refused or reset); for the checks only.
+    fn must(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let t = Instant::now();
+        loop {
+            match self.call(method.clone(), path, body.clone()) {
+                Ok(r) => return r,
+                Err(e) if t.elapsed() > Duration::from_secs(60) => panic!("{method} {path}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// What the API has told the worker.
+#[derive(Default)]
+struct Book {
+    /// Reported created (201, or a fork branch with a sandbox).
+    created: HashSet<String>,
+    /// A DELETE was sent (its outcome may be unknown).
+    deleting: HashSet<String>,
+    /// Reported committed (201), by name.
+    snapshots: Vec<String>,
+}
+
+impl Book {
+    fn live(&self) -> Vec<String> {
+        self.created.difference(&self.deleting).cloned().collect()
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU32,
+    failed: AtomicU32,
+    created: AtomicU32,
+    committed: AtomicU32,
+    forked: AtomicU32,
+}
+
+/// One op of the stream. Errors (the daemon died under it, a conflict with a lost sandbox) are
+/// expected; only what the API reported as done is booked.
+fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts) {
+    let live = book.lock().unwrap().live();
+    let snaps = book.lock().unwrap().snapshots.clone();
+    let roll = pick(100);
+    let r = if live.len() < 2 || (roll < 25 && live.len() < MAX_LIVE) {
+        let r = api.call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({ "image": IMAGE })),
+        );
+        if let Ok((201, v)) = &r {
+            book.lock()
+                .unwrap()
+                .created
+                .insert(v["id"].as_str().unwrap().to_string());
+            counts.created.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    } else if roll < 50 {
+        let id = &live[pick(live.len())];
+        api.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "shell": "echo hi > /tmp/f; cat /tmp/f" })),
+        )
+    } else if roll < 70 {
+        let id = &live[pick(live.len())];
+        let r = api.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshot"),
+            Some(json!({})),
+        );
+        if let Ok((201, v)) = &r {
+            let name = v["name"].as_str().unwrap().to_string();
+            book.lock().unwrap().snapshots.push(name);
+            counts.committed.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    } else if roll < 80 && !snaps.is_empty() {
+        let name = &snaps[pick(snaps.len())];
+        let r = api.call(
+            Method::POST,
+            &format!("/v1/snapshots/{name}/fork"),
+            Some(json!({ "count": 1 })),
+        );
+        if let Ok((201, v)) = &r {
+            for item in v["results"].as_array().unwrap() {
+                if let Some(id) = item["sandbox"]["id"].as_str() {
+                    book.lock().unwrap().created.insert(id.to_string());
+                    counts.forked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        r
+    } else {
+        let id = &live[pick(live.len())];
+        book.lock().unwrap().deleting.insert(id.clone());
+        api.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+    };
+    match r {
+        Ok((s, _)) if s < 300 => counts.ok.fetch_add(1, Ordering::Relaxed),
+        Ok(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
+        Err(_) => {
+            // The daemon is down: wait for it without burning the CPU it needs to come back.
+            std::thread::sleep(Duration::from_millis(10));
+            counts.failed.fetch_add(1, Ordering::Relaxed)
+        }
+    };
+}
+
+/// Every sandbox reported created and not deleted is listed, and is running (exec works) or
+/// failed. Runs while the worker is paused.
+fn check_sandboxes(api: &Api, book: &Book) {
+    let (status, list) = api.must(Method::GET, "/v1/sandboxes?limit=1000", None);
+    assert_eq!(status, 200, "{list}");
+    let states: std::collections::HashMap<String, String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for id in book.live() {
+        let state = states
+            .get(&id)
+            .unwrap_or_else(|| panic!("{id} was reported created, is not deleted, and is gone"));
+        match state.as_str() {
+            "failed" => {}
+            "running" => {
+                let (s, v) = api.must(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    Some(json!({ "shell": "true" })),
+                );
+                assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{id}: {v}");
+            }
+            other => panic!("{id} is {other}: neither usable nor failed"),
+        }
+    }
+}
+
+#[test]
+fn groved_survives_sigkill_at_random_moments() {
+    let runnable =
+        nix::unistd::geteuid().is_root() && PathBuf::from(BASE_IMAGE_DIR).join("bin/sh").exists();
+    if !runnable {
+        eprintln!("SKIPPED: needs root and the base image {BASE_IMAGE_DIR}");
+        return;
+    }
+    let kills: usize = std::env::var("GROVE_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let started = Instant::now();
+    let mut node = Node::new();
+    node.start();
+    let api = Api::new(node.socket());
+    let (s, v) = api.must(
+        Method::POST,
+        "/v1/images",
+        Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
+    );
+    assert_eq!(s, 201, "importing the base image: {v}");
+
+    let book = Arc::new(Mutex::new(Book::default()));
+    let counts = Arc::new(Counts::default());
+    let gate = Arc::new(RwLock::new(()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (book, counts, gate, stop) = (book.clone(), counts.clone(), gate.clone(), stop.clone());
+        let socket = node.socket();
+        std::thread::spawn(move || {
+            let api = Api::new(socket);
+            while !stop.load(Ordering::Relaxed) {
+                let _open = gate.read().unwrap();
+                one_op(&api, &book, &counts);
+            }
+        })
+    };
+    let mut restarts = Vec::with_capacity(kills);
+    for k in 0..kills {
+        // Mostly short gaps (a kill lands inside an op); now and then a long one so that
+        // snapshots and forks get to complete.
+        let gap = if k % 8 == 7 {
+            600 + pick(900)
+        } else {
+            5 + pick(146)
+        };
+        std::thread::sleep(Duration::from_millis(gap as u64));
+        node.kill9();
+        let t = Instant::now();
+        node.start();
+        restarts.push(t.elapsed());
+        if k % 10 == 9 {
+            let _paused = gate.write().unwrap();
+            check_sandboxes(&api, &book.lock().unwrap());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+    let stream_secs = started.elapsed().as_secs_f64();
+    restarts.sort();
+    let ms = |d: Duration| d.as_millis();
+
+    let book = book.lock().unwrap();
+    check_sandboxes(&api, &book);
+    // Every committed snapshot is listed and forks into a working sandbox.
+    for name in &book.snapshots {
+        let (s, v) = api.must(
+            Method::POST,
+            &format!("/v1/snapshots/{name}/fork"),
+            Some(json!({ "count": 1 })),
+        );
+        assert_eq!(s, 201, "fork of committed snapshot {name}: {v}");
+        let branch = &v["results"][0];
+        let id = branch["sandbox"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("committed snapshot {name} does not fork: {branch}"));
+        let (s, out) = api.must(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "shell": "echo forked" })),
+        );
+        assert_eq!(s, 200, "{out}");
+        assert_eq!(
+            out["stdout"].as_str().map(str::trim),
+            Some("forked"),
+            "{out}"
+        );
+    }
+    // Delete everything; then nothing may be left.
+    let (_, list) = api.must(Method::GET, "/v1/sandboxes?limit=1000", None);
+    for sb in list["items"].as_array().unwrap() {
+        let id = sb["id"].as_str().unwrap();
+        let (s, v) = api.must(Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
+        assert_eq!(s, 204, "delete {id}: {v}");
+    }
+    let (_, snaps) = api.must(Method::GET, "/v1/snapshots", None);
+    for snap in snaps["items"].as_array().unwrap() {
+        let name = snap["name"].as_str().unwrap();
+        let (s, v) = api.must(Method::DELETE, &format!("/v1/snapshots/{name}"), None);
+        assert_eq!(s, 204, "delete snapshot {name}: {v}");
+    }
+    let (_, residue) = api.must(Method::GET, "/v1/node/residue", None);
+    assert_eq!(residue["items"], json!([]), "residue: {residue}");
+    node.stop();
+    let left = leftovers(&node.dir, &node.cgroup_root);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let sandbox_dirs = std::fs::read_dir(node.dir.join("run/sandboxes"))
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    assert_eq!(sandbox_dirs, 0, "sandbox run dirs left");
+    eprintln!(
+        "crash: {kills} SIGKILLs in {stream_secs:.1} s (total {:.1} s); ops ok {}, failed {}; \
+         sandboxes created {}, snapshots committed {}, fork branches {}; restart to serving \
+         median {} ms, max {} ms",
+        started.elapsed().as_secs_f64(),
+        counts.ok.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+        counts.created.load(Ordering::Relaxed),
+        counts.committed.load(Ordering::Relaxed),
+        counts.forked.load(Ordering::Relaxed),
+        ms(restarts[restarts.len() / 2]),
+        ms(restarts[restarts.len() - 1]),
+    );
+    for ctrl in [
+        "memory", "pids", "cpu", "cpuacct", "freezer", "unified", "cpuset", "devices", "blkio",
+    ] {
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{}", node.cgroup_root));
+    }
+    let _ = std::fs::copy(node.dir.join("groved.log"), "/tmp/rec-crash.log");
+    std::fs::remove_dir_all(&node.dir).unwrap();
+}

@@ -1,0 +1,162 @@
+//! Durable sandbox records: what a restarted runtime needs to adopt a live sandbox, or to report
+//! one it could not adopt.
+//!
+//! `<run_dir>/sandboxes/<id>/sandbox.json` is written (write, fsync, rename) once a create has
+//! made every part, rewritten when the state or TTL changes, and removed first thing by destroy.
+//! A sandbox dir without a record is therefore a create or a destroy that was in flight: a restart
+//! reclaims it. `<run_dir>/lost/<id>.json` holds a sandbox a restart found dead (state `failed`)
+//! until the client deletes it. Both live in the run dir: sandboxes do not outlive a reboot.
+
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::network::NetLease;
+use crate::types::{Limits, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
+
+const FILE: &str = "sandbox.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub spec: SandboxSpec,
+    pub limits: Limits,
+    pub hostname: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: Option<u64>,
+    /// `running` or `paused` (frozen).
+    pub state: SandboxState,
+    pub init_pid: i32,
+    /// Start time of the init (clock ticks since boot, /proc/<pid>/stat field 22): a pid reused by
+    /// another process after the init died does not match.
+    pub init_start: u64,
+    pub net: Option<NetLease>,
+}
+
+/// A sandbox a restart could not adopt: reported `failed` until deleted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LostRecord {
+    pub info: SandboxInfo,
+    pub reason: String,
+}
+
+/// Writes `value` as JSON to `path` through a temp file: write, fsync, rename.
+fn write_json(path: &Path, value: &impl Serialize) -> io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let body = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&body)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<T> {
+    let body = std::fs::read(path)?;
+    serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+fn remove(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `dir` is the sandbox's run dir.
+pub fn write(dir: &Path, rec: &SandboxRecord) -> io::Result<()> {
+    write_json(&dir.join(FILE), rec)
+}
+
+pub fn read(dir: &Path) -> io::Result<SandboxRecord> {
+    read_json(&dir.join(FILE))
+}
+
+pub fn discard(dir: &Path) -> io::Result<()> {
+    remove(&dir.join(FILE))
+}
+
+fn lost_path(lost_dir: &Path, id: &SandboxId) -> PathBuf {
+    lost_dir.join(format!("{id}.json"))
+}
+
+pub fn write_lost(lost_dir: &Path, rec: &LostRecord) -> io::Result<()> {
+    std::fs::create_dir_all(lost_dir)?;
+    write_json(&lost_path(lost_dir, &rec.info.id), rec)
+}
+
+pub fn discard_lost(lost_dir: &Path, id: &SandboxId) -> io::Result<()> {
+    remove(&lost_path(lost_dir, id))
+}
+
+/// Every readable lost record; unreadable files (a torn temp file) are removed.
+pub fn load_lost(lost_dir: &Path) -> Vec<LostRecord> {
+    let Ok(rd) = std::fs::read_dir(lost_dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let path = e.path();
+        match read_json::<LostRecord>(&path) {
+            Ok(r) if path.extension().is_some_and(|x| x == "json") => out.push(r),
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out
+}
+
+/// Start time of `pid` in clock ticks since boot, or None when it does not exist.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, starttime 22.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// Whether `pid` exists and is not a zombie.
+pub fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s.get(i + 2..i + 3))
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_self_is_stable_and_of_nothing_is_none() {
+        let me = std::process::id() as i32;
+        let t = start_time(me).expect("own start time");
+        assert_eq!(start_time(me), Some(t));
+        assert_eq!(start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn record_round_trips_and_discard_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = SandboxRecord {
+            id: "sb-0123456789ab".parse().unwrap(),
+            spec: SandboxSpec::from_image("debian12"),
+            limits: Limits::default(),
+            hostname: "h".into(),
+            created_at_ms: 1,
+            expires_at_ms: Some(2),
+            state: SandboxState::Running,
+            init_pid: 42,
+            init_start: 7,
+            net: None,
+        };
+        write(dir.path(), &rec).unwrap();
+        let back = read(dir.path()).unwrap();
+        assert_eq!((back.id, back.init_pid, back.init_start), (rec.id, 42, 7));
+        discard(dir.path()).unwrap();
+        discard(dir.path()).unwrap();
+        assert!(read(dir.path()).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,255 @@
+//! Start-up after a previous run of this instance (a crash, a `kill -9`, an upgrade): adopt every
+//! sandbox whose durable record says it was created, whose init still runs and whose root the
+//! provider can re-attach; reclaim everything else it left, with zero residue. A recorded
+//! sandbox that cannot be adopted is reported `failed` (a `LostRecord`) until destroyed.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::client;
+use crate::mounts;
+use crate::network::host_if;
+use crate::proto::setup_owner;
+use crate::record::{self, LostRecord, SandboxRecord};
+use crate::runtime::Runtime;
+use crate::sandbox::Sandbox;
+use crate::types::{EventKind, NetworkPolicy, SandboxId, SandboxState};
+
+impl Runtime {
+    pub(crate) fn lost_dir(&self) -> PathBuf {
+        self.config.run_dir.join("lost")
+    }
+
+    /// Runs once in `Runtime::new`, before any create.
+    pub(crate) fn recover(&self) {
+        self.stop_strays();
+        for lost in record::load_lost(&self.lost_dir()) {
+            self.lost.lock().insert(lost.info.id.clone(), lost);
+        }
+        let sandboxes = self.config.run_dir.join("sandboxes");
+        let mut leftovers: HashSet<String> = self.cgroups.existing().into_iter().collect();
+        let mut leases = Vec::new();
+        for name in dir_names(&sandboxes) {
+            let dir = sandboxes.join(&name);
+            let adopted = match (name.parse::<SandboxId>(), record::read(&dir)) {
+                (Ok(id), Ok(rec)) if rec.id == id => match self.adopt(rec.clone(), dir) {
+                    Ok(sb) => Some(sb),
+                    Err(reason) => {
+                        tracing::warn!(sandbox = %id, %reason, "not adopted: reclaimed, reported failed");
+                        self.mark_lost(rec, reason);
+                        None
+                    }
+                },
+                // No record: a create or a destroy was in flight.
+                _ => None,
+            };
+            match adopted {
+                Some(sb) => {
+                    leftovers.remove(sb.id.as_str());
+                    if let (Some(lease), NetworkPolicy::Egress { allow }) =
+                        (&sb.net, &sb.spec.network)
+                    {
+                        leases.push((lease.clone(), allow.clone()));
+                    }
+                    self.admission.claim(&sb.limits);
+                    tracing::info!(sandbox = %sb.id, pid = sb.init_pid, "adopted");
+                    self.sandboxes.lock().insert(sb.id.clone(), sb);
+                }
+                None => {
+                    leftovers.insert(name);
+                }
+            }
+        }
+        for id in &leftovers {
+            self.clean_leftover(id);
+        }
+        if let Err(e) = self.net.restore(&leases) {
+            // The adopted egress sandboxes have no rules now: their traffic is dropped by nothing
+            // and allowed by nothing; report them so an operator sees it.
+            tracing::error!(error = %e, "restore the nft rules of adopted sandboxes");
+        }
+    }
+
+    /// Processes a killed predecessor left working for it — a CRIU dump or restore, a lazy-pages
+    /// daemon (CRIU working in our run dir), a sandbox setup (its argv names our instance) — would
+    /// race the cleanup, so they go first. Processes inside a sandbox cgroup are never touched here.
+    fn stop_strays(&self) {
+        let run_dir = format!("{}/", self.config.run_dir.display());
+        let marker = format!("/{}/", self.config.cgroup_root);
+        let me = std::process::id() as i32;
+        let mut killed = Vec::new();
+        for pid in dir_names(Path::new("/proc"))
+            .iter()
+            .filter_map(|n| n.parse::<i32>().ok())
+            .filter(|&p| p != me)
+        {
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            let our_criu = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
+                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()));
+            let our_setup = setup_owner(&cmd).is_some_and(|(i, _)| i == self.config.cgroup_root);
+            if !our_criu && !our_setup {
+                continue;
+            }
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if cg.contains(&marker) {
+                continue;
+            }
+            tracing::warn!(pid, cmd = %String::from_utf8_lossy(&cmd).replace('\0', " "), "stopping a predecessor's helper");
+            // SAFETY: kill(2) with plain integers.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed.push(pid);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        for pid in killed {
+            let p = nix::unistd::Pid::from_raw(pid);
+            while std::time::Instant::now() < deadline {
+                let _ = nix::sys::wait::waitpid(p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+                if !record::running(pid) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// A sandbox from its record, if its init is the same process and answers, and its root is
+    /// still served. The reason otherwise.
+    fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, String> {
+        if record::start_time(rec.init_pid) != Some(rec.init_start) {
+            return Err(format!("init {} is gone", rec.init_pid));
+        }
+        let root = self
+            .roots
+            .reattach(&rec.id, &rec.spec.image, &dir.join("root"))
+            .ok_or("its root filesystem did not survive the restart")?;
+        if let Some(net) = &rec.net {
+            if !Path::new("/sys/class/net").join(&net.host_if).exists() {
+                return Err(format!("its link {} is gone", net.host_if));
+            }
+        }
+        if rec.state == SandboxState::Running {
+            // Recorded running but frozen: a snapshot was interrupted between freeze and thaw.
+            let _ = self.cgroups.thaw(rec.id.as_str());
+            client::ping_within(rec.init_pid, Duration::from_secs(2))
+                .map_err(|e| format!("init {} does not answer: {e}", rec.init_pid))?;
+        }
+        Ok(Arc::new(Sandbox {
+            id: rec.id,
+            spec: rec.spec,
+            limits: rec.limits,
+            hostname: rec.hostname,
+            created_at_ms: rec.created_at_ms,
+            expires_at_ms: Mutex::new(rec.expires_at_ms),
+            state: Mutex::new(rec.state),
+            init_pid: rec.init_pid,
+            init_start: rec.init_start,
+            dir,
+            root: Arc::from(root),
+            net: rec.net,
+        }))
+    }
+
+    fn mark_lost(&self, rec: SandboxRecord, reason: String) {
+        let lost = LostRecord {
+            info: crate::types::SandboxInfo {
+                id: rec.id.clone(),
+                state: SandboxState::Failed,
+                spec: rec.spec,
+                created_at_ms: rec.created_at_ms,
+                expires_at_ms: rec.expires_at_ms,
+                init_pid: None,
+                hostname: rec.hostname,
+                address: None,
+            },
+            reason,
+        };
+        if let Err(e) = record::write_lost(&self.lost_dir(), &lost) {
+            tracing::warn!(sandbox = %rec.id, error = %e, "persist the failed record");
+        }
+        self.lost.lock().insert(rec.id, lost);
+    }
+
+    /// Drops a lost sandbox's record; false when `id` was not lost.
+    pub(crate) fn forget_lost(&self, id: &SandboxId, kind: EventKind) -> bool {
+        let gone = self.lost.lock().remove(id).is_some();
+        if gone {
+            if let Err(e) = record::discard_lost(&self.lost_dir(), id) {
+                tracing::warn!(sandbox = %id, error = %e, "remove the failed record");
+            }
+            self.emit(id, kind, None);
+        }
+        gone
+    }
+
+    /// Lost sandboxes past their time-to-live are forgotten (event `expired`).
+    pub(crate) fn expire_lost(&self, now: u64) -> Vec<SandboxId> {
+        let due: Vec<SandboxId> = self
+            .lost
+            .lock()
+            .values()
+            .filter(|l| l.info.expires_at_ms.is_some_and(|t| t <= now))
+            .map(|l| l.info.id.clone())
+            .collect();
+        due.into_iter()
+            .filter(|id| self.forget_lost(id, EventKind::Expired))
+            .collect()
+    }
+
+    /// Removes whatever a previous run left of sandbox `id` (by name: its processes, mounts, link,
+    /// cgroups, run dir). Its nft rules go when `Network::restore` rebuilds the table.
+    fn clean_leftover(&self, id: &str) {
+        // Inits still our children (the same process restarted its runtime) must be reaped.
+        let ours = self.our_children_in(id);
+        if let Err(e) = self.cgroups.kill_all(id) {
+            tracing::warn!(sandbox = %id, error = %e, "kill leftover processes");
+        }
+        for pid in ours {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        }
+        let dir = self.config.run_dir.join("sandboxes").join(id);
+        let mut under: Vec<PathBuf> = mounts::mount_points()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        for m in under {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Ok(sid) = id.parse::<SandboxId>() {
+            let link = host_if(&sid);
+            if Path::new("/sys/class/net").join(&link).exists() {
+                let _ = std::process::Command::new("ip")
+                    .args(["link", "del", &link])
+                    .status();
+            }
+        }
+        if let Err(e) = self.cgroups.remove(id) {
+            tracing::warn!(sandbox = %id, error = %e, "remove leftover cgroups");
+        }
+        let still_mounted = mounts::mount_points()
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.starts_with(&dir));
+        if dir.exists() && !still_mounted {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+fn dir_names(p: &Path) -> Vec<String> {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
