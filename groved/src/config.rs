@@ -38,6 +38,11 @@ pub enum ConfigError {
     #[error("root_provider {0:?} is not \"nodefs\" or \"overlay\"")]
     RootProvider(String),
     #[error(
+        "keep_sandboxes_on_stop needs root_provider = \"overlay\": nodefs roots are served by groved \
+         itself and end with it"
+    )]
+    KeepNeedsOverlay,
+    #[error(
         "grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)"
     )]
     NoInit,
@@ -67,6 +72,8 @@ pub struct FileConfig {
     pub net_pool: Option<String>,
     /// Cgroup directory name under each hierarchy (default "grove"); also names the nft table.
     pub cgroup_root: Option<String>,
+    /// On SIGTERM, leave sandboxes running for the next groved to adopt (needs overlay roots).
+    pub keep_sandboxes_on_stop: Option<bool>,
 }
 
 /// Command-line overrides.
@@ -114,6 +121,8 @@ pub struct Config {
     pub reap_interval: Duration,
     pub net_pool: Option<String>,
     pub cgroup_root: String,
+    /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
+    pub keep_sandboxes_on_stop: bool,
 }
 
 impl Config {
@@ -186,6 +195,10 @@ impl Config {
             Some("overlay") => RootKind::Overlay,
             Some(other) => return Err(ConfigError::RootProvider(other.into())),
         };
+        let keep_sandboxes_on_stop = f.keep_sandboxes_on_stop.unwrap_or(false);
+        if keep_sandboxes_on_stop && root != RootKind::Overlay {
+            return Err(ConfigError::KeepNeedsOverlay);
+        }
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
         let criu = f
             .criu
@@ -205,6 +218,7 @@ impl Config {
             reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
             net_pool: f.net_pool,
             cgroup_root: f.cgroup_root.unwrap_or_else(|| "grove".into()),
+            keep_sandboxes_on_stop,
         })
     }
 
@@ -271,5 +285,23 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/r/groved.sock"));
         assert_eq!(c.defaults.memory_mb, 64);
         assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn keeping_sandboxes_across_a_stop_needs_overlay_roots() {
+        std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
+        let keep = "keep_sandboxes_on_stop = true\n";
+        let f: FileConfig = toml::from_str(keep).unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::KeepNeedsOverlay)
+        ));
+        let f: FileConfig =
+            toml::from_str(&format!("{keep}root_provider = \"overlay\"\n")).unwrap();
+        assert!(
+            Config::resolve(f, &Overrides::default())
+                .unwrap()
+                .keep_sandboxes_on_stop
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Listeners, the TTL reaper, and orderly shutdown: on SIGTERM/SIGINT stop accepting, let in-flight requests
-//! finish, end event streams, then destroy every sandbox.
+//! finish, end event streams, then destroy every sandbox (or, with `keep_sandboxes_on_stop`, leave them to
+//! the next groved, which adopts them).
 
 use std::future::IntoFuture as _;
 use std::os::unix::fs::PermissionsExt as _;
@@ -101,6 +102,14 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     }
     reaper.abort();
     let _ = std::fs::remove_file(&app.config.socket);
+    let running = app.runtime.list().len();
+    if app.config.keep_sandboxes_on_stop && running > 0 {
+        // Records, roots, cgroups, network and the private grove-init stay for the next groved to adopt.
+        tracing::info!(
+            "groved stopped; {running} sandboxes left running for the next start to adopt"
+        );
+        return Ok(());
+    }
     let rt = app.runtime.clone();
     tokio::task::spawn_blocking(move || rt.shutdown()).await?;
     let _ = std::fs::remove_file(app.config.run_dir.join("grove-init"));

@@ -27,6 +27,7 @@ impl Container {
             "{SYSTEMD_ROOT} is missing: run scripts/setup (it builds the systemd root once)"
         );
         let name = format!("grove-sd-{:x}", std::process::id());
+        assert_ne!(name, cgroup_root());
         let out = std::fs::File::create(&log).unwrap();
         let nspawn = Command::new("systemd-nspawn")
             .args(["--quiet", "--directory", SYSTEMD_ROOT, "--volatile=overlay"])
@@ -180,12 +181,17 @@ impl Container {
         }
     }
 
-    /// What nspawn leaves on a host whose PID 1 is not systemd: its `payload`/`supervisor` cgroups and
-    /// its /run/systemd/nspawn state.
+    /// What nspawn leaves on a host whose PID 1 is not systemd (its `payload`/`supervisor` cgroups and
+    /// its /run/systemd/nspawn state), and the v1 cgroups of sandboxes the container's groved left running.
     fn remove_nspawn_leftovers(&self) {
         for h in ["systemd", "unified"] {
             for top in ["payload", "supervisor"] {
                 rmdir_tree(&Path::new("/sys/fs/cgroup").join(h).join(top));
+            }
+        }
+        if let Ok(hier) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in hier.flatten() {
+                rmdir_tree(&h.path().join(cgroup_root()));
             }
         }
         let _ = std::fs::remove_dir_all(format!("/run/systemd/nspawn/propagate/{}", self.name));
@@ -193,6 +199,12 @@ impl Container {
             let _ = std::fs::remove_dir(Path::new("/run/systemd/nspawn").join(d));
         }
     }
+}
+
+/// The `cgroup_root` groved gets inside: the container shares the host's v1 hierarchies, so sandbox
+/// cgroups a powered-off container leaves behind are found (and removed) by this name.
+pub fn cgroup_root() -> String {
+    format!("grove-sd{:x}", std::process::id())
 }
 
 /// Removes an (empty of processes) cgroup tree, leaves first.

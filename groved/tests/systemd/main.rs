@@ -117,18 +117,18 @@ fn install_places_everything_and_the_unit_verifies() {
 
 /// The config groved gets inside the container: its own cgroup root and address pool, so it cannot
 /// touch the host's Grove (the container shares the host's cgroup hierarchies).
-fn container_config() -> String {
+fn container_config(extra: &str) -> String {
     format!(
-        "cgroup_root = \"grove-sd{:x}\"\nnet_pool = \"10.218.0.0/16\"\n[capacity]\nsandboxes = 8\n",
-        std::process::id()
+        "cgroup_root = \"{}\"\nnet_pool = \"10.218.0.0/16\"\n{extra}[capacity]\nsandboxes = 8\n",
+        container::cgroup_root()
     )
 }
 
 /// Boots the container and writes groved's config and a drop-in for the unit before `grove install`.
-fn boot_with(dropin: &str) -> (Container, tempfile::TempDir) {
+fn boot_with(config: &str, dropin: &str) -> (Container, tempfile::TempDir) {
     let t = scratch();
     let c = Container::boot(&build_dir(), t.path().join("nspawn.log"));
-    c.write("/etc/grove/groved.toml", &container_config());
+    c.write("/etc/grove/groved.toml", &container_config(config));
     if !dropin.is_empty() {
         c.write("/etc/systemd/system/groved.service.d/test.conf", dropin);
     }
@@ -158,6 +158,7 @@ fn under_systemd_active_only_after_ready_and_the_watchdog_restarts_a_hung_daemon
         return;
     }
     let (c, _t) = boot_with(
+        "",
         "[Service]\n\
          Environment=GROVED_DEBUG_HOOKS=ready-delay-ms=2500,hang-on-sigusr2\n\
          WatchdogSec=4s\n\
@@ -236,6 +237,51 @@ fn under_systemd_active_only_after_ready_and_the_watchdog_restarts_a_hung_daemon
     assert!(health_answers(&c, Duration::from_secs(5)));
 
     // An orderly stop: groved drains and exits 0.
+    c.ok("systemctl stop groved");
+    assert_eq!(c.prop("groved", "Result"), "success");
+}
+
+/// `systemctl restart groved` keeps sandboxes running: with `keep_sandboxes_on_stop` SIGTERM leaves them,
+/// and the new daemon adopts them (their init and root alive, records intact). Overlay roots: a nodefs root
+/// is served by groved itself and ends with it.
+#[test]
+fn systemctl_restart_keeps_sandboxes_running() {
+    let _one = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
+    if !Path::new("/usr/bin/systemd-nspawn").exists() {
+        eprintln!(
+            "SKIPPED: systemd-nspawn is not installed (scripts/setup installs systemd-container)"
+        );
+        return;
+    }
+    let (c, _t) = boot_with(
+        "root_provider = \"overlay\"\nkeep_sandboxes_on_stop = true\n",
+        "",
+    );
+    let grove = format!("{BUILD}/grove");
+    c.ok(&format!("{grove} install --from {BUILD}"));
+    // Overlay images are directories under <state_dir>/images: the bind-mounted base image is one.
+    let id = c.ok(&format!("{grove} create debian12"));
+    c.ok(&format!(
+        "{grove} exec {id} -- sh -c 'echo before >/state; setsid nohup sleep 1000 >/dev/null 2>&1 &'"
+    ));
+    let pid = c.prop("groved", "MainPID");
+
+    c.ok("systemctl restart groved");
+    assert_ne!(c.prop("groved", "MainPID"), pid, "groved was not restarted");
+    assert_eq!(c.prop("groved", "ActiveState"), "active");
+    let ls = c.ok(&format!("{grove} ls -q"));
+    assert!(
+        ls.lines().any(|l| l.trim() == id),
+        "{id} is gone after the restart: {ls}"
+    );
+    assert_eq!(c.ok(&format!("{grove} exec {id} -- cat /state")), "before");
+    let ps = c.ok(&format!("{grove} exec {id} -- ps -e -o args"));
+    assert!(
+        ps.contains("sleep 1000"),
+        "the sandbox's daemon did not survive:\n{ps}"
+    );
+
+    c.ok(&format!("{grove} rm {id}"));
     c.ok("systemctl stop groved");
     assert_eq!(c.prop("groved", "Result"), "success");
 }
