@@ -151,3 +151,105 @@ fn debian_userland_runs_on_nodefs() {
         .join("usr/share/grove-nodefs-test")
         .exists());
 }
+
+/// Python source that writes a minimal wheel (a zip with the module and its dist-info).
+const MAKE_WHEEL: &str = r#"
+import base64, hashlib, sys, zipfile
+out = sys.argv[1]
+files = {
+    "grove_nodefs_probe/__init__.py": "VALUE = 'installed on nodefs'\n",
+    "grove_nodefs_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: grove-nodefs-probe\nVersion: 1.0\n",
+    "grove_nodefs_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: grove-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+with zipfile.ZipFile(out, "w") as z:
+    for name, text in files.items():
+        data = text.encode()
+        z.writestr(name, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("grove_nodefs_probe-1.0.dist-info/RECORD,,")
+    z.writestr("grove_nodefs_probe-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+"#;
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// pip inside a mount: a venv (pip itself unpacked into it by ensurepip), then `pip install`
+/// of a local wheel, then the package imports, and a commit keeps it.
+#[test]
+fn pip_installs_a_local_wheel_into_a_mount() {
+    if !fuse_available() {
+        return;
+    }
+    if !host_python_has_venv() {
+        eprintln!("SKIPPED: host python3 lacks the venv/ensurepip modules (python3-venv)");
+        return;
+    }
+    let env = Env::new();
+    let id = env.empty();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let venv = m.mountpoint().join("venv");
+    let wheel = env.path("grove_nodefs_probe-1.0-py3-none-any.whl");
+    run_ok(Command::new("python3").args(["-c", MAKE_WHEEL]).arg(&wheel));
+    let t = Instant::now();
+    run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    eprintln!("venv with pip on nodefs: {:?}", t.elapsed());
+    run_ok(
+        Command::new(venv.join("bin/pip"))
+            .args([
+                "install",
+                "--no-index",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+            ])
+            .arg(&wheel),
+    );
+    let got = run_ok(Command::new(venv.join("bin/python")).args([
+        "-c",
+        "import grove_nodefs_probe; print(grove_nodefs_probe.VALUE)",
+    ]));
+    assert_eq!(got.trim(), "installed on nodefs");
+    let listed = run_ok(Command::new(venv.join("bin/pip")).args([
+        "list",
+        "--disable-pip-version-check",
+        "--format=freeze",
+    ]));
+    assert!(listed.contains("grove-nodefs-probe==1.0"), "{listed}");
+    // The snapshot holds the installed package.
+    let c = m.commit().unwrap();
+    let v = env.mount(
+        &c,
+        "view",
+        MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    let site: Vec<_> = fs::read_dir(v.mountpoint().join("venv/lib"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            e.path()
+                .join("site-packages/grove_nodefs_probe/__init__.py")
+        })
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(site.len(), 1, "the package is in the committed venv");
+}
+
+fn host_python_has_venv() -> bool {
+    Command::new("python3")
+        .args(["-c", "import venv, ensurepip"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
