@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use common::*;
@@ -819,4 +819,39 @@ fn large_files_pass_through_from_the_first_open() {
     let mut got = Vec::new();
     r.read_to_end(&mut got).unwrap();
     assert!(got == want);
+}
+
+/// A chain of commits in one mount stores about what changed since the previous commit,
+/// not everything that differs from the base (deltas against the last commit's chunks).
+#[test]
+fn each_commit_in_a_chain_stores_what_changed_since_the_last() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("data.bin"), random_bytes(3, 4 << 20)).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.mountpoint().join("data.bin"))
+        .unwrap();
+    let mut offsets = random_bytes(9, 6 * 16).into_iter();
+    for round in 0..6 {
+        // 16 writes of 4 KiB at random block offsets: 64 KiB changed.
+        for _ in 0..16 {
+            let block = offsets.next().unwrap() as u64 * 4;
+            f.write_all_at(&random_bytes(round * 100 + block, 4096), block * 4096)
+                .unwrap();
+        }
+        let before = env.store.stats().stored_bytes;
+        m.commit().unwrap();
+        let added = env.store.stats().stored_bytes - before;
+        assert!(
+            added < 3 * 64 * 1024,
+            "commit {round} stored {added} bytes for 64 KiB of changes"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 
-use super::file::FileData;
+use super::file::{FileData, BLOCK};
 use super::state::{Content, State};
 use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
 use crate::error::Error;
@@ -159,22 +159,42 @@ fn file_chunks(st: &mut State, store: &Store, ino: u64) -> Result<Vec<ChunkRef>,
     Ok(out)
 }
 
-/// Keep base chunks no write touched; re-chunk the rest, with delta parents.
+/// Keep the chunks of the reference no change touched; re-chunk the rest, each new chunk
+/// with the reference chunk it replaces as delta parent. The reference is this file's last
+/// commit in this mount (changes since then are re-chunked), else its base (changes since
+/// the mount are).
 pub(super) fn rechunk(f: &mut FileData, store: &Store) -> Result<Vec<ChunkRef>, Error> {
-    let base = f.base.clone();
+    let (reference, visible) = match &f.committed {
+        Some(c) => (c.clone(), c.len()),
+        None => (f.base.clone(), f.base_len),
+    };
+    let since_commit = f.committed.is_some();
+    let clean: Vec<bool> = reference
+        .chunks
+        .iter()
+        .zip(&reference.offsets)
+        .map(|(c, &start)| {
+            let end = start + c.len as u64;
+            end <= visible
+                && end <= f.size
+                && (start / BLOCK..=(end - 1) / BLOCK).all(|b| {
+                    if since_commit {
+                        !f.is_changed(b)
+                    } else {
+                        !f.is_present(b)
+                    }
+                })
+        })
+        .collect();
     let mut out = Vec::new();
     let mut dirty_start: Option<u64> = None;
     let mut pos = 0u64;
-    for (i, c) in base.chunks.iter().enumerate() {
-        let start = base.offsets[i];
+    for (i, c) in reference.chunks.iter().enumerate() {
+        let start = reference.offsets[i];
         let end = start + c.len as u64;
-        let clean = end <= f.base_len
-            && end <= f.size
-            && (start / super::file::BLOCK..=(end - 1) / super::file::BLOCK)
-                .all(|b| !f.is_present(b));
-        if clean {
+        if clean[i] {
             if let Some(ds) = dirty_start.take() {
-                emit(f, store, ds, start, &base, &mut out)?;
+                emit(f, store, ds, start, &reference, &mut out)?;
             }
             out.push(*c);
         } else if dirty_start.is_none() {
@@ -187,9 +207,24 @@ pub(super) fn rechunk(f: &mut FileData, store: &Store) -> Result<Vec<ChunkRef>, 
     }
     let ds = dirty_start.unwrap_or(pos.min(f.size));
     if ds < f.size {
-        emit(f, store, ds, f.size, &base, &mut out)?;
+        emit(f, store, ds, f.size, &reference, &mut out)?;
     }
     Ok(out)
+}
+
+/// After a commit is sealed: files whose content is what it committed start their next
+/// commit from it.
+pub(super) fn start_from_commit(st: &mut State) {
+    for i in st.inodes.values_mut() {
+        let Content::File(f) = &mut i.content else {
+            continue;
+        };
+        let Some((v, chunks)) = &f.memo else { continue };
+        if *v == f.version && (f.committed.is_none() || !f.changed.is_empty()) {
+            let chunks = chunks.clone();
+            f.committed_as(&chunks);
+        }
+    }
 }
 
 struct ViewReader<'a> {

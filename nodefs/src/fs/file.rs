@@ -75,6 +75,12 @@ pub struct FileData {
     /// Bumped on every content change; commit memoizes per version.
     pub version: u64,
     pub memo: Option<(u64, Arc<Vec<ChunkRef>>)>,
+    /// The content as this mount last committed it (sealed), if it has. The next commit
+    /// starts from it: only blocks changed since are re-chunked, as deltas against the
+    /// chunks they replace, instead of everything that differs from the base.
+    pub committed: Option<Arc<Base>>,
+    /// Blocks whose content changed since `committed` (or since the mount, before a commit).
+    pub changed: Vec<u64>,
     /// Named like a shared library in the manifest (passthrough policy).
     pub lib_name: bool,
 }
@@ -93,6 +99,8 @@ impl FileData {
             upper: None,
             version: 0,
             memo: None,
+            committed: None,
+            changed: Vec::new(),
             lib_name: false,
         }
     }
@@ -118,6 +126,32 @@ impl FileData {
             self.present.resize(i + 1, 0);
         }
         self.present[i] |= 1 << (b % 64);
+    }
+
+    pub fn is_changed(&self, b: u64) -> bool {
+        self.changed
+            .get((b / 64) as usize)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+
+    /// Record that bytes [from, to) changed since the last commit.
+    fn mark_changed(&mut self, from: u64, to: u64) {
+        if to <= from {
+            return;
+        }
+        for b in from / BLOCK..=(to - 1) / BLOCK {
+            let i = (b / 64) as usize;
+            if self.changed.len() <= i {
+                self.changed.resize(i + 1, 0);
+            }
+            self.changed[i] |= 1 << (b % 64);
+        }
+    }
+
+    /// The content is now sealed in a commit as `chunks`: later commits start from it.
+    pub fn committed_as(&mut self, chunks: &[ChunkRef]) {
+        self.committed = Some(Arc::new(Base::new(chunks.to_vec())));
+        self.changed = Vec::new();
     }
 
     /// Blocks held in the upper layer (what the mount is charged for).
@@ -231,6 +265,7 @@ impl FileData {
         for b in first..=last {
             self.set_present(b);
         }
+        self.mark_changed(off, end);
         if end > self.size {
             self.size = end;
         }
@@ -240,6 +275,11 @@ impl FileData {
 
     /// Change the size; bytes past a shrink read as zeros if the file grows again.
     pub fn truncate(&mut self, store: &Store, size: u64) -> std::io::Result<()> {
+        // The block holding the new end, and everything between the two ends.
+        self.mark_changed(
+            size.min(self.size) / BLOCK * BLOCK,
+            size.max(self.size).max(size + 1),
+        );
         if size < self.size {
             if !size.is_multiple_of(BLOCK) && size < self.base_len {
                 self.copy_up(store, size / BLOCK)?;
@@ -278,6 +318,7 @@ impl FileData {
                 let f = self.upper_file()?;
                 f.write_all_at(&vec![0u8; (bend - pos) as usize], pos)?;
                 self.set_present(b);
+                self.mark_changed(pos, bend);
             } else {
                 let zeros = vec![0u8; (bend - pos) as usize];
                 self.write(store, pos, &zeros)?;
@@ -329,6 +370,51 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// One random write, truncate, hole punch or allocation, on `f` and on `model`.
+    fn random_op(
+        rng: &mut rand::rngs::StdRng,
+        f: &mut FileData,
+        store: &Store,
+        model: &mut Vec<u8>,
+    ) {
+        let len = model.len() as u64;
+        match rng.gen_range(0..5) {
+            0 | 1 => {
+                let off = rng.gen_range(0..len + 10_000);
+                let data: Vec<u8> = (0..rng.gen_range(1..20_000)).map(|_| rng.gen()).collect();
+                f.write(store, off, &data).unwrap();
+                let end = off as usize + data.len();
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&data);
+            }
+            2 => {
+                let size = rng.gen_range(0..len + 50_000);
+                f.truncate(store, size).unwrap();
+                model.resize(size as usize, 0);
+            }
+            3 => {
+                let off = rng.gen_range(0..len + 1);
+                let l = rng.gen_range(0..30_000);
+                f.zero_range(store, off, l).unwrap();
+                let end = ((off + l) as usize).min(model.len());
+                if (off as usize) < end {
+                    model[off as usize..end].fill(0);
+                }
+            }
+            _ => {
+                let off = rng.gen_range(0..len + 10_000);
+                let l = rng.gen_range(1..30_000);
+                let keep = rng.gen_bool(0.5);
+                f.allocate(store, off, l, keep).unwrap();
+                if !keep && model.len() < (off + l) as usize {
+                    model.resize((off + l) as usize, 0);
+                }
+            }
+        }
+    }
+
     /// Random writes, truncates, hole punches and allocations against a plain byte vector.
     #[test]
     fn overlay_matches_a_model() {
@@ -349,55 +435,29 @@ mod tests {
                 .collect();
             let mut f = FileData::new(model.len() as u64, chunks, upper.clone(), round);
             for _ in 0..60 {
-                let len = model.len() as u64;
-                match rng.gen_range(0..5) {
-                    0 | 1 => {
-                        let off = rng.gen_range(0..len + 10_000);
-                        let data: Vec<u8> =
-                            (0..rng.gen_range(1..20_000)).map(|_| rng.gen()).collect();
-                        f.write(&store, off, &data).unwrap();
-                        let end = off as usize + data.len();
-                        if model.len() < end {
-                            model.resize(end, 0);
-                        }
-                        model[off as usize..end].copy_from_slice(&data);
-                    }
-                    2 => {
-                        let size = rng.gen_range(0..len + 50_000);
-                        f.truncate(&store, size).unwrap();
-                        model.resize(size as usize, 0);
-                    }
-                    3 => {
-                        let off = rng.gen_range(0..len + 1);
-                        let l = rng.gen_range(0..30_000);
-                        f.zero_range(&store, off, l).unwrap();
-                        let end = ((off + l) as usize).min(model.len());
-                        if (off as usize) < end {
-                            model[off as usize..end].fill(0);
-                        }
-                    }
-                    _ => {
-                        let off = rng.gen_range(0..len + 10_000);
-                        let l = rng.gen_range(1..30_000);
-                        let keep = rng.gen_bool(0.5);
-                        f.allocate(&store, off, l, keep).unwrap();
-                        if !keep && model.len() < (off + l) as usize {
-                            model.resize((off + l) as usize, 0);
-                        }
-                    }
-                }
+                random_op(&mut rng, &mut f, &store, &mut model);
                 assert_eq!(f.size, model.len() as u64);
                 let mut got = vec![0u8; model.len()];
                 f.read_into(&store, 0, &mut got).unwrap();
                 assert!(got == model, "round {round}: content differs");
             }
-            // What a commit would store is exactly the content.
-            let chunks = super::super::commit::rechunk(&mut f, &store).unwrap();
-            let mut stored = Vec::new();
-            for c in &chunks {
-                stored.extend_from_slice(&store.get_chunk(&c.id).unwrap());
+            // What a commit would store is exactly the content, also when it starts from
+            // an earlier commit of the file (a chain of commits in one mount).
+            for commit in 0..3 {
+                let chunks = super::super::commit::rechunk(&mut f, &store).unwrap();
+                let mut stored = Vec::new();
+                for c in &chunks {
+                    stored.extend_from_slice(&store.get_chunk(&c.id).unwrap());
+                }
+                assert!(
+                    stored == model,
+                    "round {round}, commit {commit}: committed content differs"
+                );
+                f.committed_as(&chunks);
+                for _ in 0..10 {
+                    random_op(&mut rng, &mut f, &store, &mut model);
+                }
             }
-            assert!(stored == model, "round {round}: committed content differs");
         }
     }
 }

@@ -352,6 +352,9 @@ impl Mount {
             commit::commit(&mut st, &store)?
         };
         store.seal_manifest(&id)?;
+        // Only now that its chunks are held by a sealed manifest may later commits build on
+        // them.
+        commit::start_from_commit(&mut self.shared.state.lock());
         store.pin(&id);
         if let Some(old) = self.last_commit.lock().replace(id) {
             store.unpin(&old);
