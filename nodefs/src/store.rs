@@ -16,7 +16,7 @@ use crate::tree::{Node, Tree};
 
 const FORMAT: &str = "nodefs-store 1\n";
 /// Longest delta chain; deeper would make reads slow.
-const MAX_DELTA_DEPTH: u8 = 4;
+pub(crate) const MAX_DELTA_DEPTH: u8 = 4;
 const CACHE_BYTES: usize = 64 << 20;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
@@ -409,6 +409,11 @@ impl Store {
     /// Whether `id` is a manifest (root tree) held by this store.
     pub fn contains(&self, id: &ManifestId) -> bool {
         matches!(self.packs.get(id), Some(l) if l.kind == Kind::Tree)
+    }
+
+    /// How many deltas deep chunk `id` is stored (0: whole), if it is stored.
+    pub(crate) fn delta_depth(&self, id: &ObjectId) -> Option<u8> {
+        self.packs.get(id).map(|l| l.depth)
     }
 
     /// Whether any object (chunk or tree) `id` is stored.

@@ -4,12 +4,12 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 
-use super::file::{FileData, BLOCK};
+use super::file::{Base, FileData, BLOCK};
 use super::state::{Content, State};
 use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
 use crate::error::Error;
 use crate::id::ObjectId;
-use crate::store::Store;
+use crate::store::{Store, MAX_DELTA_DEPTH};
 use crate::tree::{ChunkRef, Entry, Node, Tree};
 
 fn eio(e: std::io::Error) -> Error {
@@ -227,6 +227,15 @@ pub(super) fn start_from_commit(st: &mut State) {
     }
 }
 
+/// The id of the chunk of `b` holding byte `off`.
+fn chunk_at(b: &Base, off: u64) -> Option<ObjectId> {
+    match b.offsets.binary_search(&off) {
+        Ok(i) => b.chunks.get(i).map(|c| c.id),
+        Err(0) => None,
+        Err(i) => b.chunks.get(i - 1).map(|c| c.id),
+    }
+}
+
 struct ViewReader<'a> {
     f: &'a mut FileData,
     store: &'a Store,
@@ -251,9 +260,10 @@ fn emit(
     store: &Store,
     start: u64,
     end: u64,
-    base: &super::file::Base,
+    base: &Base,
     out: &mut Vec<ChunkRef>,
 ) -> Result<(), Error> {
+    let orig = f.base.clone();
     let mut r = ViewReader {
         f,
         store,
@@ -278,11 +288,11 @@ fn emit(
         Ok(())
     };
     chunk_reader(&mut r, ChunkPolicy::Cdc, &mut |c| {
-        let parent = match base.offsets.binary_search(&off) {
-            Ok(i) => base.chunks.get(i).map(|c| c.id),
-            Err(0) => None,
-            Err(i) => base.chunks.get(i - 1).map(|c| c.id),
-        };
+        // The chunk this one replaces; if that is a delta chain at its longest already (a
+        // block rewritten in many commits), the mount's base chunk there instead.
+        let parent = chunk_at(base, off)
+            .filter(|p| store.delta_depth(p).is_some_and(|d| d < MAX_DELTA_DEPTH))
+            .or_else(|| chunk_at(&orig, off));
         off += c.len() as u64;
         match parent {
             Some(p) => {
