@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{CapacityOverrides, Limits};
+use crate::types::{CapacityOverrides, IdlePolicy, Limits};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RuntimeConfig {
@@ -21,6 +21,9 @@ pub struct RuntimeConfig {
     /// Address pool for egress sandboxes (a /30 each).
     #[serde(default = "default_pool")]
     pub net_pool: String,
+    /// Idle reclaim for sandboxes whose spec sets none; None: sandboxes never idle out.
+    #[serde(default)]
+    pub idle: Option<IdlePolicy>,
 }
 
 fn default_pool() -> String {
@@ -42,6 +45,7 @@ impl RuntimeConfig {
             capacity: CapacityOverrides::default(),
             defaults: Limits::default(),
             net_pool: default_pool(),
+            idle: None,
         }
     }
 }

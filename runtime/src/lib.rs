@@ -9,6 +9,7 @@ mod client;
 pub mod config;
 pub mod error;
 mod files;
+mod idle;
 pub mod init;
 pub mod mounts;
 mod network;

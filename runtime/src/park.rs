@@ -30,6 +30,30 @@ impl Runtime {
         self.create_inner(spec, Some(restore), Some(id))
     }
 
+    /// Registers a sandbox parked by an earlier run of this node (its pause record survived a
+    /// daemon restart): it shows as `Paused` and `create_restored_as` can bring it back.
+    /// Conflict if the id is known already.
+    pub fn adopt_parked(&self, mut info: SandboxInfo) -> Result<(), Error> {
+        let live = self.sandboxes.lock();
+        let pending = self.pending.lock();
+        let mut parked = self.parked.lock();
+        if live.contains_key(&info.id)
+            || pending.contains(&info.id)
+            || parked.contains_key(&info.id)
+        {
+            return Err(Error::Conflict {
+                id: info.id.clone(),
+                reason: "sandbox is known already; only an unknown id can be adopted as parked"
+                    .into(),
+            });
+        }
+        info.state = SandboxState::Paused;
+        info.init_pid = None;
+        info.address = None;
+        parked.insert(info.id.clone(), info);
+        Ok(())
+    }
+
     /// Reserves `id` for a create (in `pending`) and takes its parked record, if any.
     pub(crate) fn claim_parked(&self, id: &SandboxId) -> Result<Option<SandboxInfo>, Error> {
         let live = self.sandboxes.lock();

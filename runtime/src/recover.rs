@@ -153,6 +153,7 @@ impl Runtime {
             dir,
             root: Arc::from(root),
             net: rec.net,
+            activity: crate::sandbox::Activity::new(crate::sandbox::now_ms()),
         }))
     }
 

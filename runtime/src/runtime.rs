@@ -408,6 +408,7 @@ impl Runtime {
             dir,
             root,
             net,
+            activity: crate::sandbox::Activity::new(now),
         });
         // The commit point of a create: from here a restart adopts the sandbox.
         record::write(&sb.dir, &sb.record(SandboxState::Running))
@@ -611,6 +612,7 @@ impl Runtime {
         on_output: &mut dyn FnMut(OutputChunk),
     ) -> Result<ExecResult, Error> {
         let sb = self.running(id)?;
+        sb.activity.touch();
         let argv = validate::exec_argv(&req)?;
         let mut env = sb.spec.env.clone();
         env.extend(req.env);
@@ -651,6 +653,7 @@ impl Runtime {
 
     pub fn processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, Error> {
         let sb = self.running(id)?;
+        sb.activity.touch();
         let list = client::processes(sb.init_pid).map_err(|e| self.client_error(id, e))?;
         Ok(list
             .into_iter()
@@ -680,7 +683,9 @@ impl Runtime {
     }
 
     fn root_of(&self, id: &SandboxId) -> Result<Root, Error> {
-        Root::open(self.sandbox(id)?.init_pid)
+        let sb = self.sandbox(id)?;
+        sb.activity.touch();
+        Root::open(sb.init_pid)
     }
 
     pub fn read_file(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
@@ -719,7 +724,8 @@ impl Runtime {
         self.root_of(id)?.download_tar(dir, out)
     }
 
-    /// Freezes the sandbox's cgroup (snapshot-based pause comes later).
+    /// Freezes the sandbox's cgroup: it keeps its memory. The snapshotter's pause (CRIU dump to
+    /// the store, then `park`) is the one that frees it.
     pub fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
         let sb = self.running(id)?;
         self.freeze(id)?;
@@ -740,6 +746,7 @@ impl Runtime {
         self.thaw(id)?;
         *sb.state.lock() = SandboxState::Running;
         self.persist(&sb)?;
+        sb.activity.touch();
         self.emit(id, EventKind::Resumed, None);
         Ok(sb.info())
     }

@@ -1,6 +1,7 @@
 //! One live sandbox's record, and the parts a create has made so far (what reclaim undoes).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -24,6 +25,44 @@ pub struct Sandbox {
     pub dir: PathBuf,
     pub root: Arc<dyn RootMount>,
     pub net: Option<NetLease>,
+    pub activity: Activity,
+}
+
+/// When a sandbox was last used, for idle reclaim: requests touch it, and the reaper counts CPU
+/// use seen between two of its samples as use too.
+#[derive(Debug)]
+pub struct Activity {
+    last_ms: AtomicU64,
+    cpu_usec: AtomicU64,
+    sampled_ms: AtomicU64,
+}
+
+impl Activity {
+    pub fn new(now: u64) -> Activity {
+        Activity {
+            last_ms: AtomicU64::new(now),
+            cpu_usec: AtomicU64::new(0),
+            sampled_ms: AtomicU64::new(now),
+        }
+    }
+
+    pub fn touch(&self) {
+        self.last_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Feeds one CPU sample (cumulative µs) and returns when the sandbox was last used. Using
+    /// more than 1 % of one CPU since the previous sample counts as use; the rest is noise
+    /// (init's own bookkeeping).
+    pub fn sample(&self, cpu_usec: u64, now: u64) -> u64 {
+        let prev_cpu = self.cpu_usec.swap(cpu_usec, Ordering::Relaxed);
+        let prev_ms = self.sampled_ms.swap(now, Ordering::Relaxed);
+        let used = cpu_usec.saturating_sub(prev_cpu);
+        let wall_usec = now.saturating_sub(prev_ms) * 1000;
+        if used * 100 > wall_usec {
+            self.last_ms.fetch_max(now, Ordering::Relaxed);
+        }
+        self.last_ms.load(Ordering::Relaxed)
+    }
 }
 
 impl Sandbox {

@@ -123,6 +123,26 @@ pub struct SandboxSpec {
     pub ports: Vec<PortMapping>,
     pub ttl_secs: Option<u64>,
     pub labels: BTreeMap<String, String>,
+    /// What happens after this long without exec, file access or CPU use; None takes the
+    /// node's default (`RuntimeConfig::idle`). Separate from the time-to-live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdlePolicy>,
+}
+
+/// Idle reclaim of one sandbox: after `timeout_secs` with no exec, no file access and no CPU
+/// use, it is paused to the store or destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdlePolicy {
+    pub timeout_secs: u64,
+    pub on_idle: OnIdle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIdle {
+    /// Snapshot to the store and stop (memory freed; the next request resumes it).
+    Pause,
+    Destroy,
 }
 
 impl SandboxSpec {
@@ -146,7 +166,7 @@ pub enum SandboxState {
     Failed,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxInfo {
     pub id: SandboxId,
     pub state: SandboxState,

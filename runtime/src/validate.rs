@@ -120,6 +120,12 @@ pub fn spec(s: &SandboxSpec) -> Result<(), Error> {
     if s.ttl_secs == Some(0) {
         return Err(Error::invalid("ttl_secs", "0 (omit it for no expiry)"));
     }
+    if s.idle.is_some_and(|i| i.timeout_secs == 0) {
+        return Err(Error::invalid(
+            "idle.timeout_secs",
+            "0 (omit idle for the node default)",
+        ));
+    }
     Ok(())
 }
 

@@ -4,12 +4,14 @@
 pub mod criu;
 mod error;
 pub mod images;
+mod pause;
 mod record;
 mod root;
 mod snapshotter;
 mod transfer;
 
 pub use error::Error;
+pub use pause::PauseTiming;
 pub use record::SnapshotInfo;
 pub use root::{NodefsRoot, NodefsRootMount};
 pub use snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, MAX_FORK};

@@ -4,7 +4,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use grove_runtime::SandboxSpec;
+use grove_runtime::{SandboxInfo, SandboxSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -27,6 +27,11 @@ pub struct SnapshotInfo {
     pub dump_ms: u64,
     /// Bytes the snapshot added to the store (compressed, after dedup).
     pub bytes_added: u64,
+    /// Set on the record of a pause to the store: the parked sandbox it brings back. Such
+    /// records are internal (not listed, not forkable, not exported) and go away on resume or
+    /// when the sandbox is destroyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<SandboxInfo>,
 }
 
 /// The root hash naming a snapshot.
@@ -38,6 +43,17 @@ pub fn root_hash(fs_root: &str, images_root: &str, spec: &SandboxSpec) -> String
     h.update(images_root.as_bytes());
     h.update(b"\0");
     h.update(&serde_json::to_vec(spec).unwrap_or_default());
+    h.finalize().to_hex().to_string()
+}
+
+/// The id of a pause record: distinct from any snapshot of the same state, one per pause.
+pub fn pause_hash(sandbox: &str, fs_root: &str, images_root: &str, at_ms: u64) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"grove-pause-v1\0");
+    for part in [sandbox, fs_root, images_root, &at_ms.to_string()] {
+        h.update(part.as_bytes());
+        h.update(b"\0");
+    }
     h.finalize().to_hex().to_string()
 }
 
@@ -171,6 +187,7 @@ mod tests {
             spec: SandboxSpec::from_image("debian12"),
             dump_ms: 5,
             bytes_added: 7,
+            paused: None,
         }
     }
 

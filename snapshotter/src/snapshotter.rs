@@ -57,8 +57,8 @@ pub struct Snapshotter {
     store: Arc<Store>,
     criu: Criu,
     records: RecordDir,
-    index: RwLock<BTreeMap<String, SnapshotInfo>>,
-    cache: ImageCache,
+    pub(crate) index: RwLock<BTreeMap<String, SnapshotInfo>>,
+    pub(crate) cache: ImageCache,
     /// Scratch space of dumps and restores in progress (emptied at start).
     work_root: PathBuf,
     /// Sandboxes with a snapshot in progress.
@@ -91,7 +91,7 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
+pub(crate) fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
     hex.parse().map_err(|_| Error::InvalidInput {
         field: "snapshot",
         reason: format!("{what} {hex:?} is not a manifest id"),
@@ -119,6 +119,37 @@ fn reset_work_root(work_root: &Path) {
         let _ = std::fs::remove_dir_all(work_root);
     } else {
         tracing::error!(dir = %work_root.display(), "scratch dir still has mounts; left in place");
+    }
+}
+
+/// A dumped and committed sandbox: its root's manifest and CRIU's images in scratch space
+/// (removed on drop unless moved away first).
+pub(crate) struct Capture {
+    pub sandbox: SandboxId,
+    pub spec: grove_runtime::SandboxSpec,
+    pub fs_root: ManifestId,
+    pub images_dir: PathBuf,
+    pub dump_ms: u64,
+    /// Captured with `keep_frozen` from a running sandbox: thawed on drop unless `release`d.
+    thaw_on_drop: bool,
+    runtime: Arc<Runtime>,
+    _scratch: Scratch,
+}
+
+impl Capture {
+    /// The sandbox stays frozen after this capture is dropped (it is being parked).
+    pub fn release(&mut self) {
+        self.thaw_on_drop = false;
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if self.thaw_on_drop {
+            if let Err(e) = self.runtime.thaw(&self.sandbox) {
+                tracing::error!(sandbox = %self.sandbox, error = %e, "thaw after a failed pause");
+            }
+        }
     }
 }
 
@@ -157,7 +188,10 @@ impl Snapshotter {
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() == Ok("1")),
         };
         s.drop_orphans();
-        Ok(Arc::new(s))
+        s.adopt_paused();
+        let s = Arc::new(s);
+        s.watch_parked();
+        Ok(s)
     }
 
     /// After a crash: refs of snapshots never recorded, and materialized images of deleted ones.
@@ -181,6 +215,10 @@ impl Snapshotter {
         &self.criu
     }
 
+    pub(crate) fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
     /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
     /// → images into the store → durable record. Any failure thaws and leaves the source as it
     /// was; no scratch is left behind.
@@ -194,65 +232,16 @@ impl Snapshotter {
             self.check_name_free(n, None)?;
         }
         let _busy = self.claim(sandbox)?;
-        let view = self.runtime.checkpoint_view(sandbox)?;
-        let mount = view
-            .root
-            .as_any()
-            .downcast_ref::<NodefsRootMount>()
-            .ok_or_else(|| Error::Unsupported {
-                what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
-            })?
-            .mount()
-            .clone();
-        let already_paused = self.runtime.get(sandbox)?.state == SandboxState::Paused;
-        let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
-        let images_dir = scratch.0.join("images");
         let before = self.store.stats().stored_bytes;
-
-        // A per-request control connection (an exec just finishing, a ping) may be open at the
-        // freeze instant; CRIU then refuses the dump. Such connections close within
-        // milliseconds, so retry a few times before reporting a conflict.
-        let mut attempt = 0;
-        let (fs_root, dump_ms) = loop {
-            attempt += 1;
-            let _ = std::fs::remove_dir_all(&images_dir);
-            std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
-            let t0 = Instant::now();
-            if !already_paused {
-                self.runtime.freeze(sandbox)?;
-            }
-            let frozen = self.dump_and_commit(&view, &mount, &images_dir, &scratch.0.join("criu"));
-            let thawed = if already_paused {
-                Ok(())
-            } else {
-                self.runtime.thaw(sandbox)
-            };
-            let dump_ms = t0.elapsed().as_millis() as u64;
-            match frozen {
-                Ok(fs_root) => {
-                    thawed?;
-                    break (fs_root, dump_ms);
-                }
-                Err(Error::Criu(criu::Error::ExternalSocket { .. })) if attempt < DUMP_ATTEMPTS => {
-                    thawed?;
-                    tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
-                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
-                }
-                Err(e) => {
-                    thawed?;
-                    return Err(self.conflict_or(sandbox, e));
-                }
-            }
-        };
-
-        let images_root = images::import(&self.store, &images_dir)?;
+        let cap = self.capture(sandbox, false)?;
+        let images_root = images::import(&self.store, &cap.images_dir)?;
         // Keep gc off the new objects until the refs are written.
         let _pins = [
             Pin::new(&self.store, images_root),
-            Pin::new(&self.store, fs_root),
+            Pin::new(&self.store, cap.fs_root),
         ];
-        let (fs_hex, img_hex) = (fs_root.to_hex(), images_root.to_hex());
-        let id = record::root_hash(&fs_hex, &img_hex, &view.spec);
+        let (fs_hex, img_hex) = (cap.fs_root.to_hex(), images_root.to_hex());
+        let id = record::root_hash(&fs_hex, &img_hex, &cap.spec);
         if let Some(existing) = self.index.read().get(&id) {
             return Ok(existing.clone());
         }
@@ -263,19 +252,86 @@ impl Snapshotter {
             created_at_ms: now_ms(),
             fs_root: fs_hex,
             images_root: img_hex,
-            spec: view.spec.clone(),
-            dump_ms,
+            spec: cap.spec.clone(),
+            dump_ms: cap.dump_ms,
             bytes_added: self.store.stats().stored_bytes.saturating_sub(before),
+            paused: None,
         };
-        self.commit_record(&info, &fs_root, &images_root)?;
+        self.commit_record(&info, &cap.fs_root, &images_root)?;
         // The dumped images are exactly what a fork needs: keep them as the materialized copy.
-        self.cache.adopt(&id, &images_dir);
-        drop(scratch);
-        tracing::info!(snapshot = %id, %sandbox, dump_ms, bytes_added = info.bytes_added, "snapshot committed");
+        self.cache.adopt(&id, &cap.images_dir);
+        drop(cap);
+        tracing::info!(snapshot = %id, %sandbox, dump_ms = info.dump_ms, bytes_added = info.bytes_added, "snapshot committed");
         if opts.stop {
             self.runtime.destroy(sandbox)?;
         }
         Ok(info)
+    }
+
+    /// Freeze → dump (leaving the tree in place) → commit the root → thaw, unless `keep_frozen`
+    /// (then the caller owns the thaw, see `Capture::thaw`). On failure the sandbox is thawed
+    /// and untouched.
+    pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
+        let view = self.runtime.checkpoint_view(sandbox)?;
+        let mount = view
+            .root
+            .as_any()
+            .downcast_ref::<NodefsRootMount>()
+            .ok_or_else(|| Error::Unsupported {
+                what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
+            })?
+            .mount()
+            .clone();
+        let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
+        let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
+        let images_dir = scratch.0.join("images");
+
+        // A per-request control connection (an exec just finishing, a ping) may be open at the
+        // freeze instant; CRIU then refuses the dump. Such connections close within
+        // milliseconds, so retry a few times before reporting a conflict.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let _ = std::fs::remove_dir_all(&images_dir);
+            std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
+            let t0 = Instant::now();
+            if !was_frozen {
+                self.runtime.freeze(sandbox)?;
+            }
+            let frozen = self.dump_and_commit(&view, &mount, &images_dir, &scratch.0.join("criu"));
+            let thaw = |ok: bool| {
+                if was_frozen || (ok && keep_frozen) {
+                    Ok(())
+                } else {
+                    self.runtime.thaw(sandbox)
+                }
+            };
+            let dump_ms = t0.elapsed().as_millis() as u64;
+            match frozen {
+                Ok(fs_root) => {
+                    thaw(true)?;
+                    return Ok(Capture {
+                        sandbox: sandbox.clone(),
+                        spec: view.spec.clone(),
+                        fs_root,
+                        images_dir,
+                        dump_ms,
+                        thaw_on_drop: keep_frozen && !was_frozen,
+                        runtime: self.runtime.clone(),
+                        _scratch: scratch,
+                    });
+                }
+                Err(Error::Criu(criu::Error::ExternalSocket { .. })) if attempt < DUMP_ATTEMPTS => {
+                    thaw(false)?;
+                    tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
+                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
+                }
+                Err(e) => {
+                    thaw(false)?;
+                    return Err(self.conflict_or(sandbox, e));
+                }
+            }
+        }
     }
 
     /// The frozen part: dump the tree (leaving it running), then commit its root.
@@ -304,7 +360,7 @@ impl Snapshotter {
         Ok(mount.commit()?)
     }
 
-    fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
+    pub(crate) fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
         if !self.busy.lock().insert(sandbox.clone()) {
             return Err(Error::Conflict {
                 sandbox: sandbox.to_string(),
@@ -350,7 +406,7 @@ impl Snapshotter {
     }
 
     /// Refs first (so gc keeps the data), then the record (the commit point), then the index.
-    fn commit_record(
+    pub(crate) fn commit_record(
         &self,
         info: &SnapshotInfo,
         fs: &ManifestId,
@@ -419,9 +475,20 @@ impl Snapshotter {
         spec.labels.extend(opts.labels.clone());
         spec.labels.insert("grove.snapshot".into(), info.id.clone());
         spec.ttl_secs = opts.ttl_secs.or(spec.ttl_secs);
+        self.restore_into(spec, images, None)
+    }
+
+    /// Creates a sandbox (fresh id, or `same_id` for a resume) whose tree CRIU restores from
+    /// `images`.
+    fn restore_into(
+        &self,
+        spec: grove_runtime::SandboxSpec,
+        images: &Path,
+        same_id: Option<&SandboxId>,
+    ) -> Result<SandboxInfo, Error> {
         let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
         let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
-            let work = self.work_root.join(format!("restore-{}", t.id));
+            let work = self.work_root.join(format!("restore-{}-{}", t.id, now_ms()));
             let opts = criu::RestoreOptions {
                 images_dir: images.to_path_buf(),
                 work_dir: work.clone(),
@@ -434,9 +501,23 @@ impl Snapshotter {
             };
             self.restore_one(&opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
-        self.runtime
-            .create_restored(spec, &mut restore)
-            .map_err(unwrap_restore_error)
+        match same_id {
+            None => self.runtime.create_restored(spec, &mut restore),
+            Some(id) => self
+                .runtime
+                .create_restored_as(id.clone(), spec, &mut restore),
+        }
+        .map_err(unwrap_restore_error)
+    }
+
+    /// `restore_into` under an existing (parked) id.
+    pub(crate) fn restore_as(
+        &self,
+        id: &SandboxId,
+        spec: grove_runtime::SandboxSpec,
+        images: &Path,
+    ) -> Result<SandboxInfo, Error> {
+        self.restore_into(spec, images, Some(id))
     }
 
     /// One CRIU restore; with lazy pages, a `criu lazy-pages` daemon serves the memory and is
@@ -478,15 +559,21 @@ impl Snapshotter {
 
     /// All snapshots, oldest first.
     pub fn list(&self) -> Vec<SnapshotInfo> {
-        let mut v: Vec<_> = self.index.read().values().cloned().collect();
+        let mut v: Vec<_> = self
+            .index
+            .read()
+            .values()
+            .filter(|s| s.paused.is_none())
+            .cloned()
+            .collect();
         v.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         v
     }
 
-    /// A snapshot by id (hex) or name.
+    /// A snapshot by id (hex) or name; pause records are not snapshots.
     pub fn get(&self, snapshot: &str) -> Result<SnapshotInfo, Error> {
         let index = self.index.read();
-        if let Some(s) = index.get(snapshot) {
+        if let Some(s) = index.get(snapshot).filter(|s| s.paused.is_none()) {
             return Ok(s.clone());
         }
         index
@@ -502,12 +589,16 @@ impl Snapshotter {
     /// unless something else (a branch's root, another snapshot) still reaches them.
     pub fn delete(&self, snapshot: &str) -> Result<(), Error> {
         let info = self.get(snapshot)?;
-        self.records.remove(&info.id)?;
-        self.index.write().remove(&info.id);
-        for r in ref_names(&info.id) {
+        self.delete_by_id(&info.id)
+    }
+
+    pub(crate) fn delete_by_id(&self, id: &str) -> Result<(), Error> {
+        self.records.remove(id)?;
+        self.index.write().remove(id);
+        for r in ref_names(id) {
             self.store.delete_ref(&r)?;
         }
-        self.cache.drop_snapshot(&info.id);
+        self.cache.drop_snapshot(id);
         Ok(())
     }
 
@@ -562,7 +653,7 @@ impl Drop for Pin<'_> {
     }
 }
 
-struct BusyGuard<'a> {
+pub(crate) struct BusyGuard<'a> {
     set: &'a Mutex<HashSet<SandboxId>>,
     id: SandboxId,
 }

@@ -111,7 +111,9 @@ impl Snapshotter {
         let info: SnapshotInfo = serde_json::from_slice(&body).map_err(|e| Error::BadStream {
             reason: format!("record: {e}"),
         })?;
-        if record::root_hash(&info.fs_root, &info.images_root, &info.spec) != info.id {
+        if info.paused.is_some()
+            || record::root_hash(&info.fs_root, &info.images_root, &info.spec) != info.id
+        {
             return Err(Error::BadStream {
                 reason: format!("snapshot {} does not match its root hash", info.id),
             });
