@@ -48,6 +48,13 @@ pub trait Snapshots: Send + Sync {
     /// The ones among `ids` this node lacks.
     fn missing(&self, ids: &[ObjectId]) -> Vec<ObjectId>;
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot>;
+    /// Pause to the store: the sandbox's processes stop and its memory is freed.
+    /// 501 `unsupported` for sandboxes that cannot be checkpointed.
+    fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
+    /// Restore a sandbox paused to the store, under its id.
+    fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
+    /// Whether `id` is paused to the store (rather than frozen).
+    fn is_paused(&self, id: &SandboxId) -> bool;
 }
 
 /// Names of images and snapshots: what a ref may be called.

@@ -46,6 +46,8 @@ pub enum ConfigError {
         "grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)"
     )]
     NoInit,
+    #[error("{field}: {why}")]
+    Idle { field: &'static str, why: String },
 }
 
 /// The file's shape; every key optional.
@@ -68,6 +70,10 @@ pub struct FileConfig {
     /// Node labels reported by GET /v1/node.
     pub labels: BTreeMap<String, String>,
     pub reap_interval_ms: Option<u64>,
+    /// Idle reclaim for sandboxes whose create request sets none (unset: never).
+    pub idle_timeout_secs: Option<u64>,
+    /// "pause" (default) or "destroy".
+    pub on_idle: Option<String>,
     /// Address pool for egress sandboxes (CIDR; the runtime's default when unset).
     pub net_pool: Option<String>,
     /// Cgroup directory name under each hierarchy (default "grove"); also names the nft table.
@@ -119,6 +125,7 @@ pub struct Config {
     pub defaults: Limits,
     pub labels: BTreeMap<String, String>,
     pub reap_interval: Duration,
+    pub idle: Option<grove_runtime::IdlePolicy>,
     pub net_pool: Option<String>,
     pub cgroup_root: String,
     /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
@@ -200,6 +207,8 @@ impl Config {
             return Err(ConfigError::KeepNeedsOverlay);
         }
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
+        let idle = crate::wire::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
+            .map_err(|(field, why)| ConfigError::Idle { field, why })?;
         let criu = f
             .criu
             .or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
@@ -216,6 +225,7 @@ impl Config {
             defaults: f.defaults.fill(&Limits::default()),
             labels: f.labels,
             reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
+            idle,
             net_pool: f.net_pool,
             cgroup_root: f.cgroup_root.unwrap_or_else(|| "grove".into()),
             keep_sandboxes_on_stop,
@@ -230,6 +240,7 @@ impl Config {
         rc.cgroup_root = self.cgroup_root.clone();
         rc.capacity = self.capacity.clone();
         rc.defaults = self.defaults;
+        rc.idle = self.idle;
         if let Some(p) = &self.net_pool {
             rc.net_pool = p.clone();
         }

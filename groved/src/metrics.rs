@@ -15,6 +15,8 @@ pub enum Op {
     Snapshot,
     Restore,
     Fork,
+    Pause,
+    Resume,
 }
 
 impl Op {
@@ -25,9 +27,19 @@ impl Op {
             Op::Snapshot => "snapshot",
             Op::Restore => "restore",
             Op::Fork => "fork",
+            Op::Pause => "pause",
+            Op::Resume => "resume",
         }
     }
-    const ALL: [Op; 5] = [Op::Create, Op::Exec, Op::Snapshot, Op::Restore, Op::Fork];
+    const ALL: [Op; 7] = [
+        Op::Create,
+        Op::Exec,
+        Op::Snapshot,
+        Op::Restore,
+        Op::Fork,
+        Op::Pause,
+        Op::Resume,
+    ];
 }
 
 const BUCKETS: [f64; 14] = [

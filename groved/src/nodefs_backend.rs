@@ -263,4 +263,16 @@ impl Snapshots for NodefsSnapshots {
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {
         self.s.import(input).map(|i| to_wire(&i)).map_err(snap_err)
     }
+
+    fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
+        self.s.pause(id).map(|(i, _)| i).map_err(snap_err)
+    }
+
+    fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
+        self.s.resume(id).map(|(i, _)| i).map_err(snap_err)
+    }
+
+    fn is_paused(&self, id: &SandboxId) -> bool {
+        self.s.is_paused(id)
+    }
 }

@@ -120,7 +120,8 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Destroys sandboxes past their time-to-live (the runtime emits their `expired` events).
+/// Destroys sandboxes past their time-to-live (the runtime emits their `expired` events), then
+/// reclaims idle ones.
 async fn reap(app: Arc<App>) {
     let mut tick = tokio::time::interval(app.config.reap_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -134,6 +135,7 @@ async fn reap(app: Arc<App>) {
             Ok(_) => {}
             Err(e) => tracing::error!("reaper: {e}"),
         }
+        crate::api::pause::reclaim_idle(&app).await;
     }
 }
 

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use grove_runtime::{
-    EgressRule, ExecResult, Limits, NetworkPolicy, PortMapping, SandboxInfo, SandboxState,
+    EgressRule, ExecResult, IdlePolicy, Limits, NetworkPolicy, OnIdle, PortMapping, SandboxInfo,
+    SandboxState,
 };
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +75,11 @@ pub struct CreateSandboxRequest {
     pub ttl_secs: Option<u64>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Idle reclaim: after this long with no exec, file access or CPU use the sandbox is
+    /// paused to the store (or destroyed, per `on_idle`). Unset: the node's default.
+    pub idle_timeout_secs: Option<u64>,
+    /// "pause" (default) or "destroy".
+    pub on_idle: Option<String>,
 }
 
 /// A sandbox as the API shows it.
@@ -94,6 +100,9 @@ pub struct Sandbox {
     pub expires_at_ms: Option<u64>,
     pub init_pid: Option<i32>,
     pub address: Option<String>,
+    /// The sandbox's own idle policy (null: the node's default applies).
+    pub idle_timeout_secs: Option<u64>,
+    pub on_idle: Option<String>,
 }
 
 impl From<&SandboxInfo> for Sandbox {
@@ -122,7 +131,36 @@ impl From<&SandboxInfo> for Sandbox {
             expires_at_ms: i.expires_at_ms,
             init_pid: i.init_pid,
             address: i.address.clone(),
+            idle_timeout_secs: i.spec.idle.map(|p| p.timeout_secs),
+            on_idle: i.spec.idle.map(|p| on_idle_to_wire(p.on_idle).to_string()),
         }
+    }
+}
+
+pub fn on_idle_to_wire(a: OnIdle) -> &'static str {
+    match a {
+        OnIdle::Pause => "pause",
+        OnIdle::Destroy => "destroy",
+    }
+}
+
+/// The idle policy of a create request (or of the node's config); `Err` names what is wrong.
+pub fn idle_from_wire(
+    timeout_secs: Option<u64>,
+    on_idle: Option<&str>,
+) -> Result<Option<IdlePolicy>, (&'static str, String)> {
+    let on_idle = match on_idle {
+        None | Some("pause") => OnIdle::Pause,
+        Some("destroy") => OnIdle::Destroy,
+        Some(other) => return Err(("on_idle", format!("{other:?}: pause or destroy"))),
+    };
+    match timeout_secs {
+        None => Ok(None),
+        Some(0) => Err(("idle_timeout_secs", "must be at least 1".into())),
+        Some(t) => Ok(Some(IdlePolicy {
+            timeout_secs: t,
+            on_idle,
+        })),
     }
 }
 

@@ -33,6 +33,13 @@ impl Snapshotter {
     pub fn pause(&self, sandbox: &SandboxId) -> Result<(SandboxInfo, PauseTiming), Error> {
         let t0 = Instant::now();
         let _busy = self.claim(sandbox)?;
+        if self.runtime().checkpoint_view(sandbox)?.veth_host.is_some() {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "pause to the store of {sandbox}: its egress veth is not checkpointed yet"
+                ),
+            });
+        }
         let mut cap = self.capture(sandbox, true)?;
         let t_store = Instant::now();
         let images_root = images::import(self.store(), &cap.images_dir)?;

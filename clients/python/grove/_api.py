@@ -35,7 +35,8 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
                 memory_mb: Optional[int] = None, disk_mb: Optional[int] = None, pids: Optional[int] = None,
                 timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
                 labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
-                workdir: Optional[str] = None, count: Optional[int] = None) -> dict:
+                workdir: Optional[str] = None, count: Optional[int] = None, idle_timeout: Optional[float] = None,
+                on_idle: Optional[str] = None) -> dict:
     body: Dict[str, Any] = {}
     if image is not None:
         body["image"] = image
@@ -54,6 +55,10 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
         body["limits"] = limits
     if timeout is not None:
         body["ttl_secs"] = int(timeout) if timeout >= 1 else 1
+    if idle_timeout is not None:
+        body["idle_timeout_secs"] = int(idle_timeout) if idle_timeout >= 1 else 1
+    if on_idle is not None:
+        body["on_idle"] = on_idle
     if env:
         body["env"] = dict(env)
     if labels:

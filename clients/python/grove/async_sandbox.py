@@ -84,10 +84,12 @@ class AsyncSandbox:
                      disk_mb: Optional[int] = None, pids: Optional[int] = None, timeout: Optional[float] = None,
                      env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
                      network: Network = None, hostname: Optional[str] = None, workdir: Optional[str] = None,
-                     client: Optional[AsyncClient] = None) -> "AsyncSandbox":
+                     client: Optional[AsyncClient] = None, idle_timeout: Optional[float] = None,
+                     on_idle: Optional[str] = None) -> "AsyncSandbox":
         c = client or default_async_client()
         body = create_body(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, timeout=timeout,
-                           env=env, labels=labels, network=network, hostname=hostname, workdir=workdir)
+                           env=env, labels=labels, network=network, hostname=hostname, workdir=workdir,
+                           idle_timeout=idle_timeout, on_idle=on_idle)
         return cls((await c.request("POST", "/v1/sandboxes", json=body, headers=idempotency_headers())).json(), c)
 
     @classmethod
@@ -143,6 +145,7 @@ class AsyncSandbox:
         self._info = SandboxInfo.from_json(r.json())
 
     async def pause(self) -> None:
+        """Pauses to the node's store: processes stop, memory is freed. The next exec or file call resumes it."""
         self._info = SandboxInfo.from_json((await self._c.request("POST", f"/v1/sandboxes/{self.id}/pause")).json())
 
     async def resume(self) -> None:

@@ -95,11 +95,15 @@ class Sandbox:
     def create(cls, image: str = DEFAULT_IMAGE, *, cpu: Optional[float] = None, memory_mb: Optional[int] = None,
                disk_mb: Optional[int] = None, pids: Optional[int] = None, timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None, network: Network = None,
-               hostname: Optional[str] = None, workdir: Optional[str] = None, client: Optional[Client] = None) -> "Sandbox":
-        """`cpu` in cores (0.5 = half a core), `timeout` = seconds to live, `network` as in `_api.network_body`."""
+               hostname: Optional[str] = None, workdir: Optional[str] = None, client: Optional[Client] = None,
+               idle_timeout: Optional[float] = None, on_idle: Optional[str] = None) -> "Sandbox":
+        """`cpu` in cores (0.5 = half a core), `timeout` = seconds to live, `network` as in `_api.network_body`.
+        `idle_timeout` = seconds without exec, file access or CPU use after which the node pauses the sandbox to
+        its store (`on_idle="pause"`, the default; the next call resumes it) or destroys it (`"destroy"`)."""
         c = client or default_client()
         body = create_body(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, timeout=timeout,
-                           env=env, labels=labels, network=network, hostname=hostname, workdir=workdir)
+                           env=env, labels=labels, network=network, hostname=hostname, workdir=workdir,
+                           idle_timeout=idle_timeout, on_idle=on_idle)
         return cls(c.request("POST", "/v1/sandboxes", json=body, headers=idempotency_headers()).json(), c)
 
     @classmethod
@@ -166,6 +170,7 @@ class Sandbox:
         self._info = SandboxInfo.from_json(self._c.request("PUT", f"/v1/sandboxes/{self.id}/ttl", json={"ttl_secs": ttl}).json())
 
     def pause(self) -> None:
+        """Pauses to the node's store: processes stop, memory is freed. The next exec or file call resumes it."""
         self._info = SandboxInfo.from_json(self._c.request("POST", f"/v1/sandboxes/{self.id}/pause").json())
 
     def resume(self) -> None:

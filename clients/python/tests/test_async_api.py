@@ -19,8 +19,10 @@ async def test_async_sandbox_api(aclient):
         await sbx.commands.kill(pid)
         await sbx.pause()
         with pytest.raises(grove.Conflict):
-            await sbx.exec("true")
+            await sbx.pause()
         await sbx.resume()
+        await sbx.pause()
+        assert (await sbx.exec("echo transparent")).stdout == "transparent\n"  # the next call resumes it
         assert (await sbx.usage())["pids"] >= 1
         assert [s.id for s in await grove.AsyncSandbox.list(labels={"t": "async"}, client=aclient)] == [sbx.id]
     assert not await sbx.is_running()

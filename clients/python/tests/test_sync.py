@@ -46,9 +46,12 @@ def test_sandbox_basics(client):
         sbx.pause()
         assert sbx.info.state == "paused"
         with pytest.raises(grove.Conflict):
-            sbx.exec("true")
+            sbx.pause()
         sbx.resume()
         assert sbx.exec("echo ok").stdout == "ok\n"
+        sbx.pause()
+        assert sbx.exec("echo transparent").stdout == "transparent\n"  # the next call resumes it
+        assert sbx.refresh().state == "running"
         sbx.set_timeout(60)
         assert sbx.info.expires_at_ms is not None
         assert sbx.usage()["pids"] >= 1

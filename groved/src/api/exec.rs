@@ -12,6 +12,7 @@ use base64::Engine as _;
 use grove_runtime::{ExecRequest, OutputChunk};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::pause::awake;
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
@@ -92,7 +93,7 @@ pub async fn exec(
 ) -> ApiResult<Json<ExecResultWire>> {
     let id = sandbox_id(&id)?;
     let (req, enc) = to_runtime(w, false)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let r = timed(
         &app,
         Op::Exec,
@@ -111,7 +112,7 @@ pub async fn exec_stream(
 ) -> ApiResult<impl IntoResponse> {
     let id = sandbox_id(&id)?;
     let (req, enc) = to_runtime(w, false)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     {
         let (rt, id) = (rt.clone(), id.clone());
         blocking(move || rt.get(&id).map_err(ApiError::from)).await?;
@@ -169,7 +170,7 @@ pub async fn start(
         ));
     }
     let (req, _) = to_runtime(w, true)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let r = blocking(move || rt.exec(&id, req).map_err(ApiError::from)).await?;
     let pid = r.pid.ok_or_else(|| {
         ApiError::internal("the runtime returned no pid for a background process")
@@ -188,7 +189,7 @@ pub async fn processes(
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessList>> {
     let id = sandbox_id(&id)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let list = blocking(move || rt.processes(&id).map_err(ApiError::from)).await?;
     let items = list
         .into_iter()
@@ -223,7 +224,7 @@ pub async fn signal(
             format!("{} is not a signal number (1-64)", req.signal),
         ));
     }
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     blocking(move || rt.signal(&id, pid, req.signal).map_err(ApiError::from)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -8,6 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::pause::awake;
 use super::{sandbox_id, sandbox_path};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
@@ -27,7 +28,7 @@ pub async fn read(
 ) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let data = blocking(move || rt.read_file(&id, &path).map_err(ApiError::from)).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
@@ -54,7 +55,7 @@ pub async fn write(
             }
         },
     };
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     blocking(move || {
         rt.write_file(&id, &path, &body, mode)
             .map_err(ApiError::from)
@@ -70,7 +71,7 @@ pub async fn list(
 ) -> ApiResult<Json<FileList>> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let p = path.clone();
     let entries = blocking(move || rt.list_dir(&id, &p).map_err(ApiError::from)).await?;
     let entries = entries
@@ -93,7 +94,7 @@ pub async fn download(
 ) -> ApiResult<Response> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     {
         // Fail with a proper status before the body starts.
         let (rt, id, path) = (rt.clone(), id.clone(), path.clone());
@@ -125,7 +126,7 @@ pub async fn upload(
 ) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
-    let rt = app.runtime.clone();
+    let rt = awake(&app, &id).await?;
     let mut reader = ChanReader::spawn(body);
     blocking(move || {
         rt.upload_tar(&id, &path, &mut reader)

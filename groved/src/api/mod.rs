@@ -4,6 +4,7 @@ mod exec;
 mod files;
 mod images;
 mod node;
+pub(crate) mod pause;
 mod pull;
 mod sandboxes;
 mod snapshots;
@@ -44,8 +45,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage))
-        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
-        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/pause", post(pause::pause))
+        .route("/sandboxes/{id}/resume", post(pause::resume))
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route(

@@ -1,4 +1,4 @@
-//! Sandbox lifecycle: create (from an image or a snapshot, batches), get, list, delete, ttl, usage, pause.
+//! Sandbox lifecycle: create (from an image or a snapshot, batches), get, list, delete, ttl, usage.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,9 +16,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::jsonx::{query_one, query_pairs, ApiJson};
 use crate::metrics::Op;
 use crate::wire::{
-    network_from_wire, ports_from_wire, BatchDeleteRequest, BatchDeleteResponse, BatchItem,
-    BatchResponse, CreateSandboxRequest, DeleteResult, ForkRequest, Sandbox, SandboxList,
-    TtlRequest,
+    idle_from_wire, network_from_wire, ports_from_wire, BatchDeleteRequest, BatchDeleteResponse,
+    BatchItem, BatchResponse, CreateSandboxRequest, DeleteResult, ForkRequest, Sandbox,
+    SandboxList, TtlRequest,
 };
 
 /// Most sandboxes one request may create.
@@ -191,6 +191,14 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
             ));
         }
     }
+    if req.on_idle.is_some() && req.idle_timeout_secs.is_none() {
+        return Err(ApiError::invalid(
+            "idle_timeout_secs",
+            "on_idle needs idle_timeout_secs",
+        ));
+    }
+    let idle = idle_from_wire(req.idle_timeout_secs, req.on_idle.as_deref())
+        .map_err(|(field, why)| ApiError::invalid(field, why))?;
     Ok(SandboxSpec {
         image: req.image.clone().unwrap_or_default(),
         limits: Some(req.limits.unwrap_or_default().fill(defaults)),
@@ -201,6 +209,7 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         ports: ports_from_wire(&req.ports),
         ttl_secs: req.ttl_secs,
         labels: req.labels.clone(),
+        idle,
     })
 }
 
@@ -414,24 +423,4 @@ pub async fn usage(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiRe
     Ok(Json(
         blocking(move || rt.usage(&id).map_err(ApiError::from)).await?,
     ))
-}
-
-pub async fn pause(
-    State(app): State<Arc<App>>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Sandbox>> {
-    let id = sandbox_id(&id)?;
-    let rt = app.runtime.clone();
-    let info = blocking(move || rt.pause(&id).map_err(ApiError::from)).await?;
-    Ok(Json(Sandbox::from(&info)))
-}
-
-pub async fn resume(
-    State(app): State<Arc<App>>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Sandbox>> {
-    let id = sandbox_id(&id)?;
-    let rt = app.runtime.clone();
-    let info = blocking(move || rt.resume(&id).map_err(ApiError::from)).await?;
-    Ok(Json(Sandbox::from(&info)))
 }

@@ -1,0 +1,121 @@
+//! Pause and resume. With snapshots (nodefs + CRIU) a pause goes to the store: the processes
+//! stop and the memory is freed; a sandbox that cannot be checkpointed (egress network) or a
+//! node without snapshots falls back to a cgroup freeze, which keeps the memory. Either way,
+//! the next exec or file request resumes a paused sandbox transparently (only slower), and the
+//! idle reaper pauses or destroys sandboxes per their idle policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use grove_runtime::{OnIdle, Runtime, SandboxId, SandboxInfo, SandboxState};
+
+use super::{sandbox_id, timed};
+use crate::app::{blocking, App};
+use crate::error::ApiResult;
+use crate::metrics::Op;
+use crate::wire::Sandbox;
+
+/// How long a request waits for a pause or resume of the same sandbox by someone else.
+const WAIT_OTHER: Duration = Duration::from_secs(30);
+
+pub async fn pause(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let id = sandbox_id(&id)?;
+    let info = pause_any(&app, &id).await?;
+    Ok(Json(Sandbox::from(&info)))
+}
+
+pub async fn resume(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let id = sandbox_id(&id)?;
+    let info = resume_any(&app, &id).await?;
+    Ok(Json(Sandbox::from(&info)))
+}
+
+/// Pauses to the store when it can, else freezes.
+pub(crate) async fn pause_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    let (rt, snaps, id) = (app.runtime.clone(), app.snapshots.clone(), id.clone());
+    timed(
+        app,
+        Op::Pause,
+        blocking(move || {
+            if let Some(s) = &snaps {
+                match s.pause(&id) {
+                    Err(e) if e.status == StatusCode::NOT_IMPLEMENTED => {
+                        tracing::info!(sandbox = %id, reason = %e.message, "pause freezes instead");
+                    }
+                    other => return other,
+                }
+            }
+            rt.pause(&id).map_err(Into::into)
+        }),
+    )
+    .await
+}
+
+/// Resumes from the store or thaws, whichever way it was paused.
+pub(crate) async fn resume_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<SandboxInfo> {
+    let (rt, snaps, id) = (app.runtime.clone(), app.snapshots.clone(), id.clone());
+    timed(
+        app,
+        Op::Resume,
+        blocking(move || match &snaps {
+            Some(s) if s.is_paused(&id) => s.resume(&id),
+            _ => rt.resume(&id).map_err(Into::into),
+        }),
+    )
+    .await
+}
+
+/// The runtime, with `id` running: a paused sandbox is resumed first (waiting out a pause or
+/// resume someone else has in flight). Requests that work inside a sandbox go through here.
+pub(crate) async fn awake(app: &Arc<App>, id: &SandboxId) -> ApiResult<Arc<Runtime>> {
+    let rt = app.runtime.clone();
+    let deadline = tokio::time::Instant::now() + WAIT_OTHER;
+    while rt.get(id).is_ok_and(|i| i.state == SandboxState::Paused) {
+        match resume_any(app, id).await {
+            Ok(_) => break,
+            Err(e)
+                if e.status == StatusCode::CONFLICT && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(rt)
+}
+
+/// One pass of idle reclaim: sandboxes idle past their policy are paused or destroyed.
+pub(crate) async fn reclaim_idle(app: &Arc<App>) {
+    let rt = app.runtime.clone();
+    let due = match tokio::task::spawn_blocking(move || rt.idle_due()).await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::error!("idle reaper: {e}");
+            return;
+        }
+    };
+    for (id, action) in due {
+        let res = match action {
+            OnIdle::Pause => pause_any(app, &id).await.map(|_| ()),
+            OnIdle::Destroy => {
+                let (rt, id) = (app.runtime.clone(), id.clone());
+                blocking(move || rt.destroy(&id).map_err(Into::into)).await
+            }
+        };
+        match res {
+            Ok(()) => tracing::info!(sandbox = %id, ?action, "idle sandbox reclaimed"),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, ?action, error = %e.message, "idle reclaim failed")
+            }
+        }
+    }
+}
