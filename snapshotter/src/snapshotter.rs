@@ -592,14 +592,16 @@ impl Snapshotter {
         self.delete_by_id(&info.id)
     }
 
+    /// Record, refs, materialized images, then the index entry: whoever sees it gone from the
+    /// index sees nothing else of it either.
     pub(crate) fn delete_by_id(&self, id: &str) -> Result<(), Error> {
         self.records.remove(id)?;
-        self.index.write().remove(id);
-        for r in ref_names(id) {
-            self.store.delete_ref(&r)?;
-        }
+        let refs = ref_names(id)
+            .iter()
+            .try_for_each(|r| self.store.delete_ref(r));
         self.cache.drop_snapshot(id);
-        Ok(())
+        self.index.write().remove(id);
+        Ok(refs?)
     }
 
     /// Manifests every snapshot needs: roots for the store's gc.
