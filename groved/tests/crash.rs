@@ -3,7 +3,8 @@
 //! state and run dirs. Asserted throughout and at the end: every sandbox reported created is
 //! usable (running, exec works) or reported failed, never silently gone; every snapshot reported
 //! committed forks; after deleting everything the node reports no residue, and nothing is left
-//! under the test's run dir or cgroup root.
+//! under the test's run dir or cgroup root. On overlay roots (which outlive groved) every such
+//! sandbox must be adopted, through SIGKILLs and through an orderly stop that keeps them.
 //!
 //! GROVE_CRASH_KILLS overrides the number of kills (default 200).
 
@@ -66,6 +67,7 @@ impl Node {
 run_dir = "{run}"
 socket = "{run}/groved.sock"
 root_provider = "{provider}"
+keep_sandboxes_on_stop = {keep}
 cgroup_root = "{cgroup_root}"
 net_pool = "10.214.0.0/16"
 [capacity]
@@ -81,6 +83,7 @@ disk_mb = 128
 "#,
             state = dir.join("state").display(),
             run = dir.join("run").display(),
+            keep = roots == Roots::Overlay,
         );
         std::fs::write(dir.join("groved.toml"), config).unwrap();
         Node {
@@ -454,6 +457,13 @@ fn kill_stream(roots: Roots, kills: usize) {
 
     let book = book.lock().unwrap();
     check_sandboxes(&api, &book, roots);
+    if roots == Roots::Overlay {
+        // An orderly stop (SIGTERM, keep_sandboxes_on_stop) leaves them running too, and the
+        // next start adopts them.
+        node.stop();
+        node.start();
+        check_sandboxes(&api, &book, roots);
+    }
     // Every committed snapshot is listed and forks into a working sandbox.
     for name in &book.snapshots {
         let (s, v) = api.must(
