@@ -16,6 +16,9 @@ struct MemFs {
     files: Mutex<BTreeMap<PathBuf, String>>,
     fail_write: Option<&'static str>,
     fail_rmdir: Option<&'static str>,
+    /// rmdir of this dir reports success without removing it, `ghosts` times.
+    ghost_rmdir: Option<&'static str>,
+    ghosts: Mutex<u32>,
 }
 
 impl MemFs {
@@ -44,6 +47,13 @@ impl CgroupFs for MemFs {
     fn rmdir(&self, p: &Path) -> io::Result<()> {
         if self.fail_rmdir.is_some_and(|f| p.ends_with(f)) {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        if self.ghost_rmdir.is_some_and(|f| p.ends_with(f)) {
+            let mut left = self.ghosts.lock();
+            if *left > 0 {
+                *left -= 1;
+                return Ok(());
+            }
         }
         let mut d = self.dirs.lock();
         let before = d.len();
@@ -220,4 +230,37 @@ fn rmdir_all_removes_the_rest_when_one_dir_fails() {
     let err = unified::rmdir_all(&fs, &dirs).expect_err("b cannot be removed");
     assert!(err.to_string().contains("rmdir"), "{err}");
     assert_eq!(*fs.dirs.lock(), vec![PathBuf::from("/cg/b")]);
+}
+
+#[test]
+fn remove_does_not_believe_an_rmdir_that_left_the_dir() {
+    let mut fs = MemFs::with_dirs(V1_BASE);
+    fs.ghost_rmdir = Some("pids/grove/sb-4");
+    *fs.ghosts.lock() = 2;
+    let fs = Arc::new(fs);
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    cg.create("sb-4", &LIMITS).unwrap();
+    cg.remove("sb-4").unwrap();
+    assert_eq!(*fs.ghosts.lock(), 0, "rmdir retried until the dir was gone");
+    assert!(cg.existing().is_empty(), "left: {:?}", cg.dirs("sb-4"));
+}
+
+#[test]
+fn dirs_lists_what_the_parent_holds() {
+    let fs = Arc::new(MemFs::with_dirs(V1_BASE));
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    cg.create("sb-5", &LIMITS).unwrap();
+    for d in ["/cg/memory/grove/sb-5", "/cg/unified/grove/sb-5"] {
+        fs.rmdir(Path::new(d)).unwrap();
+    }
+    let left: Vec<PathBuf> = ["/cg/cpu/grove/sb-5", "/cg/pids/grove/sb-5"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let mut got = cg.dirs("sb-5");
+    got.sort();
+    assert_eq!(got, left);
+    assert_eq!(cg.existing(), vec!["sb-5".to_string()]);
 }

@@ -242,7 +242,7 @@ impl CgroupBackend for V1 {
     fn dirs(&self, id: &str) -> Vec<PathBuf> {
         self.all_dirs(id)
             .into_iter()
-            .filter(|d| self.fs.exists(d))
+            .filter(|d| unified::listed(&*self.fs, d))
             .collect()
     }
 }

@@ -110,7 +110,7 @@ impl CgroupBackend for V2 {
 
     fn dirs(&self, id: &str) -> Vec<PathBuf> {
         Some(self.dir(id))
-            .filter(|d| self.fs.exists(d))
+            .filter(|d| unified::listed(&*self.fs, d))
             .into_iter()
             .collect()
     }
