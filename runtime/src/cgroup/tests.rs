@@ -264,3 +264,17 @@ fn dirs_lists_what_the_parent_holds() {
     assert_eq!(got, left);
     assert_eq!(cg.existing(), vec!["sb-5".to_string()]);
 }
+
+#[test]
+fn failed_create_undo_does_not_believe_an_rmdir_that_left_the_dir() {
+    let mut fs = MemFs::with_dirs(V1_BASE);
+    fs.fail_write = Some("cpu.cfs_quota_us");
+    fs.ghost_rmdir = Some("pids/grove/sb-6");
+    *fs.ghosts.lock() = 1;
+    let fs = Arc::new(fs);
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    cg.create("sb-6", &LIMITS)
+        .expect_err("cpu limit cannot be written");
+    assert!(cg.existing().is_empty(), "left: {:?}", cg.dirs("sb-6"));
+}

@@ -135,8 +135,9 @@ impl CgroupBackend for V1 {
             Ok(())
         })();
         if res.is_err() {
-            for d in made.iter().rev() {
-                let _ = self.fs.rmdir(d);
+            made.reverse();
+            if let Err(e) = unified::rmdir_all(&*self.fs, &made) {
+                tracing::warn!(sandbox = id, error = %e, "undo of a failed cgroup create");
             }
         }
         res

@@ -63,7 +63,9 @@ impl CgroupBackend for V2 {
             .iter()
             .try_for_each(|c| c.apply_v2(&*self.fs, &d, limits));
         if res.is_err() {
-            let _ = self.fs.rmdir(&d);
+            if let Err(e) = unified::rmdir(&*self.fs, &d) {
+                tracing::warn!(sandbox = id, error = %e, "undo of a failed cgroup create");
+            }
         }
         res
     }
