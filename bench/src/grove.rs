@@ -404,6 +404,29 @@ impl Drop for GroveSnapshots {
     }
 }
 
+/// One pause → resume of a workload sandbox.
+pub struct PauseFigures {
+    /// The sandbox's memory cgroup charge before the pause (nothing is charged while paused:
+    /// the cgroup is gone).
+    pub charged_bytes: u64,
+    /// MemAvailable gained across the pause (noisy on a shared machine).
+    pub freed_bytes: u64,
+    pub pause_ms: f64,
+    /// Resume until the workload answers again from its restored state.
+    pub resume_ms: f64,
+}
+
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// One snapshot's figures.
 pub struct SnapFigures {
     pub id: String,
@@ -465,6 +488,37 @@ impl GroveSnapshots {
             wall_ms,
             frozen_ms: info.dump_ms as f64,
             bytes_added: info.bytes_added,
+        })
+    }
+
+    /// Pauses a workload sandbox to the store, then resumes it and waits until it answers.
+    pub fn pause_resume(&self, sb: &mut WorkloadSandbox, heap: u64) -> Result<PauseFigures> {
+        let charged = self
+            .rt
+            .rt
+            .usage(&sb.id)
+            .map_err(|e| anyhow!("usage: {e}"))?;
+        let avail_before = mem_available();
+        let t = Instant::now();
+        self.snap
+            .pause(&sb.id)
+            .map_err(|e| anyhow!("pause of {}: {e}", sb.id))?;
+        let pause_ms = t.elapsed().as_secs_f64() * 1e3;
+        let freed = mem_available().saturating_sub(avail_before);
+        let t = Instant::now();
+        let (info, _) = self
+            .snap
+            .resume(&sb.id)
+            .map_err(|e| anyhow!("resume of {}: {e}", sb.id))?;
+        sb.init_pid = info
+            .init_pid
+            .ok_or_else(|| anyhow!("resumed {} has no init pid", sb.id))?;
+        crate::scenarios::checkpoint::all_answer(&[sb.init_pid], heap)?;
+        Ok(PauseFigures {
+            charged_bytes: charged.memory_bytes,
+            freed_bytes: freed,
+            pause_ms,
+            resume_ms: t.elapsed().as_secs_f64() * 1e3,
         })
     }
 

@@ -116,3 +116,21 @@ pub fn now_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Activity;
+
+    #[test]
+    fn cpu_use_above_one_percent_counts_as_activity() {
+        let a = Activity::new(1_000);
+        // 10 s later, 50 ms of CPU: 0.5 %, init's noise; still last used at the start.
+        a.sample(0, 1_000);
+        assert_eq!(a.sample(50_000, 11_000), 1_000);
+        // 200 ms of CPU in the next second: 20 %, in use now.
+        assert_eq!(a.sample(250_000, 12_000), 12_000);
+        // A request touch moves it forward, never back.
+        a.touch();
+        assert!(a.sample(250_000, 12_500) >= 12_000);
+    }
+}

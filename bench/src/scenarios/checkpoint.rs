@@ -25,6 +25,7 @@ pub const FIRST: &str = "first";
 pub const SECOND: &str = "second, after touching 5 % of the heap";
 pub const SECOND_RATIO: &str = "second checkpoint: bytes added ÷ bytes touched";
 pub const FORK: &str = "restore / fork: all copies running and answering";
+pub const PAUSE: &str = "idle pause to the store and resume (Grove)";
 
 const TOUCH: f64 = 0.05;
 /// Fractions of heap pages dirtied before each checkpoint of the sweep.
@@ -52,6 +53,8 @@ struct Figures {
     fork_ms: Vec<(usize, Vec<f64>)>,
     /// (fraction of heap pages dirtied, bytes the next checkpoint added).
     dirty: Vec<(f64, u64)>,
+    /// Grove: pause to the store → resume until answering.
+    pause: Option<crate::grove::PauseFigures>,
     error: Option<String>,
 }
 
@@ -235,6 +238,33 @@ fn push_figures(
         is_grove,
         &f.ratio,
     ));
+    if let Some(pf) = &f.pause {
+        let pk =
+            |what: &str, unit: &str| k(PAUSE, &format!("{}, {what}", heap_param(p.heap)), unit);
+        res.push(Measurement::value(
+            &pk("pause", "ms"),
+            name,
+            is_grove,
+            pf.pause_ms,
+        ));
+        res.push(Measurement::value(
+            &pk("resume until answering", "ms"),
+            name,
+            is_grove,
+            pf.resume_ms,
+        ));
+        res.push(Measurement::value(
+            &pk("memory charged before (0 while paused)", "MiB"),
+            name,
+            is_grove,
+            mib(pf.charged_bytes),
+        ));
+        res.note(format!(
+            "{name}: pause to the store freed its memory cgroup ({:.0} MiB charged before, cgroup gone while paused; MemAvailable rose {:.0} MiB, noisy on a shared machine); resume brought the workload back answering from its state",
+            mib(pf.charged_bytes),
+            mib(pf.freed_bytes)
+        ));
+    }
     if let Some(fz) = crate::stats::summarize(&f.frozen_ms) {
         res.note(format!("{name}: the sandbox was frozen {:.0} ms (median) of each first snapshot's wall time; the rest is storing CRIU's images into the content store", fz.p50));
     }
@@ -308,9 +338,10 @@ fn grove_inner(
         f.ratio.push(b.bytes_added as f64 / (pages * 4096) as f64);
         last_snap = Some(b.id);
     }
-    // Bytes against the dirtied fraction, on a fresh workload.
+    // Bytes against the dirtied fraction, on a fresh workload; then pause it to the store and
+    // resume it.
     {
-        let sb = s.start_workload(p.heap)?;
+        let mut sb = s.start_workload(p.heap)?;
         workload::wait_ready(sb.init_pid, p.heap, Duration::from_secs(120))?;
         let tag = std::process::id();
         s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-base"))?;
@@ -320,6 +351,8 @@ fn grove_inner(
             let x = s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-{i}"))?;
             f.dirty.push((*frac, x.bytes_added));
         }
+        cleanup::check()?;
+        f.pause = Some(s.pause_resume(&mut sb, p.heap)?);
     }
     let snap = last_snap.ok_or_else(|| anyhow!("no snapshot"))?;
     for &n in &p.branches {
