@@ -104,6 +104,9 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&app.config.socket);
     let running = app.runtime.list().len();
     if app.config.keep_sandboxes_on_stop && running > 0 {
+        // Warm pools are Grove's own, not the users': they go now.
+        let rt = app.runtime.clone();
+        tokio::task::spawn_blocking(move || rt.drain_pools()).await?;
         // Records, roots, cgroups, network and the private grove-init stay for the next groved to adopt.
         tracing::info!(
             "groved stopped; {running} sandboxes left running for the next start to adopt"

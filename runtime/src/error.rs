@@ -53,6 +53,14 @@ pub enum Error {
     },
     #[error("cleanup of {id} incomplete: {reason}")]
     Cleanup { id: SandboxId, reason: String },
+    #[error("job {job} waited {waited_ms} ms in the create queue: {reason}")]
+    QueueTimeout {
+        job: String,
+        waited_ms: u64,
+        reason: String,
+        /// When a retry might get in, estimated from the queue and the recent admission rate.
+        retry_after_secs: u64,
+    },
 }
 
 impl Error {
@@ -82,6 +90,8 @@ impl Error {
             Error::Restore { .. } => "restore",
             Error::Io { .. } => "io",
             Error::Cleanup { .. } => "cleanup",
+            // The same condition as CapacityExceeded to a client, after waiting.
+            Error::QueueTimeout { .. } => "capacity_exceeded",
         }
     }
 

@@ -56,6 +56,7 @@ impl Runtime {
                         leases.push((lease.clone(), allow.clone()));
                     }
                     self.admission.claim(&sb.limits);
+                    self.jobs.adopt(&sb.spec, &sb.limits);
                     tracing::info!(sandbox = %sb.id, pid = sb.init_pid, "adopted");
                     self.sandboxes.lock().insert(sb.id.clone(), sb);
                 }

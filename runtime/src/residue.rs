@@ -28,7 +28,12 @@ impl Runtime {
         // Both locks at once (same order as create/destroy) so an id moving between them is seen.
         let live = self.sandboxes.lock();
         let pending = self.pending.lock();
-        live.keys().chain(pending.iter()).cloned().collect()
+        let pooled = self.pools.ids();
+        live.keys()
+            .chain(pending.iter())
+            .chain(&pooled)
+            .cloned()
+            .collect()
     }
 
     fn sandboxes_dir(&self) -> PathBuf {

@@ -14,7 +14,9 @@ use crate::client::{self, ClientError};
 use crate::config::RuntimeConfig;
 use crate::error::Error;
 use crate::files::Root;
+use crate::jobs::Jobs;
 use crate::network::Network;
+use crate::pool::Pools;
 use crate::proto::{self, ExecSpec, SetupConfig};
 use crate::record::{self, LostRecord};
 use crate::root::{DiskQuota, RootMount, RootProvider};
@@ -92,6 +94,9 @@ pub struct Runtime {
     /// Sandboxes a restart found but could not adopt (init or root gone): reclaimed, reported
     /// `failed` until destroyed. Durable (`record::write_lost`) so a second restart still reports them.
     pub(crate) lost: Mutex<HashMap<SandboxId, LostRecord>>,
+    /// Warm pools (their idle sandboxes are owned like `pending` ones). Lock order: … → pools.
+    pub(crate) pools: Pools,
+    pub(crate) jobs: Jobs,
     subscribers: Mutex<Vec<Sender<Event>>>,
 }
 
@@ -144,6 +149,8 @@ impl Runtime {
             pending: Mutex::new(HashSet::new()),
             parked: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashMap::new()),
+            pools: Pools::default(),
+            jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
         });
         rt.recover();
@@ -199,7 +206,12 @@ impl Runtime {
         Ok(sb)
     }
 
+    /// A new sandbox: handed over from a warm pool when one holds its image and size, else built.
     pub fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, Error> {
+        let _foreground = self.pools.foreground();
+        if let Some(info) = self.claim_pooled(&spec)? {
+            return Ok(info);
+        }
         self.create_inner(spec, None, None)
     }
 
@@ -229,7 +241,7 @@ impl Runtime {
                 image: spec.image.clone(),
             });
         }
-        self.admission.reserve(&limits)?;
+        self.admit(&spec, &limits)?;
         let (id, parked) = match same_id {
             None => loop {
                 let id = SandboxId::generate();
@@ -241,7 +253,7 @@ impl Runtime {
             Some(id) => match self.claim_parked(&id) {
                 Ok(parked) => (id, parked),
                 Err(e) => {
-                    self.admission.release(&limits);
+                    self.release(&spec, &limits);
                     return Err(e);
                 }
             },
@@ -268,7 +280,7 @@ impl Runtime {
                 if let Err(undo) = self.reclaim(&id, parts) {
                     tracing::error!(sandbox = %id, error = %undo, "undo of a failed create is incomplete");
                 }
-                self.admission.release(&limits);
+                self.release(&spec, &limits);
                 if let Some(info) = parked {
                     // Still paused: the caller may retry the restore or destroy it.
                     let _pending = self.pending.lock();
@@ -283,7 +295,7 @@ impl Runtime {
     }
 
     /// The steps of a create; each records what it made in `parts` so a failure can be undone.
-    fn build(
+    pub(crate) fn build(
         &self,
         id: &SandboxId,
         spec: &SandboxSpec,
@@ -564,7 +576,7 @@ impl Runtime {
             net: sb.net.clone(),
         };
         let res = self.reclaim(id, parts);
-        self.admission.release(&sb.limits);
+        self.release(&sb.spec, &sb.limits);
         {
             let mut pending = self.pending.lock();
             if res.is_ok() && kind == EventKind::Paused {
@@ -801,6 +813,7 @@ impl Runtime {
 
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.
     pub fn shutdown(&self) {
+        self.drain_pools();
         let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
         for id in ids {
             if let Err(e) = self.destroy(&id) {

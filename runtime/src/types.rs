@@ -66,7 +66,7 @@ impl<'de> Deserialize<'de> for SandboxId {
 }
 
 /// Resource limits of one sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Limits {
     pub cpu_millis: u32,
     pub memory_mb: u64,
@@ -127,6 +127,10 @@ pub struct SandboxSpec {
     /// node's default (`RuntimeConfig::idle`). Separate from the time-to-live.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdlePolicy>,
+    /// The job (tenant) the sandbox belongs to: quotas and fair queueing; None = "default".
+    pub job: Option<String>,
+    /// Order among the job's own queued creates (higher first); jobs are ordered by share.
+    pub priority: i32,
 }
 
 /// Idle reclaim of one sandbox: after `timeout_secs` with no exec, no file access and no CPU

@@ -1,0 +1,146 @@
+//! Claiming a pooled sandbox for a create: the hand-over that makes it the caller's.
+
+use std::sync::Arc;
+
+use crate::client;
+use crate::error::Error;
+use crate::jobs::job_of;
+use crate::record;
+use crate::runtime::Runtime;
+use crate::sandbox::{now_ms, Parts, Sandbox};
+use crate::types::{EventKind, NetworkPolicy, SandboxInfo, SandboxSpec, SandboxState};
+use crate::validate;
+
+use super::PoolKey;
+
+impl Runtime {
+    /// Serves a plain create from a warm pool of its image and size, if one holds a sandbox and
+    /// the job may have one now. None: build it cold. The sandbox gets the request's hostname,
+    /// network, env, labels and ttl; its id was never shown before, its root never written.
+    pub(crate) fn claim_pooled(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>, Error> {
+        validate::spec(spec)?;
+        let limits = spec.limits.unwrap_or(self.config.defaults);
+        validate::limits(&limits)?;
+        let job = job_of(spec)?;
+        let key = PoolKey {
+            image: spec.image.clone(),
+            limits,
+        };
+        let pooled = {
+            let mut pending = self.pending.lock();
+            let Some(sb) = self.pools.take(&key) else {
+                return Ok(None);
+            };
+            pending.insert(sb.id.clone());
+            sb
+        };
+        if !self.jobs.try_acquire_now(job, &limits) {
+            let mut pending = self.pending.lock();
+            pending.remove(&pooled.id);
+            self.pools.put_back(&key, pooled);
+            return Ok(None);
+        }
+        let id = pooled.id.clone();
+        match self.hand_over(&pooled, spec) {
+            Ok(sb) => {
+                let info = sb.info();
+                let mut live = self.sandboxes.lock();
+                live.insert(id.clone(), sb);
+                self.pending.lock().remove(&id);
+                drop(live);
+                self.emit(&id, EventKind::Created, None);
+                Ok(Some(info))
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "pooled sandbox unusable; building one cold");
+                self.jobs.release(job, &limits);
+                self.destroy_pooled(&pooled);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The pooled sandbox, alive and dressed for `spec`, as a new record.
+    fn hand_over(&self, pooled: &Sandbox, spec: &SandboxSpec) -> Result<Arc<Sandbox>, Error> {
+        let id = &pooled.id;
+        let pid = pooled.init_pid;
+        let init_err = |reason: String| Error::Init {
+            id: id.clone(),
+            reason,
+        };
+        client::ping(pid).map_err(|e| init_err(format!("pooled init: {e}")))?;
+        let hostname = match &spec.hostname {
+            Some(h) if *h != pooled.hostname => {
+                crate::adopt::set_hostname(pid, h)
+                    .map_err(|e| init_err(format!("set hostname: {e}")))?;
+                h.clone()
+            }
+            _ => pooled.hostname.clone(),
+        };
+        let net = match &spec.network {
+            NetworkPolicy::None => None,
+            NetworkPolicy::Egress { allow } => Some(
+                self.net
+                    .setup(id, pid, allow, &spec.ports)
+                    .map_err(|reason| Error::Network {
+                        id: id.clone(),
+                        reason,
+                    })?,
+            ),
+        };
+        let now = now_ms();
+        let sb = Arc::new(Sandbox {
+            id: id.clone(),
+            spec: spec.clone(),
+            limits: pooled.limits,
+            hostname,
+            created_at_ms: now,
+            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
+            state: parking_lot::Mutex::new(SandboxState::Running),
+            init_pid: pid,
+            init_start: pooled.init_start,
+            dir: pooled.dir.clone(),
+            root: pooled.root.clone(),
+            net,
+        });
+        // The commit point, as for a cold create: from here a restart adopts it.
+        if let Err(e) = record::write(&sb.dir, &sb.record(SandboxState::Running)) {
+            if let Some(lease) = &sb.net {
+                let _ = self.net.teardown(lease);
+            }
+            return Err(Error::io(format!("write the record of {id}"), e));
+        }
+        Ok(sb)
+    }
+
+    /// Reclaims a pooled sandbox whose id is in `pending` (eviction, shrink, shutdown, failure).
+    pub(crate) fn destroy_pooled(&self, sb: &Sandbox) {
+        let parts = Parts {
+            dir: Some(sb.dir.clone()),
+            root: Some(sb.root.clone()),
+            cgroups: true,
+            init_pid: Some(sb.init_pid),
+            net: None,
+        };
+        if let Err(e) = self.reclaim(&sb.id, parts) {
+            tracing::error!(sandbox = %sb.id, error = %e, "reclaim of a pooled sandbox is incomplete");
+        }
+        self.admission.release(&sb.limits);
+        self.pending.lock().remove(&sb.id);
+        self.jobs.node_freed();
+    }
+
+    /// Evicts one idle pooled sandbox to make room for a foreground create; false if none.
+    pub(crate) fn evict_pooled(&self) -> bool {
+        let victim = {
+            let mut pending = self.pending.lock();
+            let Some(sb) = self.pools.victim() else {
+                return false;
+            };
+            pending.insert(sb.id.clone());
+            sb
+        };
+        self.destroy_pooled(&victim);
+        true
+    }
+}
