@@ -5,15 +5,17 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use grove_runtime::{CapacityOverrides, Limits, RuntimeConfig};
+use grove_runtime::{CapacityOverrides, JobPolicy, JobsConfig, Limits, PoolsConfig, RuntimeConfig};
 use serde::Deserialize;
 
-use crate::wire::LimitsRequest;
+use crate::wire::{LimitsRequest, PoolRequest, PoolsRequest};
 
 pub const DEFAULT_CONFIG: &str = "/etc/grove/groved.toml";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/grove";
 pub const DEFAULT_RUN_DIR: &str = "/run/grove";
 pub const DEFAULT_CRIU: &str = "/var/lib/grove/criu/criu";
+/// How long a create waits for room on a full node (or in a full job) before 429.
+pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -80,6 +82,16 @@ pub struct FileConfig {
     pub cgroup_root: Option<String>,
     /// On SIGTERM, leave sandboxes running for the next groved to adopt (needs overlay roots).
     pub keep_sandboxes_on_stop: Option<bool>,
+    /// How long creates wait when the node or their job is full (ms; 0 = fail at once).
+    pub queue_timeout_ms: Option<u64>,
+    /// `[jobs.<name>]`: share and quotas per job; `[jobs.default]` applies to every other job.
+    pub jobs: BTreeMap<String, JobPolicy>,
+    /// `[[pools]]`: warm pools (image, limits, mode, min, max).
+    pub pools: Vec<PoolRequest>,
+    /// How many of the most-requested other sizes get an automatic predictive pool.
+    pub auto_pools: Option<u32>,
+    /// Largest size of an automatic pool.
+    pub auto_pool_max: Option<u32>,
 }
 
 /// Command-line overrides.
@@ -130,6 +142,8 @@ pub struct Config {
     pub cgroup_root: String,
     /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
     pub keep_sandboxes_on_stop: bool,
+    pub jobs: JobsConfig,
+    pub pools: PoolsConfig,
 }
 
 impl Config {
@@ -212,6 +226,27 @@ impl Config {
         let criu = f
             .criu
             .or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
+        let defaults = f.defaults.fill(&Limits::default());
+        let mut jobs = JobsConfig {
+            queue_timeout_ms: f.queue_timeout_ms.unwrap_or(DEFAULT_QUEUE_TIMEOUT_MS),
+            ..JobsConfig::default()
+        };
+        for (name, policy) in f.jobs {
+            if name == grove_runtime::jobs::DEFAULT_JOB {
+                jobs.default = policy;
+            } else {
+                jobs.jobs.insert(name, policy);
+            }
+        }
+        let pools = PoolsRequest {
+            pools: f.pools,
+            auto_sizes: f.auto_pools,
+            auto_max: f.auto_pool_max,
+            window_ms: None,
+            half_life_ms: None,
+            headroom: None,
+        }
+        .into_config(&defaults);
         Ok(Config {
             state_dir,
             run_dir,
@@ -222,13 +257,15 @@ impl Config {
             criu,
             root,
             capacity: f.capacity,
-            defaults: f.defaults.fill(&Limits::default()),
+            defaults,
             labels: f.labels,
             reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
             idle,
             net_pool: f.net_pool,
             cgroup_root: f.cgroup_root.unwrap_or_else(|| "grove".into()),
             keep_sandboxes_on_stop,
+            jobs,
+            pools,
         })
     }
 

@@ -85,7 +85,7 @@ impl From<grove_runtime::Error> for ApiError {
             }
             E::InvalidSpec { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             E::Conflict { .. } => StatusCode::CONFLICT,
-            E::CapacityExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            E::CapacityExceeded { .. } | E::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
             E::PathOutsideSandbox { .. } => StatusCode::BAD_REQUEST,
             E::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -99,7 +99,12 @@ impl From<grove_runtime::Error> for ApiError {
             out.field = Some("image".into());
         }
         if status == StatusCode::TOO_MANY_REQUESTS {
-            out.retry_after = Some(1);
+            out.retry_after = Some(match &e {
+                E::QueueTimeout {
+                    retry_after_secs, ..
+                } => *retry_after_secs,
+                _ => 1,
+            });
         }
         out
     }

@@ -34,6 +34,14 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let backend = groved::wiring::build(&config)?;
+    backend
+        .runtime
+        .set_jobs(config.jobs.clone())
+        .map_err(|e| anyhow::anyhow!("jobs in the config: {}", groved::error::chain(&e)))?;
+    backend
+        .runtime
+        .set_pools(config.pools.clone())
+        .map_err(|e| anyhow::anyhow!("pools in the config: {}", groved::error::chain(&e)))?;
     let app = groved::app::App::new(config, backend.runtime, backend.images, backend.snapshots);
     rt.block_on(groved::server::serve(app))
 }

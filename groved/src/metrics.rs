@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use grove_runtime::{JobStatus, PoolStatus};
 use parking_lot::Mutex;
 
 /// The operations whose durations are histograms.
@@ -145,6 +146,111 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Per-job and per-pool gauges and counters. Labels: job names (validated [A-Za-z0-9._-]) and pool
+/// keys (image, memory, cpu), never a sandbox id.
+pub fn render_elastic(jobs: &[JobStatus], pools: &[PoolStatus]) -> String {
+    let mut out = String::new();
+    let job_series: [(&str, &str, &str, fn(&JobStatus) -> f64); 7] = [
+        (
+            "grove_job_running",
+            "gauge",
+            "Sandboxes the job holds.",
+            |j| j.usage.sandboxes as f64,
+        ),
+        (
+            "grove_job_memory_mb",
+            "gauge",
+            "Memory limits of the job's sandboxes.",
+            |j| j.usage.memory_mb as f64,
+        ),
+        (
+            "grove_job_queued",
+            "gauge",
+            "Creates of the job waiting for room.",
+            |j| j.queued as f64,
+        ),
+        (
+            "grove_job_admitted_total",
+            "counter",
+            "Creates admitted.",
+            |j| j.admitted as f64,
+        ),
+        (
+            "grove_job_queue_timeouts_total",
+            "counter",
+            "Creates that gave up after the queue timeout.",
+            |j| j.timed_out as f64,
+        ),
+        (
+            "grove_job_wait_seconds_total",
+            "counter",
+            "Time admitted creates spent queued.",
+            |j| j.wait_ms_total as f64 / 1000.0,
+        ),
+        (
+            "grove_job_wait_seconds_max",
+            "gauge",
+            "Longest time an admitted create spent queued.",
+            |j| j.wait_ms_max as f64 / 1000.0,
+        ),
+    ];
+    for (name, kind, help, value) in job_series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for j in jobs {
+            let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", j.job, value(j));
+        }
+    }
+    let pool_series: [(&str, &str, &str, fn(&PoolStatus) -> f64); 6] = [
+        ("grove_pool_idle", "gauge", "Warm sandboxes ready.", |p| {
+            f64::from(p.idle)
+        }),
+        (
+            "grove_pool_target",
+            "gauge",
+            "The size the pool is heading for.",
+            |p| f64::from(p.target),
+        ),
+        (
+            "grove_pool_idle_memory_bytes",
+            "gauge",
+            "Memory the warm sandboxes hold.",
+            |p| p.idle_memory_bytes as f64,
+        ),
+        (
+            "grove_pool_demand_per_second",
+            "gauge",
+            "Creates of this size per second (decaying peak).",
+            |p| p.demand_per_sec,
+        ),
+        (
+            "grove_pool_hits_total",
+            "counter",
+            "Creates served from the pool.",
+            |p| p.hits as f64,
+        ),
+        (
+            "grove_pool_misses_total",
+            "counter",
+            "Creates of this size the pool could not serve.",
+            |p| p.misses as f64,
+        ),
+    ];
+    for (name, kind, help, value) in pool_series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for p in pools {
+            let _ = writeln!(
+                out,
+                "{name}{{image=\"{}\",memory_mb=\"{}\",cpu_millis=\"{}\"}} {}",
+                p.image,
+                p.limits.memory_mb,
+                p.limits.cpu_millis,
+                value(p)
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

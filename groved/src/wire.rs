@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use grove_runtime::{
-    EgressRule, ExecResult, IdlePolicy, Limits, NetworkPolicy, OnIdle, PortMapping, SandboxInfo,
-    SandboxState,
+    EgressRule, ExecResult, IdlePolicy, JobStatus, JobsConfig, Limits, NetworkPolicy, OnIdle,
+    PoolMode, PoolSpec, PoolStatus, PoolsConfig, PortMapping, SandboxInfo, SandboxState,
 };
 use serde::{Deserialize, Serialize};
 
@@ -80,6 +80,10 @@ pub struct CreateSandboxRequest {
     pub idle_timeout_secs: Option<u64>,
     /// "pause" (default) or "destroy".
     pub on_idle: Option<String>,
+    /// The job (tenant) it belongs to; "default" when left out.
+    pub job: Option<String>,
+    /// Order among the job's own queued creates (higher first).
+    pub priority: Option<i32>,
 }
 
 /// A sandbox as the API shows it.
@@ -103,6 +107,8 @@ pub struct Sandbox {
     /// The sandbox's own idle policy (null: the node's default applies).
     pub idle_timeout_secs: Option<u64>,
     pub on_idle: Option<String>,
+    pub job: String,
+    pub priority: i32,
 }
 
 impl From<&SandboxInfo> for Sandbox {
@@ -133,6 +139,12 @@ impl From<&SandboxInfo> for Sandbox {
             address: i.address.clone(),
             idle_timeout_secs: i.spec.idle.map(|p| p.timeout_secs),
             on_idle: i.spec.idle.map(|p| on_idle_to_wire(p.on_idle).to_string()),
+            job: i
+                .spec
+                .job
+                .clone()
+                .unwrap_or_else(|| grove_runtime::jobs::DEFAULT_JOB.into()),
+            priority: i.spec.priority,
         }
     }
 }
@@ -529,4 +541,69 @@ pub struct EventWire {
     pub sandbox: Option<String>,
     pub snapshot: Option<String>,
     pub reason: Option<String>,
+}
+
+/// One pool in PUT /v1/pools: limits left out take the node defaults (as in a create).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRequest {
+    pub image: String,
+    #[serde(default)]
+    pub limits: Option<LimitsRequest>,
+    #[serde(default)]
+    pub mode: PoolMode,
+    #[serde(default)]
+    pub min: u32,
+    pub max: u32,
+}
+
+/// PUT /v1/pools: the whole pool configuration (fields left out take their defaults).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolsRequest {
+    #[serde(default)]
+    pub pools: Vec<PoolRequest>,
+    pub auto_sizes: Option<u32>,
+    pub auto_max: Option<u32>,
+    pub window_ms: Option<u64>,
+    pub half_life_ms: Option<u64>,
+    pub headroom: Option<f64>,
+}
+
+impl PoolsRequest {
+    pub fn into_config(self, defaults: &Limits) -> PoolsConfig {
+        let d = PoolsConfig::default();
+        PoolsConfig {
+            pools: self
+                .pools
+                .into_iter()
+                .map(|p| PoolSpec {
+                    image: p.image,
+                    limits: Some(p.limits.unwrap_or_default().fill(defaults)),
+                    mode: p.mode,
+                    min: p.min,
+                    max: p.max,
+                })
+                .collect(),
+            auto_sizes: self.auto_sizes.unwrap_or(d.auto_sizes),
+            auto_max: self.auto_max.unwrap_or(d.auto_max),
+            window_ms: self.window_ms.unwrap_or(d.window_ms),
+            half_life_ms: self.half_life_ms.unwrap_or(d.half_life_ms),
+            headroom: self.headroom.unwrap_or(d.headroom),
+        }
+    }
+}
+
+/// GET/PUT /v1/pools: the configuration and every pool as it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pools {
+    pub config: PoolsConfig,
+    pub pools: Vec<PoolStatus>,
+}
+
+/// GET/PUT /v1/jobs: the configuration and every job seen or configured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Jobs {
+    pub config: JobsConfig,
+    pub jobs: Vec<JobStatus>,
 }

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{daemon, spec, sse_events, EXCLUSIVE, IMAGE};
+use common::{daemon, rand_suffix, spec, sse_events, EXCLUSIVE, IMAGE};
 use hyper::Method;
 use serde_json::{json, Value};
 
@@ -1193,4 +1193,110 @@ fn oci_layout_import() {
     .expect_error(422, Some("reference"));
     d.call(Method::DELETE, &format!("/v1/images/{name}"), None)
         .expect(204);
+}
+
+#[test]
+fn pools_jobs_and_their_metrics() {
+    // Pools take node room: keep capacity tests out while this runs.
+    let _g = EXCLUSIVE.write().unwrap();
+    let d = daemon();
+    let job = format!("api-{}", rand_suffix());
+    let small = json!({"memory_mb": 64});
+    let p = d
+        .call(
+            Method::PUT,
+            "/v1/pools",
+            Some(json!({"pools": [{"image": IMAGE, "limits": small, "mode": "fixed", "max": 1}]})),
+        )
+        .expect(200)
+        .json();
+    assert_eq!(p["config"]["pools"][0]["limits"]["memory_mb"], 64);
+    assert_eq!(
+        p["config"]["pools"][0]["limits"]["cpu_millis"], 500,
+        "node defaults fill the rest"
+    );
+    let t0 = std::time::Instant::now();
+    while d.call(Method::GET, "/v1/pools", None).expect(200).json()["pools"][0]["idle"] != 1 {
+        assert!(t0.elapsed().as_secs() < 30, "pool never filled");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let sb = d
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": IMAGE, "limits": small, "job": job, "priority": 2, "hostname": "warm"})),
+        )
+        .expect(201)
+        .json();
+    assert_eq!(sb["job"], job.as_str());
+    assert_eq!(sb["priority"], 2);
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(d.exec(&id, "hostname")["stdout"], "warm\n");
+    let pools = d.call(Method::GET, "/v1/pools", None).expect(200).json();
+    assert_eq!(pools["pools"][0]["hits"], 1, "{pools}");
+
+    let jobs = d
+        .call(
+            Method::PUT,
+            "/v1/jobs",
+            Some(json!({"queue_timeout_ms": 300, "jobs": {job.clone(): {"share": 3, "max_sandboxes": 1}}})),
+        )
+        .expect(200)
+        .json();
+    let mine = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == job.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(mine["usage"]["sandboxes"], 1);
+    assert_eq!(mine["policy"]["share"], 3);
+    // At its quota: the next create of the job waits out the queue timeout, then 429.
+    let r = d.call(
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"image": IMAGE, "limits": small, "job": job})),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.headers.get("retry-after").is_some());
+    assert!(r.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_sandboxes"));
+    let m = d.call(Method::GET, "/metrics", None).expect(200).text();
+    assert!(
+        m.contains(&format!("grove_job_running{{job=\"{job}\"}} 1")),
+        "{m}"
+    );
+    assert!(m.contains(&format!(
+        "grove_job_queue_timeouts_total{{job=\"{job}\"}} 1"
+    )));
+    assert!(m.contains("grove_pool_hits_total{image=\"debian12\",memory_mb=\"64\""));
+
+    d.call_invalid(
+        Method::PUT,
+        "/v1/jobs",
+        &json!({"jobs": {"bad": {"share": 0}}}).to_string(),
+    )
+    .expect_error(422, Some("jobs.bad.share"));
+    d.call(
+        Method::PUT,
+        "/v1/jobs",
+        Some(json!({"queue_timeout_ms": 300})),
+    )
+    .expect(200);
+    d.call_invalid(
+        Method::POST,
+        "/v1/sandboxes",
+        &json!({"image": IMAGE, "job": "no spaces"}).to_string(),
+    )
+    .expect_error(422, Some("job"));
+    d.delete(&id);
+    let p = d
+        .call(Method::PUT, "/v1/pools", Some(json!({})))
+        .expect(200)
+        .json();
+    assert_eq!(p["pools"].as_array().map(Vec::len), Some(0), "{p}");
+    assert_eq!(d.residue()["items"], json!([]));
 }

@@ -6,6 +6,7 @@ mod images;
 mod node;
 pub(crate) mod pause;
 mod pull;
+mod pools;
 mod sandboxes;
 mod snapshots;
 
@@ -81,6 +82,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))
         .route("/images/{name}/tar", put(images::import_tar))
+        .route("/pools", get(pools::get_pools).put(pools::put_pools))
+        .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
         .route("/node", get(node::node))
         .route("/node/residue", get(node::residue))
         .route("/node/gc", post(node::gc))

@@ -50,7 +50,8 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
 
 pub async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
     let rt = app.runtime.clone();
-    let (list, cap) = blocking(move || Ok((rt.list(), rt.capacity()))).await?;
+    let (list, cap, jobs, pools) =
+        blocking(move || Ok((rt.list(), rt.capacity(), rt.jobs(), rt.pools()))).await?;
     let mut by_state = BTreeMap::new();
     for s in ["creating", "running", "paused", "destroying", "failed"] {
         by_state.insert(s.to_string(), 0u64);
@@ -100,7 +101,8 @@ pub async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
             cap.allocatable.sandboxes,
         ),
     ];
-    let text = app.metrics.render(&by_state, &gauges);
+    let mut text = app.metrics.render(&by_state, &gauges);
+    text.push_str(&crate::metrics::render_elastic(&jobs, &pools));
     Ok((
         [(
             header::CONTENT_TYPE,

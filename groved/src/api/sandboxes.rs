@@ -96,11 +96,13 @@ async fn from_snapshot(
         ("workdir", req.workdir.is_some()),
         ("network", req.network.is_some()),
         ("ports", !req.ports.is_empty()),
+        ("job", req.job.is_some()),
+        ("priority", req.priority.is_some()),
     ];
     if let Some((field, _)) = not_for_snapshots.iter().find(|(_, given)| *given) {
         return Err(ApiError::invalid(
             field,
-            "is fixed by the snapshot; only count, labels, ttl_secs and hostname apply",
+            "is fixed by the snapshot (a fork keeps its job); only count, labels, ttl_secs and hostname apply",
         ));
     }
     let snaps = app.snapshots()?;
@@ -183,6 +185,9 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
             ));
         }
     }
+    if let Some(job) = &req.job {
+        grove_runtime::jobs::check_name(job).map_err(ApiError::from)?;
+    }
     for (i, p) in req.ports.iter().enumerate() {
         if p.host_port == 0 || p.sandbox_port == 0 {
             return Err(ApiError::invalid(
@@ -210,6 +215,8 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         ttl_secs: req.ttl_secs,
         labels: req.labels.clone(),
         idle,
+        job: req.job.clone(),
+        priority: req.priority.unwrap_or(0),
     })
 }
 

@@ -277,6 +277,7 @@ root_provider = "nodefs"
 cgroup_root = "{cgroup_root}"
 reap_interval_ms = 200
 net_pool = "10.213.0.0/16"
+queue_timeout_ms = 300
 [capacity]
 memory_mb = 8192
 memory_reserve_mb = 0

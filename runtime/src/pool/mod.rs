@@ -415,7 +415,13 @@ impl Pools {
             }
         }
         match deficit {
-            Some((_, key)) if !queued && !self.busy() => Step::Fill(key),
+            Some((_, key)) if !queued && !self.busy() => {
+                // Counted from the decision on, so `set_pools` waits for it.
+                if let Some(e) = st.keys.get_mut(&key) {
+                    e.filling += 1;
+                }
+                Step::Fill(key)
+            }
             _ => Step::Idle,
         }
     }
@@ -441,6 +447,10 @@ impl Pools {
         }
         let (_, key) = best?;
         st.keys.get_mut(&key)?.idle.pop()
+    }
+
+    fn filling_total(&self) -> u32 {
+        self.state.lock().keys.values().map(|e| e.filling).sum()
     }
 
     /// Takes every idle sandbox (shutdown).

@@ -15,6 +15,8 @@ use super::{PoolKey, PoolStatus, PoolsConfig, Step};
 
 /// How often the worker looks again when there is nothing to do (demand windows roll over).
 const TICK: Duration = Duration::from_millis(100);
+/// Longest `set_pools` waits for a build in flight.
+const SETTLE: Duration = Duration::from_secs(30);
 
 impl Runtime {
     /// Replaces the pool configuration and starts the refill worker if needed. Idle sandboxes of
@@ -30,10 +32,18 @@ impl Runtime {
         }
         self.pools.configure(config, &self.config.defaults);
         self.start_refill();
-        while let Step::Shrink(sb) = self.pools.next_step(true) {
-            self.destroy_pooled_idle(sb);
+        // A build in flight lands in its pool when done: wait for it so that pools which shrink
+        // are at their new size on return.
+        let t0 = Instant::now();
+        loop {
+            while let Step::Shrink(sb) = self.pools.next_step(true) {
+                self.destroy_pooled_idle(sb);
+            }
+            if self.pools.filling_total() == 0 || t0.elapsed() > SETTLE {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        Ok(())
     }
 
     pub fn pools_config(&self) -> PoolsConfig {
@@ -118,8 +128,12 @@ impl Runtime {
     }
 
     /// Builds one sandbox for the pool of `key` (no job is charged: the pool is Grove's own).
+    /// `next_step` counted it as filling; this uncounts it.
     fn fill_one(&self, key: &PoolKey) -> Result<(), Error> {
-        self.admission.reserve(&key.limits)?;
+        if let Err(e) = self.admission.reserve(&key.limits) {
+            self.pools.filling(key, -1);
+            return Err(e);
+        }
         let id = loop {
             let id = SandboxId::generate();
             let live = self.sandboxes.lock();
@@ -131,7 +145,6 @@ impl Runtime {
             limits: Some(key.limits),
             ..SandboxSpec::from_image(key.image.clone())
         };
-        self.pools.filling(key, 1);
         let started = Instant::now();
         let mut parts = Parts::default();
         let built = self
