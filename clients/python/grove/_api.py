@@ -36,8 +36,12 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
                 timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
                 labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
                 workdir: Optional[str] = None, count: Optional[int] = None, idle_timeout: Optional[float] = None,
-                on_idle: Optional[str] = None) -> dict:
+                on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None) -> dict:
     body: Dict[str, Any] = {}
+    if job is not None:
+        body["job"] = job
+    if priority is not None:
+        body["priority"] = priority
     if image is not None:
         body["image"] = image
     if snapshot is not None:
@@ -165,11 +169,12 @@ class SandboxInfo:
     created_at_ms: int = 0
     expires_at_ms: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict)
+    job: str = "default"
 
     @classmethod
     def from_json(cls, d: dict) -> "SandboxInfo":
         return cls(d["id"], d["state"], d["image"], d["hostname"], dict(d.get("labels") or {}),
-                   d.get("created_at_ms", 0), d.get("expires_at_ms"), d)
+                   d.get("created_at_ms", 0), d.get("expires_at_ms"), d, d.get("job") or "default")
 
 
 def batch_split(d: dict) -> Tuple[List[dict], List[dict]]:

@@ -85,11 +85,12 @@ class AsyncSandbox:
                      env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
                      network: Network = None, hostname: Optional[str] = None, workdir: Optional[str] = None,
                      client: Optional[AsyncClient] = None, idle_timeout: Optional[float] = None,
-                     on_idle: Optional[str] = None) -> "AsyncSandbox":
+                     on_idle: Optional[str] = None, job: Optional[str] = None,
+                     priority: Optional[int] = None) -> "AsyncSandbox":
         c = client or default_async_client()
         body = create_body(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, timeout=timeout,
                            env=env, labels=labels, network=network, hostname=hostname, workdir=workdir,
-                           idle_timeout=idle_timeout, on_idle=on_idle)
+                           idle_timeout=idle_timeout, on_idle=on_idle, job=job, priority=priority)
         return cls((await c.request("POST", "/v1/sandboxes", json=body, headers=idempotency_headers())).json(), c)
 
     @classmethod

@@ -96,14 +96,17 @@ class Sandbox:
                disk_mb: Optional[int] = None, pids: Optional[int] = None, timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None, network: Network = None,
                hostname: Optional[str] = None, workdir: Optional[str] = None, client: Optional[Client] = None,
-               idle_timeout: Optional[float] = None, on_idle: Optional[str] = None) -> "Sandbox":
+               idle_timeout: Optional[float] = None, on_idle: Optional[str] = None, job: Optional[str] = None,
+               priority: Optional[int] = None) -> "Sandbox":
         """`cpu` in cores (0.5 = half a core), `timeout` = seconds to live, `network` as in `_api.network_body`.
         `idle_timeout` = seconds without exec, file access or CPU use after which the node pauses the sandbox to
-        its store (`on_idle="pause"`, the default; the next call resumes it) or destroys it (`"destroy"`)."""
+        its store (`on_idle="pause"`, the default; the next call resumes it) or destroys it (`"destroy"`).
+        `job`: the training job (tenant) it counts against — quotas and fair queueing when the node is full;
+        `priority` orders the job's own queued creates (higher first)."""
         c = client or default_client()
         body = create_body(image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, timeout=timeout,
                            env=env, labels=labels, network=network, hostname=hostname, workdir=workdir,
-                           idle_timeout=idle_timeout, on_idle=on_idle)
+                           idle_timeout=idle_timeout, on_idle=on_idle, job=job, priority=priority)
         return cls(c.request("POST", "/v1/sandboxes", json=body, headers=idempotency_headers()).json(), c)
 
     @classmethod

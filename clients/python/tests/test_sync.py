@@ -10,8 +10,9 @@ import grove
 
 def test_sandbox_basics(client):
     with grove.Sandbox.create(cpu=0.5, memory_mb=128, timeout=300, env={"A": "1"}, labels={"t": "sync"},
-                              client=client) as sbx:
+                              job="pytest-sync", client=client) as sbx:
         assert sbx.id.startswith("sb-") and sbx.info.state == "running"
+        assert sbx.info.job == "pytest-sync"
         r = sbx.exec("echo $A; echo e >&2; exit 4")
         assert (r.stdout, r.stderr, r.exit_code, r.ok) == ("1\n", "e\n", 4, False)
         assert sbx.commands.run(["printf", "%s", "héllo"]).stdout == "héllo"

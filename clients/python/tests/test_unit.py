@@ -84,6 +84,7 @@ def test_exhausted_429_raises_capacity_exceeded():
 def test_bodies():
     assert create_body(image="i", cpu=0.5, memory_mb=64, timeout=30, labels={"a": "b"}) == {
         "image": "i", "limits": {"cpu_millis": 500, "memory_mb": 64}, "ttl_secs": 30, "labels": {"a": "b"}}
+    assert create_body(image="i", job="rollout-a", priority=2) == {"image": "i", "job": "rollout-a", "priority": 2}
     assert network_body(["10.0.0.0/8:80,443", {"cidr": "1.1.1.1/32"}]) == {
         "mode": "egress", "allow": [{"cidr": "10.0.0.0/8", "ports": [80, 443]}, {"cidr": "1.1.1.1/32", "ports": []}]}
     assert network_body("none") == {"mode": "none"}
