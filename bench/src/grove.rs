@@ -232,7 +232,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
     })
 }
 
-fn overlay_roots(image_dir: &Path, name: &str) -> Result<Arc<dyn RootProvider>> {
+pub(crate) fn overlay_roots(image_dir: &Path, name: &str) -> Result<Arc<dyn RootProvider>> {
     let state = image_dir
         .parent()
         .filter(|p| p.file_name() == Some("images".as_ref()))

@@ -34,8 +34,8 @@ struct Args {
     /// Directory for report.md, results.json and the plots.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
-    /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, storage,
-    /// soak (the soak runs only when named here).
+    /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, elastic,
+    /// storage, soak (the soak runs only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Base image root the sandboxes and peers run on.

@@ -1,7 +1,8 @@
 //! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
 
 use crate::scenarios::{
-    api, checkpoint as ck, density as de, filesystem as fs, lifecycle as lc, storage as st,
+    api, checkpoint as ck, density as de, elastic as el, filesystem as fs, lifecycle as lc,
+    storage as st,
 };
 
 /// Which statistic of a figure a promise is about.
@@ -112,7 +113,7 @@ pub fn all() -> Vec<Promise> {
         Promise::relative("LC-2", "cold create → exec → destroy no slower than crun (p50)", lc::NAME, lc::CYCLE, lc::SEQ, lc::CRUN, AtMost(1.0)),
         Promise::at_least("LC-3", "cycles/s with 2 concurrent clients", lc::NAME, lc::RATE, "concurrency 2", 200.0),
         Promise::at_least("LC-4", "cycles/s with 8 concurrent clients", lc::NAME, lc::RATE, "concurrency 8", 200.0),
-        Promise::at_most("LC-5", "warm-pool claim → exec true, p50 (ms)", lc::NAME, lc::WARM, lc::SEQ, Stat::P50, 5.0),
+        Promise::at_most("LC-5", "warm-pool claim → exec true, p50 (ms)", el::NAME, el::WARM, el::SEQ, Stat::P50, 5.0),
         Promise::at_most("DE-1", "memory per idle sandbox at 2,000 sandboxes, FUSE server share included (KiB)", de::NAME, de::PER_SANDBOX, "2000 sandboxes", Stat::P50, 1024.0),
         Promise::at_most("CK-1", "first snapshot of python3 with 256 MiB heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, "256 MiB heap, first", Stat::P50, 300.0),
         Promise::at_most("CK-2", "second snapshot after touching 5 % of the heap: store bytes added ÷ bytes touched", ck::NAME, ck::SECOND_RATIO, "256 MiB heap", Stat::P50, 1.2),

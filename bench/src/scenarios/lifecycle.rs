@@ -20,7 +20,6 @@ pub const NAME: &str = "lifecycle";
 pub const CYCLE: &str = "create → exec true → destroy";
 pub const RATE: &str = "create → exec true → destroy throughput";
 pub const LOADED: &str = "create → exec true → destroy latency under load";
-pub const WARM: &str = "warm-pool claim → exec true";
 pub const SEQ: &str = "sequential";
 pub const CRUN: &str = "crun";
 
@@ -204,15 +203,6 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             let why = env.unavailable(k).unwrap_or_default();
             res.push(Measurement::failed(&key, k.name(), false, why));
         }
-    }
-    if matches!(systems.first(), Some(System::Grove(_))) {
-        // No warm-pool API in the runtime yet: say so instead of reporting a figure.
-        let k = Key::new(WARM, SEQ, "ms", Better::Lower);
-        res.push(Measurement::not_available(
-            &k,
-            "grove",
-            "the runtime has no warm-pool claim API yet",
-        ));
     }
 
     let n = util::sweep_cgroups(&format!("grove-bench-{}-crun", std::process::id()));

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod checkpoint;
 pub mod density;
+pub mod elastic;
 pub mod filesystem;
 pub mod lifecycle;
 pub mod soak;
@@ -93,6 +94,13 @@ pub fn all() -> Vec<Scenario> {
             opt_in: false,
             est_full: 300.0,
             run: density::run,
+        },
+        Scenario {
+            name: elastic::NAME,
+            title: "Elasticity: warm-pool claims, a bursty trace under three pool policies, two jobs 3:1",
+            est_quick: 45.0,
+            est_full: 240.0,
+            run: elastic::run,
         },
         Scenario {
             name: storage::NAME,
