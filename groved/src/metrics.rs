@@ -148,11 +148,14 @@ impl Metrics {
     }
 }
 
+/// (name, type, help, value) of one metric family.
+type Series<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+
 /// Per-job and per-pool gauges and counters. Labels: job names (validated [A-Za-z0-9._-]) and pool
 /// keys (image, memory, cpu), never a sandbox id.
 pub fn render_elastic(jobs: &[JobStatus], pools: &[PoolStatus]) -> String {
     let mut out = String::new();
-    let job_series: [(&str, &str, &str, fn(&JobStatus) -> f64); 7] = [
+    let job_series: [Series<JobStatus>; 7] = [
         (
             "grove_job_running",
             "gauge",
@@ -202,7 +205,7 @@ pub fn render_elastic(jobs: &[JobStatus], pools: &[PoolStatus]) -> String {
             let _ = writeln!(out, "{name}{{job=\"{}\"}} {}", j.job, value(j));
         }
     }
-    let pool_series: [(&str, &str, &str, fn(&PoolStatus) -> f64); 6] = [
+    let pool_series: [Series<PoolStatus>; 6] = [
         ("grove_pool_idle", "gauge", "Warm sandboxes ready.", |p| {
             f64::from(p.idle)
         }),

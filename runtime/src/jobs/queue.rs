@@ -76,8 +76,8 @@ pub struct Queue {
     vclock: f64,
     /// Bumped whenever capacity is freed.
     gen: u64,
-    /// The generation at which the head last found the node full.
-    blocked_at: Option<u64>,
+    /// The waiter that last found the node full, and the generation it found it full at.
+    blocked: Option<(u64, u64)>,
     trying: Option<u64>,
     recent_grants: VecDeque<Instant>,
 }
@@ -93,7 +93,7 @@ impl Queue {
             next_seq: 0,
             vclock: 0.0,
             gen: 0,
-            blocked_at: None,
+            blocked: None,
             trying: None,
             recent_grants: VecDeque::new(),
         }
@@ -205,13 +205,20 @@ impl Queue {
         if let Some(why) = self.quota_excess(&me.job, &me.limits) {
             return Verdict::Wait { why, full: true };
         }
-        let full = self.blocked_at == Some(self.gen);
-        if full || self.trying.is_some() || self.head() != Some(seq) {
-            let ahead = self.waiters.len() - 1;
+        let why = || {
+            let others = self.waiters.len() - 1;
+            format!("node full, {others} other creates queued")
+        };
+        if self.blocked == Some((seq, self.gen)) {
             return Verdict::Wait {
-                why: format!("node full, {ahead} other creates queued"),
-                full,
+                why: why(),
+                full: true,
             };
+        }
+        if self.trying.is_some() || self.head() != Some(seq) {
+            // Behind a waiter that found no room: as full for this one.
+            let full = self.blocked.is_some_and(|(_, g)| g == self.gen);
+            return Verdict::Wait { why: why(), full };
         }
         Verdict::Try
     }
@@ -225,13 +232,13 @@ impl Queue {
         if self.trying == Some(seq) {
             self.trying = None;
         }
-        self.blocked_at = Some(self.gen);
+        self.blocked = Some((seq, self.gen));
     }
 
     /// Something may have freed room that nobody announced: let the head try again.
     pub fn bump(&mut self) {
         self.gen += 1;
-        self.blocked_at = None;
+        self.blocked = None;
     }
 
     fn charge(&mut self, job: &str, l: &Limits) {
@@ -258,6 +265,7 @@ impl Queue {
         if self.trying == Some(seq) {
             self.trying = None;
         }
+        self.unblock(seq);
         self.charge(&w.job, &w.limits);
         if w.waited {
             let ms = waited_for.as_millis() as u64;
@@ -268,11 +276,19 @@ impl Queue {
         }
     }
 
+    /// A waiter that found the node full leaves: whoever is head now gets to try.
+    fn unblock(&mut self, seq: u64) {
+        if self.blocked.is_some_and(|(s, _)| s == seq) {
+            self.blocked = None;
+        }
+    }
+
     pub fn grant_direct(&mut self, job: &str, l: &Limits) {
         self.charge(job, l);
     }
 
     pub fn abandon(&mut self, seq: u64, timed_out: bool) {
+        self.unblock(seq);
         if let Some(pos) = self.waiters.iter().position(|w| w.seq == seq) {
             let w = self.waiters.remove(pos);
             if timed_out {
@@ -443,6 +459,13 @@ mod tests {
         q.release("b", &l);
         assert_eq!(q.verdict(a), Verdict::Try);
         q.grant(a, Duration::from_millis(7));
+        // A waiter that found no room and left does not block the next one.
+        let big = q.enqueue("a", 0, l);
+        q.begin_try(big);
+        q.node_full(big);
+        q.abandon(big, true);
+        let small = q.enqueue("a", 0, l);
+        assert_eq!(q.verdict(small), Verdict::Try);
         let st = q.status();
         assert_eq!((st[0].waited, st[0].wait_ms_max), (1, 7));
     }
