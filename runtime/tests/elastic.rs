@@ -150,11 +150,13 @@ fn a_claimed_sandbox_is_a_cold_one() {
     for id in [&cold.id, &warm.id, &info.id] {
         rt.destroy(id).expect("destroy");
     }
-    // The pool refills, then a shrink to nothing destroys what it held.
+    // The pool refills, then a shrink to nothing destroys what it held, refills in flight included.
     wait_idle(&rt, 2);
+    let again = rt.create(small_spec()).expect("claim");
     rt.set_pools(PoolsConfig::default()).unwrap();
-    wait_idle(&rt, 0);
-    for id in [&cold.id, &warm.id, &info.id] {
+    assert!(rt.pools().is_empty(), "{:?}", rt.pools());
+    rt.destroy(&again.id).unwrap();
+    for id in [&cold.id, &warm.id, &info.id, &again.id] {
         assert_gone(&rt, id);
     }
     let job = rt.jobs().into_iter().find(|j| j.job == "train-a").unwrap();
