@@ -101,6 +101,7 @@ pub fn all() -> Vec<Scenario> {
             est_quick: 45.0,
             est_full: 240.0,
             run: elastic::run,
+            opt_in: false,
         },
         Scenario {
             name: storage::NAME,

@@ -7,6 +7,7 @@ mod node;
 pub(crate) mod pause;
 mod pull;
 mod pools;
+mod pull;
 mod sandboxes;
 mod snapshots;
 
