@@ -5,7 +5,6 @@ mod files;
 mod images;
 mod node;
 pub(crate) mod pause;
-mod pull;
 mod pools;
 mod pull;
 mod sandboxes;

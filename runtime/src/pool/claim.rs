@@ -102,6 +102,7 @@ impl Runtime {
             dir: pooled.dir.clone(),
             root: pooled.root.clone(),
             net,
+            activity: crate::sandbox::Activity::new(now),
         });
         // The commit point, as for a cold create: from here a restart adopts it.
         if let Err(e) = record::write(&sb.dir, &sb.record(SandboxState::Running)) {
