@@ -32,9 +32,12 @@ pub const FAIR_WAIT: &str =
     "two jobs, shares 3:1, saturated node: create latency (queue wait + build)";
 
 /// Pools are keyed by size: each part of the scenario uses its own so they never share sandboxes.
+/// Disk is kept small: admission reserves it, and a pool of 100 default-sized (1 GiB) sandboxes would
+/// not fit the free disk of a small test machine.
 fn limits(memory_mb: u64) -> Limits {
     Limits {
         memory_mb,
+        disk_mb: 64,
         ..Limits::default()
     }
 }
