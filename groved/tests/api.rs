@@ -524,7 +524,11 @@ fn sandbox_lifecycle_exec_files() {
     )
     .expect(204);
     let s = d
-        .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/pause?to=store"),
+            None,
+        )
         .expect(200)
         .json();
     assert_eq!(s["state"], "paused");
@@ -542,8 +546,12 @@ fn sandbox_lifecycle_exec_files() {
     d.call(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None)
         .expect_error(409, None);
     // Files written before a pause are there after it; an exec on a paused sandbox resumes it.
-    d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
-        .expect(200);
+    d.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/pause?to=store"),
+        None,
+    )
+    .expect(200);
     let r = d
         .call(
             Method::POST,

@@ -145,9 +145,11 @@ class AsyncSandbox:
         r = await self._c.request("PUT", f"/v1/sandboxes/{self.id}/ttl", json={"ttl_secs": ttl})
         self._info = SandboxInfo.from_json(r.json())
 
-    async def pause(self) -> None:
-        """Pauses to the node's store: processes stop, memory is freed. The next exec or file call resumes it."""
-        self._info = SandboxInfo.from_json((await self._c.request("POST", f"/v1/sandboxes/{self.id}/pause")).json())
+    async def pause(self, to_store: bool = False) -> None:
+        """Freezes the sandbox, or with `to_store` pauses it to the node's store (processes stop, memory freed).
+        The next exec or file call resumes it."""
+        q = "?to=store" if to_store else ""
+        self._info = SandboxInfo.from_json((await self._c.request("POST", f"/v1/sandboxes/{self.id}/pause{q}")).json())
 
     async def resume(self) -> None:
         self._info = SandboxInfo.from_json((await self._c.request("POST", f"/v1/sandboxes/{self.id}/resume")).json())

@@ -172,9 +172,11 @@ class Sandbox:
         ttl = None if timeout is None else max(1, int(timeout))
         self._info = SandboxInfo.from_json(self._c.request("PUT", f"/v1/sandboxes/{self.id}/ttl", json={"ttl_secs": ttl}).json())
 
-    def pause(self) -> None:
-        """Pauses to the node's store: processes stop, memory is freed. The next exec or file call resumes it."""
-        self._info = SandboxInfo.from_json(self._c.request("POST", f"/v1/sandboxes/{self.id}/pause").json())
+    def pause(self, to_store: bool = False) -> None:
+        """Freezes the sandbox, or with `to_store` pauses it to the node's store (processes stop, memory freed).
+        The next exec or file call resumes it."""
+        q = "?to=store" if to_store else ""
+        self._info = SandboxInfo.from_json(self._c.request("POST", f"/v1/sandboxes/{self.id}/pause{q}").json())
 
     def resume(self) -> None:
         self._info = SandboxInfo.from_json(self._c.request("POST", f"/v1/sandboxes/{self.id}/resume").json())

@@ -1,20 +1,22 @@
-//! Pause and resume. With snapshots (nodefs + CRIU) a pause goes to the store: the processes
-//! stop and the memory is freed; a sandbox that cannot be checkpointed (egress network) or a
-//! node without snapshots falls back to a cgroup freeze, which keeps the memory. Either way,
-//! the next exec or file request resumes a paused sandbox transparently (only slower), and the
-//! idle reaper pauses or destroys sandboxes per their idle policy.
+//! Pause and resume. `POST /pause` freezes the cgroup (memory kept); `POST /pause?to=store` and
+//! the idle reaper pause to the store (nodefs + CRIU): the processes stop and the memory is
+//! freed. A sandbox that cannot be checkpointed (egress network) or a node without snapshots
+//! freezes instead. Either way the next exec or file request resumes a paused sandbox
+//! transparently (only slower). Pause to the store is opt-in while a CRIU restore failure seen
+//! after some request histories ("Can't setns <n>/mnt" on init's socket) is open.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
 use grove_runtime::{OnIdle, Runtime, SandboxId, SandboxInfo, SandboxState};
 
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
+use crate::jsonx::{query_one, query_pairs};
 use crate::metrics::Op;
 use crate::wire::Sandbox;
 
@@ -24,9 +26,32 @@ const WAIT_OTHER: Duration = Duration::from_secs(30);
 pub async fn pause(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
-    let info = pause_any(&app, &id).await?;
+    let pairs = query_pairs(q.as_deref())?;
+    let to_store = match query_one(&pairs, "to") {
+        None | Some("memory") => false,
+        Some("store") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "to",
+                format!("{other:?}: memory or store"),
+            ))
+        }
+    };
+    let info = if to_store {
+        pause_any(&app, &id).await?
+    } else {
+        let (rt, id) = (app.runtime.clone(), id.clone());
+        timed(
+            &app,
+            Op::Pause,
+            blocking(move || rt.pause(&id).map_err(Into::into)),
+        )
+        .await?
+    };
     Ok(Json(Sandbox::from(&info)))
 }
 
