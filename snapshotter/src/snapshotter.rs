@@ -116,10 +116,31 @@ fn reset_work_root(work_root: &Path) {
         let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
     }
     if mounted().is_empty() {
+        for log in criu_logs(work_root, 4) {
+            crate::criu::remove_staging_dirs(&log);
+        }
         let _ = std::fs::remove_dir_all(work_root);
     } else {
         tracing::error!(dir = %work_root.display(), "scratch dir still has mounts; left in place");
     }
+}
+
+/// CRIU logs (`*.log`) under `dir`, at most `depth` levels down, following no symlinks.
+fn criu_logs(dir: &Path, depth: usize) -> Vec<PathBuf> {
+    let mut logs = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return logs;
+    };
+    for e in entries.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        let p = e.path();
+        if t.is_dir() && depth > 0 {
+            logs.extend(criu_logs(&p, depth - 1));
+        } else if t.is_file() && p.extension().is_some_and(|x| x == "log") {
+            logs.push(p);
+        }
+    }
+    logs
 }
 
 /// A dumped and committed sandbox: its root's manifest and CRIU's images in scratch space

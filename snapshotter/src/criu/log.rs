@@ -52,9 +52,56 @@ pub fn is_io_error(lines: &[String]) -> bool {
         .any(|l| l.contains("Can't open file") && l.contains("Input/output error"))
 }
 
+/// CRIU's staging dirs at fixed /tmp paths; it removes them itself unless it fails or is killed
+/// part-way, and then they are ours to remove.
+const STAGING: &[&str] = &["/tmp/.criu.mntns.", "/tmp/.criu.move_mount_set_group."];
+
+/// The staging dirs a CRIU log names (mkdtemp: a fixed prefix and six more characters).
+pub fn staging_dirs(log: &str) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    for prefix in STAGING {
+        for (at, _) in log.match_indices(prefix) {
+            // A whole path, not the tail of a longer one (/var/tmp/.criu.…).
+            let before = log[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || "/._-".contains(c)) {
+                continue;
+            }
+            let rest = &log[at + prefix.len()..];
+            let suffix: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if suffix.len() == 6 {
+                let d = std::path::PathBuf::from(format!("{prefix}{suffix}"));
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
+            }
+        }
+    }
+    dirs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_dirs_are_found_once_each() {
+        let log =
+            "(00.003217) mnt:   [/tmp/.criu.mntns.EnYddk/13-0000000000/sys/firmware](135->205)\n\
+                   (00.003218) mnt:   [/tmp/.criu.mntns.EnYddk/13-0000000000/proc](136->205)\n\
+                   (00.000100) kerndat: /tmp/.criu.move_mount_set_group.a1B2c3 made\n\
+                   (00.000101) not ours: /tmp/.criu.mntns.short/x and /var/tmp/.criu.mntns.ABCDEF";
+        let dirs = staging_dirs(log);
+        assert_eq!(
+            dirs,
+            vec![
+                std::path::PathBuf::from("/tmp/.criu.mntns.EnYddk"),
+                std::path::PathBuf::from("/tmp/.criu.move_mount_set_group.a1B2c3"),
+            ]
+        );
+    }
 
     const DUMP_FAIL: &str = "\
 (00.000010) Version: 4.1.1

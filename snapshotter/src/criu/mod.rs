@@ -150,6 +150,7 @@ impl Criu {
             });
         }
         let log_tail = read_log(&opts.work_dir.join(DUMP_LOG));
+        remove_staging_dirs(&opts.work_dir.join(DUMP_LOG));
         if log::is_external_socket(&log_tail) {
             Err(Error::ExternalSocket {
                 pid: opts.pid,
@@ -170,6 +171,7 @@ impl Criu {
         let dir = opts.images_dir.clone();
         if !status.success() {
             let log_tail = read_log(&opts.work_dir.join(RESTORE_LOG));
+            remove_staging_dirs(&opts.work_dir.join(RESTORE_LOG));
             return Err(Error::RestoreFailed { dir, log_tail });
         }
         let pid = std::fs::read_to_string(&opts.pidfile)
@@ -264,6 +266,19 @@ impl LazyPages {
             let _ = self.child.wait();
             then();
         });
+    }
+}
+
+/// Removes the /tmp staging dirs a failed or killed CRIU named in its log and left behind.
+/// Only empty dirs go (remove_dir), and a finished CRIU no longer uses them.
+pub(crate) fn remove_staging_dirs(log: &Path) {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return;
+    };
+    for d in log::staging_dirs(&text) {
+        if std::fs::remove_dir(&d).is_ok() {
+            tracing::info!(dir = %d.display(), "removed a staging dir CRIU left in /tmp");
+        }
     }
 }
 
