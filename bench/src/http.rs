@@ -61,18 +61,21 @@ impl Conn {
         let reused = self.stream.is_some();
         match self.round_trip(&head, &body) {
             Ok(r) => Ok(r),
-            Err(_) if reused => {
+            // Only a request the server never saw (it had closed the idle connection) is resent:
+            // a create must not run twice.
+            Err(Trip::Unsent(_)) if reused => {
                 self.stream = None;
-                self.round_trip(&head, &body)
+                self.round_trip(&head, &body).map_err(Trip::into_inner)
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into_inner()),
         }
     }
 
-    fn round_trip(&mut self, head: &str, body: &str) -> Result<Response> {
+    fn round_trip(&mut self, head: &str, body: &str) -> Result<Response, Trip> {
         if self.stream.is_none() {
             let s = UnixStream::connect(&self.socket)
-                .with_context(|| format!("connecting to {}", self.socket.display()))?;
+                .with_context(|| format!("connecting to {}", self.socket.display()))
+                .map_err(Trip::Sent)?;
             self.stream = Some(BufReader::new(s));
         }
         let Some(conn) = self.stream.as_mut() else {
@@ -81,8 +84,10 @@ impl Conn {
         let mut req = Vec::with_capacity(head.len() + body.len());
         req.extend_from_slice(head.as_bytes());
         req.extend_from_slice(body.as_bytes());
-        conn.get_mut().write_all(&req)?;
-        let r = read_response(conn);
+        let r = match conn.get_mut().write_all(&req) {
+            Err(e) => Err(Trip::Unsent(e.into())),
+            Ok(()) => read_response(conn),
+        };
         if r.is_err() {
             self.stream = None;
         }
@@ -90,11 +95,33 @@ impl Conn {
     }
 }
 
-fn read_response(conn: &mut BufReader<UnixStream>) -> Result<Response> {
-    let mut line = String::new();
-    if conn.read_line(&mut line)? == 0 {
-        bail!("connection closed before a response");
+/// How a round trip failed: before the server could have seen the request, or after.
+enum Trip {
+    Unsent(anyhow::Error),
+    Sent(anyhow::Error),
+}
+
+impl Trip {
+    fn into_inner(self) -> anyhow::Error {
+        match self {
+            Trip::Unsent(e) | Trip::Sent(e) => e,
+        }
     }
+}
+
+fn read_response(conn: &mut BufReader<UnixStream>) -> Result<Response, Trip> {
+    let mut line = String::new();
+    match conn.read_line(&mut line) {
+        // Closed without a byte of answer: an idle connection the server had already dropped.
+        Ok(0) => Err(Trip::Unsent(anyhow::anyhow!(
+            "connection closed before a response"
+        ))),
+        Ok(_) => read_rest(conn, line).map_err(Trip::Sent),
+        Err(e) => Err(Trip::Sent(e.into())),
+    }
+}
+
+fn read_rest(conn: &mut BufReader<UnixStream>, mut line: String) -> Result<Response> {
     let status: u16 = line
         .split_whitespace()
         .nth(1)
