@@ -3,6 +3,7 @@
 
 mod cleanup;
 mod grove;
+mod groved;
 mod http;
 mod peers;
 mod plot;

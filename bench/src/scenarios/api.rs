@@ -2,9 +2,8 @@
 //! image and limits, through a real `groved` (unix socket, one kept-alive connection, JSON bodies) and
 //! through `grove_runtime::Runtime` in-process, interleaved one for one in the same run.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use grove_runtime::{Limits, SandboxId};
@@ -12,6 +11,7 @@ use serde_json::json;
 
 use super::Ctx;
 use crate::grove::GroveRuntime;
+use crate::groved::Daemon;
 use crate::http::Conn;
 use crate::report::{Better, Key, Measurement, ScenarioResult};
 use crate::{cleanup, progress, stats, util};
@@ -33,16 +33,21 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         .runtime()
         .map_err(|e| anyhow!("the runtime library: {e}"))?;
     progress::step(0.0, "starting groved and importing the image");
-    let daemon = Daemon::start(ctx)?;
+    let mut daemon = Daemon::start(
+        ctx,
+        "api",
+        "10.218.0.0/16",
+        "[capacity]\nsandboxes = 256\nmemory_mb = 65536\n",
+    )?;
     let mut api = Api {
-        conn: Conn::new(&daemon.socket),
+        conn: Conn::new(&daemon.socket()),
     };
     api.import(&ctx.image)?;
     res.note(format!(
-        "API: a groved of this build ({}) on a unix socket, one kept-alive HTTP/1.1 connection; \
+        "API: a groved of this build (pid {}) on a unix socket, one kept-alive HTTP/1.1 connection; \
          library: the same runtime in the bench's process ({}); same image, same limits; \
          the two alternate call by call",
-        daemon.binary.display(),
+        daemon.pid(),
         lib.describe()
     ));
 
@@ -81,7 +86,12 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     let _ = lib.destroy(&lib_sb);
     let stop = daemon.stop();
     r?;
-    stop
+    stop?;
+    let left = util::sweep_cgroups(&daemon.cgroup_root);
+    if left > 0 {
+        bail!("groved left {left} cgroup directories behind");
+    }
+    Ok(())
 }
 
 /// Runs `a` and `b` alternately `n` times after two warm-up rounds; returns their latencies (ms).
@@ -198,99 +208,4 @@ impl Api {
         self.delete(&id)?;
         r
     }
-}
-
-/// A private groved: its own state, run dir, socket, cgroup root and address pool.
-struct Daemon {
-    child: Child,
-    binary: PathBuf,
-    socket: PathBuf,
-    cgroup_root: String,
-}
-
-impl Daemon {
-    fn start(ctx: &Ctx) -> Result<Daemon> {
-        let binary = groved_binary()?;
-        let dir = ctx.fresh_dir("groved")?;
-        let socket = dir.join("run/groved.sock");
-        let cgroup_root = format!("grove-bench-{}-api", std::process::id());
-        std::fs::create_dir_all(dir.join("state"))?;
-        std::fs::create_dir_all(dir.join("run"))?;
-        let config = format!(
-            "state_dir = {state:?}\nrun_dir = {run:?}\nsocket = {socket:?}\nroot_provider = \"nodefs\"\n\
-             cgroup_root = {cgroup_root:?}\nnet_pool = \"10.218.0.0/16\"\n\
-             [capacity]\nsandboxes = 256\nmemory_mb = 65536\n",
-            state = dir.join("state"),
-            run = dir.join("run"),
-        );
-        let config_path = dir.join("groved.toml");
-        std::fs::write(&config_path, config)?;
-        let log = std::fs::File::create(dir.join("groved.log"))?;
-        let mut cmd = Command::new(&binary);
-        cmd.arg("--config")
-            .arg(&config_path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .env("GROVE_LOG", "warn");
-        if let Some(init) = std::env::var_os("GROVE_INIT_BINARY") {
-            cmd.env("GROVE_INIT_BINARY", init);
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let mut d = Daemon {
-            child,
-            binary,
-            socket,
-            cgroup_root,
-        };
-        let up = util::wait_until(Duration::from_secs(30), || {
-            Conn::new(&d.socket)
-                .request("GET", "/v1/health", None)
-                .is_ok_and(|r| r.status == 200)
-        });
-        if !up {
-            let log = std::fs::read_to_string(dir.join("groved.log")).unwrap_or_default();
-            let _ = d.child.kill();
-            let _ = d.child.wait();
-            bail!("groved did not answer within 30 s; its log:\n{log}");
-        }
-        Ok(d)
-    }
-
-    /// SIGTERM, then the exit status; sweeps its cgroups if it left any.
-    fn stop(mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let exited = util::wait_until(Duration::from_secs(20), || {
-            matches!(self.child.try_wait(), Ok(Some(_)))
-        });
-        if !exited {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            bail!("groved did not exit within 20 s of SIGTERM");
-        }
-        let left = util::sweep_cgroups(&self.cgroup_root);
-        if left > 0 {
-            bail!("groved left {left} cgroup directories behind");
-        }
-        Ok(())
-    }
-}
-
-/// `GROVED_BIN`, else `groved` next to this binary (both are built into the same target dir).
-fn groved_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("GROVED_BIN") {
-        return Ok(p.into());
-    }
-    let exe = std::env::current_exe()?;
-    let p = exe.with_file_name("groved");
-    if !p.is_file() {
-        bail!(
-            "groved not found at {} (build it: cargo build --release -p groved, or set GROVED_BIN)",
-            p.display()
-        );
-    }
-    Ok(p)
 }

@@ -7,11 +7,10 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use groved::client::{Client, ClientError};
@@ -19,6 +18,7 @@ use hyper::Method;
 use serde_json::{json, Value};
 
 use super::Ctx;
+use crate::groved::Daemon;
 use crate::plot::{self, Series};
 use crate::progress;
 use crate::report::{Better, Key, Measurement, ScenarioResult};
@@ -91,106 +91,6 @@ struct Sample {
     fds: u64,
 }
 
-/// groved started for the soak, with its own state, run dir and cgroup root.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    client: Client,
-    cgroup_root: String,
-}
-
-impl Daemon {
-    fn start(ctx: &Ctx) -> Result<Daemon> {
-        let exe = std::env::current_exe()?;
-        let groved = exe.with_file_name("groved");
-        let init = exe.with_file_name("grove-init");
-        if !groved.is_file() || !init.is_file() {
-            bail!(
-                "groved and grove-init must be built next to grove-bench ({})",
-                exe.display()
-            );
-        }
-        let dir = ctx.fresh_dir("soak")?;
-        let cgroup_root = format!("grove-soak{:x}", std::process::id());
-        let config = format!(
-            "state_dir = \"{d}/state\"\nrun_dir = \"{d}/run\"\nroot_provider = \"nodefs\"\n\
-             cgroup_root = \"{cgroup_root}\"\nnet_pool = \"10.219.0.0/16\"\n\
-             [capacity]\nsandboxes = 64\nmemory_reserve_mb = 0\n\
-             [defaults]\ncpu_millis = 500\nmemory_mb = 64\npids = 32\nopen_files = 256\ndisk_mb = 64\n",
-            d = dir.display()
-        );
-        std::fs::write(dir.join("groved.toml"), config)?;
-        let log = std::fs::File::create(dir.join("groved.log"))?;
-        let child = Command::new(&groved)
-            .arg("--config")
-            .arg(dir.join("groved.toml"))
-            .env("GROVE_INIT_BINARY", &init)
-            .env("GROVE_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", groved.display()))?;
-        let client = Client::new(dir.join("run/groved.sock"));
-        let mut d = Daemon {
-            child,
-            dir,
-            client,
-            cgroup_root,
-        };
-        let t = Instant::now();
-        while !d.client.reachable() {
-            if let Some(st) = d.child.try_wait()? {
-                bail!("groved exited at start ({st}): {}", d.log_tail());
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                bail!("groved did not come up in 60 s: {}", d.log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(d)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("groved.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().rev().take(20).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
-    }
-
-    /// SIGTERM, then waits: groved destroys what is left and removes its cgroup root and run dir.
-    fn stop(&mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                if !st.success() {
-                    bail!("groved exited with {st}: {}", self.log_tail());
-                }
-                return Ok(());
-            }
-            if t.elapsed() > Duration::from_secs(120) {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!("groved did not stop in 120 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.stop();
-        }
-    }
-}
-
 /// Counters shared by the clients.
 #[derive(Default)]
 struct Tally {
@@ -207,15 +107,22 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         .soak_cycles
         .unwrap_or(ctx.pick(120, 10_000))
         .max(CLIENTS);
-    let mut daemon = Daemon::start(ctx)?;
+    let mut daemon = Daemon::start(
+        ctx,
+        "soak",
+        "10.217.0.0/16",
+        "[capacity]\nsandboxes = 64\nmemory_reserve_mb = 0\n\
+         [defaults]\ncpu_millis = 500\nmemory_mb = 64\npids = 32\nopen_files = 256\ndisk_mb = 64\n",
+    )?;
+    let client = Client::new(daemon.socket());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let tally = Arc::new(Tally::default());
     let start = Instant::now();
-    let outcome = rt.block_on(drive(&daemon, ctx, cycles, tally.clone(), start));
-    let residue = rt.block_on(api_residue(&daemon.client));
+    let outcome = rt.block_on(drive(&daemon, &client, ctx, cycles, tally.clone(), start));
+    let residue = rt.block_on(api_residue(&client));
     drop(rt);
     let stopped = daemon.stop();
     let wall = start.elapsed().as_secs_f64();
@@ -323,6 +230,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
 
 async fn drive(
     d: &Daemon,
+    client: &Client,
     ctx: &Ctx,
     cycles: u64,
     tally: Arc<Tally>,
@@ -330,7 +238,7 @@ async fn drive(
 ) -> Result<()> {
     let image = ctx.image.to_string_lossy().into_owned();
     progress::step(0.0, "soak: importing the base image into groved's store");
-    d.client
+    client
         .call(
             Method::POST,
             "/v1/images",
@@ -347,7 +255,7 @@ async fn drive(
     let next = Arc::new(AtomicU64::new(0));
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..CLIENTS {
-        let (client, tally, next) = (d.client.clone(), tally.clone(), next.clone());
+        let (client, tally, next) = (client.clone(), tally.clone(), next.clone());
         let pid = d.pid();
         set.spawn(async move {
             loop {
