@@ -15,6 +15,7 @@ use crate::mounts;
 use crate::network::host_if;
 use crate::proto::setup_owner;
 use crate::record::{self, LostRecord, SandboxRecord};
+use crate::residue::{cgroup_of, dir_names, host_processes};
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
 use crate::types::{EventKind, NetworkPolicy, SandboxId, SandboxState};
@@ -81,16 +82,8 @@ impl Runtime {
     fn stop_strays(&self) {
         let run_dir = format!("{}/", self.config.run_dir.display());
         let marker = format!("/{}/", self.config.cgroup_root);
-        let me = std::process::id() as i32;
         let mut killed = Vec::new();
-        for pid in dir_names(Path::new("/proc"))
-            .iter()
-            .filter_map(|n| n.parse::<i32>().ok())
-            .filter(|&p| p != me)
-        {
-            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                continue;
-            };
+        for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
             let our_criu = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
                 && args.iter().any(|a| a.starts_with(run_dir.as_bytes()));
@@ -98,8 +91,7 @@ impl Runtime {
             if !our_criu && !our_setup {
                 continue;
             }
-            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            if cg.contains(&marker) {
+            if cgroup_of(pid).contains(&marker) {
                 continue;
             }
             tracing::warn!(pid, cmd = %String::from_utf8_lossy(&cmd).replace('\0', " "), "stopping a predecessor's helper");
@@ -244,14 +236,4 @@ impl Runtime {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
-}
-
-fn dir_names(p: &Path) -> Vec<String> {
-    std::fs::read_dir(p)
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }

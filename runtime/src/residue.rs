@@ -143,18 +143,12 @@ impl Runtime {
     fn stray_inits(&self, owned: &HashSet<SandboxId>) -> Vec<(i32, String)> {
         let marker = format!("/{}/", self.config.cgroup_root);
         let mut out = Vec::new();
-        for pid in dir_names(Path::new("/proc"))
-            .iter()
-            .filter_map(|n| n.parse::<i32>().ok())
-        {
-            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                continue;
-            };
+        for (pid, cmd) in host_processes() {
             let argv0 = cmd.split(|&b| b == 0).next().unwrap_or_default();
             if !argv0.ends_with(b"grove-init") && argv0 != INIT_PATH.as_bytes() {
                 continue;
             }
-            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cg = cgroup_of(pid);
             let in_cgroup = cg.lines().find_map(|l| {
                 let path = l.splitn(3, ':').nth(2)?;
                 let rest = path.split_once(&marker)?.1;
@@ -183,7 +177,8 @@ impl Runtime {
     }
 }
 
-fn dir_names(p: &Path) -> Vec<String> {
+/// The names in a directory (none if it cannot be read).
+pub(crate) fn dir_names(p: &Path) -> Vec<String> {
     std::fs::read_dir(p)
         .map(|rd| {
             rd.flatten()
@@ -191,4 +186,20 @@ fn dir_names(p: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Every host process but this one, with its NUL-separated command line.
+pub(crate) fn host_processes() -> Vec<(i32, Vec<u8>)> {
+    let me = std::process::id() as i32;
+    dir_names(Path::new("/proc"))
+        .iter()
+        .filter_map(|n| n.parse::<i32>().ok())
+        .filter(|&p| p != me)
+        .filter_map(|p| Some((p, std::fs::read(format!("/proc/{p}/cmdline")).ok()?)))
+        .collect()
+}
+
+/// A process's /proc/<pid>/cgroup (empty once it is gone).
+pub(crate) fn cgroup_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }

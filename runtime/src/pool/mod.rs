@@ -243,6 +243,13 @@ impl State {
     }
 
     /// Drops demand records of unpooled keys nobody asked for lately, beyond `MAX_TRACKED`.
+    /// The entry of `key`, made (first seen `now`) if the pool has none yet.
+    fn entry(&mut self, key: &PoolKey, now: Instant) -> &mut Entry {
+        self.keys
+            .entry(key.clone())
+            .or_insert_with(|| Entry::new(now))
+    }
+
     fn forget_old(&mut self) {
         if self.keys.len() <= MAX_TRACKED {
             return;
@@ -324,10 +331,7 @@ impl Pools {
         let now = Instant::now();
         let mut st = self.state.lock();
         let (w, h) = (st.config.window(), st.config.half_life());
-        let e = st
-            .keys
-            .entry(key.clone())
-            .or_insert_with(|| Entry::new(now));
+        let e = st.entry(key, now);
         e.demand.note(now, w, h);
         e.last_demand = now;
         let got = e.idle.pop();
@@ -345,24 +349,16 @@ impl Pools {
     /// Puts back a sandbox taken but not handed over (the claim gave way to the queue).
     pub(crate) fn put_back(&self, key: &PoolKey, sb: Arc<Sandbox>) {
         let mut st = self.state.lock();
-        if let Some(e) = st.keys.get_mut(key) {
-            e.hits = e.hits.saturating_sub(1);
-            e.misses += 1;
-            e.idle.push(sb);
-        } else {
-            let mut e = Entry::new(Instant::now());
-            e.idle.push(sb);
-            st.keys.insert(key.clone(), e);
-        }
+        let e = st.entry(key, Instant::now());
+        e.hits = e.hits.saturating_sub(1);
+        e.misses += 1;
+        e.idle.push(sb);
     }
 
     fn filling(&self, key: &PoolKey, delta: i32) {
         let now = Instant::now();
         let mut st = self.state.lock();
-        let e = st
-            .keys
-            .entry(key.clone())
-            .or_insert_with(|| Entry::new(now));
+        let e = st.entry(key, now);
         e.filling = e.filling.saturating_add_signed(delta);
     }
 
@@ -370,10 +366,7 @@ impl Pools {
     fn add(&self, key: &PoolKey, sb: Arc<Sandbox>, took: Duration) {
         let now = Instant::now();
         let mut st = self.state.lock();
-        let e = st
-            .keys
-            .entry(key.clone())
-            .or_insert_with(|| Entry::new(now));
+        let e = st.entry(key, now);
         let s = took.as_secs_f64();
         e.build_secs = if e.build_secs == 0.0 {
             s
@@ -390,9 +383,7 @@ impl Pools {
         let mut st = self.state.lock();
         let bounds = st.bounds(now);
         for key in bounds.keys() {
-            st.keys
-                .entry(key.clone())
-                .or_insert_with(|| Entry::new(now));
+            st.entry(key, now);
         }
         let keys: Vec<PoolKey> = st.keys.keys().cloned().collect();
         let mut deficit: Option<(u32, PoolKey)> = None;
