@@ -22,6 +22,9 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     assert_eq!(before["counter"], 42);
     assert_eq!(before["offset"], 13);
     env.sh(&src.id, "echo before > /root/marker");
+    // A shell that exits leaving a background child: its session leader is dead, so CRIU
+    // restores the session through a helper task (see compat/criu-shim.c).
+    env.sh(&src.id, "sleep 1000 >/dev/null 2>&1 &");
 
     let snap = env
         .snap
@@ -72,6 +75,11 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         // The loopback server still listens inside the branch.
         assert_eq!(app::wait_http(&env, &b.id), DATA);
         assert_eq!(env.out(&b.id, "cat /root/marker"), "before");
+        assert_eq!(
+            env.out(&b.id, "ps -eo args | grep -c '^sleep 1000'"),
+            "1",
+            "branch {i}: the orphaned background child is restored"
+        );
     }
     // Branches diverge independently.
     for (i, b) in branches.iter().enumerate() {

@@ -1,11 +1,12 @@
-//! The socket-option shim preloaded into CRIU (see compat/sockopt-shim.c): CRIU 4.1 cannot dump
-//! TCP/UDP sockets on kernels >= 6.16 without it. Held in a memfd so no file is left on disk;
+//! The compatibility shim preloaded into CRIU (see compat/criu-shim.c): without it CRIU 4.1 cannot
+//! dump TCP/UDP sockets on kernels >= 6.16, nor restore a tree with a dead session leader (the
+//! root task then fails to re-enter its own mount namespace). Held in a memfd so no file is left on disk;
 //! the child gets it at fd [`SHIM_FD`] and loads it through /proc/self/fd.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sockopt-shim.so"));
+const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
 
 /// The fd number the shim has in the CRIU process.
 pub const SHIM_FD: RawFd = 3;
