@@ -16,11 +16,12 @@ impl Runtime {
         self.get(id)
     }
 
-    /// `create_restored` under an existing id: the way back from `park` (then `Paused` → `Running`,
-    /// `created_at_ms` kept, event `resumed`), or, for an id this runtime does not know (parked by
-    /// a daemon before its restart), a restore under that id (event `created`). Conflict if the id
-    /// is live or being created/destroyed. If the restore fails, a parked sandbox stays parked so
-    /// the caller can retry or destroy it; nothing else is left.
+    /// `create_restored` under a parked id: the way back from `park` (or `adopt_parked` after a
+    /// daemon restart): `Paused` → `Running`, `created_at_ms` kept, event `resumed`. Conflict if the
+    /// id is live or being created/destroyed; NotFound if it is not parked — in particular when a
+    /// destroy won the race against this resume, which must not bring the sandbox back. If the
+    /// restore fails the sandbox stays parked so the caller can retry or destroy it; nothing else
+    /// is left.
     pub fn create_restored_as(
         &self,
         id: SandboxId,
@@ -54,8 +55,8 @@ impl Runtime {
         Ok(())
     }
 
-    /// Reserves `id` for a create (in `pending`) and takes its parked record, if any.
-    pub(crate) fn claim_parked(&self, id: &SandboxId) -> Result<Option<SandboxInfo>, Error> {
+    /// Reserves `id` for a create (in `pending`) and takes its parked record.
+    pub(crate) fn claim_parked(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
         let live = self.sandboxes.lock();
         let mut pending = self.pending.lock();
         if live.contains_key(id) || pending.contains(id) {
@@ -65,13 +66,16 @@ impl Runtime {
                 .unwrap_or(SandboxState::Creating);
             return Err(Error::Conflict {
                 id: id.clone(),
-                reason: format!(
-                    "sandbox exists ({state:?}); only a parked or unknown id can be restored as"
-                ),
+                reason: format!("sandbox exists ({state:?}); only a parked id can be restored as"),
             });
         }
+        let parked = self
+            .parked
+            .lock()
+            .remove(id)
+            .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
         pending.insert(id.clone());
-        Ok(self.parked.lock().remove(id))
+        Ok(parked)
     }
 
     /// Drops a parked record; false when `id` was not parked.

@@ -251,7 +251,7 @@ impl Runtime {
                 }
             },
             Some(id) => match self.claim_parked(&id) {
-                Ok(parked) => (id, parked),
+                Ok(parked) => (id, Some(parked)),
                 Err(e) => {
                     self.release(&spec, &limits);
                     return Err(e);

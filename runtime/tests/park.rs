@@ -80,17 +80,31 @@ fn park_then_restore_under_the_same_id() {
 }
 
 #[test]
-fn restore_as_an_unknown_id_creates_it() {
+fn restore_as_needs_a_parked_id_so_a_destroy_wins_over_a_racing_resume() {
     if !can_run() {
         return;
     }
     let rt = rt();
-    let id = grove_runtime::SandboxId::generate();
-    let info = rt
-        .create_restored_as(id.clone(), spec(), &mut |t| start_init_into(t, "x"))
-        .expect("restore as");
-    assert_eq!(info.id, id);
-    assert_eq!(out(&sh(&rt, &id, "echo ok")), "ok");
-    rt.destroy(&id).expect("destroy");
+    let never = |_: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+        panic!("restore must not run for an id that is not parked")
+    };
+    // An id this runtime never saw.
+    let unknown = grove_runtime::SandboxId::generate();
+    let err = rt
+        .create_restored_as(unknown.clone(), spec(), &mut { never })
+        .unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+    assert_gone(&rt, &unknown);
+
+    // A resume that read the pause record, then lost the race to a DELETE: the sandbox stays
+    // deleted.
+    let id = rt.create(spec()).expect("create").id;
+    rt.park(&id).expect("park");
+    rt.destroy(&id).expect("destroy parked");
+    let err = rt
+        .create_restored_as(id.clone(), spec(), &mut { never })
+        .unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+    assert_eq!(rt.get(&id).unwrap_err().code(), "not_found");
     assert_gone(&rt, &id);
 }
