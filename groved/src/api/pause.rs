@@ -2,8 +2,7 @@
 //! the idle reaper pause to the store (nodefs + CRIU): the processes stop and the memory is
 //! freed. A sandbox that cannot be checkpointed (egress network) or a node without snapshots
 //! freezes instead. Either way the next exec or file request resumes a paused sandbox
-//! transparently (only slower). Pause to the store is opt-in while a CRIU restore failure seen
-//! after some request histories ("Can't setns <n>/mnt" on init's socket) is open.
+//! transparently (only slower).
 
 use std::sync::Arc;
 use std::time::Duration;
