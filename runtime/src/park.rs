@@ -75,6 +75,7 @@ impl Runtime {
             .remove(id)
             .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
         pending.insert(id.clone());
+        self.transit.lock().insert(id.clone(), parked.clone());
         Ok(parked)
     }
 

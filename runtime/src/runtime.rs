@@ -91,6 +91,11 @@ pub struct Runtime {
     /// (state `Paused`) until `create_restored_as` brings it back or `destroy` forgets it.
     /// Lock order: sandboxes → pending → parked.
     pub(crate) parked: Mutex<HashMap<SandboxId, SandboxInfo>>,
+    /// Sandboxes on their way into `parked` (a pause reclaiming them) or out of it (a resume
+    /// restoring them): not in `sandboxes` nor in `parked`, but `get`/`list` must still show them
+    /// (as `Paused`), never a 404 in between. Moves in and out happen under the locks `get` holds.
+    /// Lock order: sandboxes → pending → parked → transit.
+    pub(crate) transit: Mutex<HashMap<SandboxId, SandboxInfo>>,
     /// Sandboxes a restart found but could not adopt (init or root gone): reclaimed, reported
     /// `failed` until destroyed. Durable (`record::write_lost`) so a second restart still reports them.
     pub(crate) lost: Mutex<HashMap<SandboxId, LostRecord>>,
@@ -148,6 +153,7 @@ impl Runtime {
             sandboxes: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
             parked: Mutex::new(HashMap::new()),
+            transit: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashMap::new()),
             pools: Pools::default(),
             jobs: Jobs::default(),
@@ -177,7 +183,7 @@ impl Runtime {
         if let Some(sb) = self.sandboxes.lock().get(id).cloned() {
             return Ok(sb);
         }
-        if self.parked.lock().contains_key(id) {
+        if self.parked.lock().contains_key(id) || self.transit.lock().contains_key(id) {
             return Err(Error::Conflict {
                 id: id.clone(),
                 reason: "sandbox is paused by snapshot (nothing runs); bring it back with \
@@ -267,6 +273,7 @@ impl Runtime {
                 let mut live = self.sandboxes.lock();
                 live.insert(id.clone(), sb);
                 self.pending.lock().remove(&id);
+                self.transit.lock().remove(&id);
                 drop(live);
                 let kind = if parked.is_some() {
                     EventKind::Resumed
@@ -285,6 +292,7 @@ impl Runtime {
                     // Still paused: the caller may retry the restore or destroy it.
                     let _pending = self.pending.lock();
                     self.parked.lock().insert(id.clone(), info);
+                    self.transit.lock().remove(&id);
                 }
                 self.emit(&id, EventKind::Failed, Some(e.to_string()));
                 Err(e)
@@ -517,21 +525,52 @@ impl Runtime {
     }
 
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
-        if let Some(info) = self.parked.lock().get(id) {
-            return Ok(info.clone());
+        // One consistent look across live, parked and in-transit (see `transit`).
+        let live = {
+            let live = self.sandboxes.lock();
+            let _pending = self.pending.lock();
+            match live.get(id) {
+                Some(sb) => Some(sb.clone()),
+                None => {
+                    if let Some(info) = self.parked.lock().get(id) {
+                        return Ok(info.clone());
+                    }
+                    if let Some(info) = self.transit.lock().get(id) {
+                        return Ok(info.clone());
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(sb) = live {
+            return Ok(sb.info());
         }
         if let Some(lost) = self.lost.lock().get(id) {
             return Ok(lost.info.clone());
         }
-        Ok(self.sandbox(id)?.info())
+        Err(Error::NotFound { id: id.to_string() })
     }
 
     pub fn list(&self) -> Vec<SandboxInfo> {
-        let mut v: Vec<SandboxInfo> = self.sandboxes.lock().values().map(|s| s.info()).collect();
-        v.extend(self.parked.lock().values().cloned());
+        let (live, mut v) = {
+            let live = self.sandboxes.lock();
+            let _pending = self.pending.lock();
+            let mut v: Vec<SandboxInfo> = self.parked.lock().values().cloned().collect();
+            v.extend(self.transit.lock().values().cloned());
+            (live.values().cloned().collect::<Vec<_>>(), v)
+        };
+        v.extend(live.iter().map(|s| s.info()));
         v.extend(self.lost.lock().values().map(|l| l.info.clone()));
         v.sort_by_key(|i| i.created_at_ms);
         v
+    }
+
+    /// How a sandbox in transit to or from `parked` shows meanwhile.
+    fn in_transit(mut info: SandboxInfo) -> SandboxInfo {
+        info.state = SandboxState::Paused;
+        info.init_pid = None;
+        info.address = None;
+        info
     }
 
     /// Kill every process (cgroup.kill), tear down network, cgroups and root, remove the run dir.
@@ -558,6 +597,10 @@ impl Runtime {
                 .remove(id)
                 .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
             self.pending.lock().insert(id.clone());
+            if kind == EventKind::Paused {
+                let info = Self::in_transit(sb.info());
+                self.transit.lock().insert(id.clone(), info);
+            }
             sb
         };
         {
@@ -581,11 +624,10 @@ impl Runtime {
             let mut pending = self.pending.lock();
             if res.is_ok() && kind == EventKind::Paused {
                 *sb.state.lock() = SandboxState::Paused;
-                let mut info = sb.info();
-                info.init_pid = None;
-                info.address = None;
+                let info = Self::in_transit(sb.info());
                 self.parked.lock().insert(id.clone(), info);
             }
+            self.transit.lock().remove(id);
             pending.remove(id);
         }
         match &res {

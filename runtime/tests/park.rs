@@ -108,3 +108,45 @@ fn restore_as_needs_a_parked_id_so_a_destroy_wins_over_a_racing_resume() {
     assert_eq!(rt.get(&id).unwrap_err().code(), "not_found");
     assert_gone(&rt, &id);
 }
+
+#[test]
+fn a_sandbox_never_vanishes_from_get_or_list_while_it_is_paused_or_resumed() {
+    if !can_run() {
+        return;
+    }
+    let rt = rt();
+    let id = rt.create(spec()).expect("create").id;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|s| {
+        let poller = s.spawn(|| {
+            let (mut polls, mut misses) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                polls += 1;
+                if let Err(e) = rt.get(&id) {
+                    misses.push(format!("get: {e}"));
+                }
+                if !rt.list().iter().any(|i| i.id == id) {
+                    misses.push("list: missing".into());
+                }
+            }
+            (polls, misses)
+        });
+        for _ in 0..5 {
+            rt.park(&id).expect("park");
+            rt.create_restored_as(id.clone(), spec(), &mut |t| start_init_into(t, "x"))
+                .expect("restore as");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        poller.join().unwrap()
+    });
+    let (polls, misses) = seen;
+    assert!(polls > 10, "the poller ran ({polls} polls)");
+    assert!(
+        misses.is_empty(),
+        "{} of {polls} polls missed it: {:?}",
+        misses.len(),
+        &misses[..misses.len().min(5)]
+    );
+    rt.destroy(&id).expect("destroy");
+    assert_gone(&rt, &id);
+}
