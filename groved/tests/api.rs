@@ -472,6 +472,11 @@ fn sandbox_lifecycle_exec_files() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The signal reached the shell's child too.
+    assert_eq!(
+        ex(json!({"shell": "ps -eo args | grep -c '^sleep 300' || true"}))["stdout"],
+        "0\n"
+    );
 
     // usage, ttl, pause/resume
     let u = d
@@ -512,8 +517,9 @@ fn sandbox_lifecycle_exec_files() {
         .send(Method::PUT, &format!("/v1/sandboxes/{id}/ttl"), None, &[])
         .expect_error(400, Some("body"));
     assert_eq!(e["code"], "invalid_json");
-    // Pause to the store and back, with this sandbox's whole history: among others the shell of
-    // the `sleep 300` above died before its child, leaving a session without its leader.
+    // Pause to the store and back, with this sandbox's whole history, and a shell that exited
+    // before its child (a session without its leader: CRIU restores it through a helper task).
+    ex(json!({"shell": "sleep 1000 >/dev/null 2>&1 &"}));
     d.send(
         Method::PUT,
         &format!("/v1/sandboxes/{id}/files?path=/root/kept"),
@@ -559,6 +565,10 @@ fn sandbox_lifecycle_exec_files() {
         .expect(200)
         .json();
     assert_eq!(r["stdout"], "keptbox1\n");
+    assert_eq!(
+        ex(json!({"shell": "ps -eo args | grep -c '^sleep 1000'"}))["stdout"],
+        "1\n"
+    );
     let s = d
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .expect(200)

@@ -287,8 +287,16 @@ fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
                     message: format!("pid {pid} cannot be signalled"),
                 }
             } else {
+                // A command started by exec leads its own session and group: signal the whole
+                // group, so `sh -c 'server'` stops with its children instead of orphaning them.
+                // SAFETY: getpgid(2) and kill(2) with plain integers.
+                let target = if unsafe { libc::getpgid(pid) } == pid {
+                    -pid
+                } else {
+                    pid
+                };
                 // SAFETY: kill(2) with plain integers.
-                match unsafe { libc::kill(pid, signal) } {
+                match unsafe { libc::kill(target, signal) } {
                     0 => Reply::Ok,
                     _ => Reply::Error {
                         message: format!("kill {pid}: {}", std::io::Error::last_os_error()),
