@@ -390,3 +390,58 @@ fn stale_mounts_from_a_dead_server_are_removed() {
     fs::write(keep.mountpoint().join("ok"), b"ok").unwrap();
     let _ = fs::remove_dir_all(env.path("stale-upper"));
 }
+
+#[test]
+fn small_files_share_one_slot_file_and_give_space_back() {
+    if !fuse_available() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(&base, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    let upper = env.path("upper-m");
+    for i in 0..200u64 {
+        fs::write(mp.join(format!("f{i}")), random_bytes(i, 5000)).unwrap();
+    }
+    // One slot file, not one upper file per file.
+    let entries: Vec<_> = fs::read_dir(&upper).unwrap().collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let slots = upper.join("slots");
+    assert!(fs::metadata(&slots).unwrap().blocks() > 0);
+    // A file that outgrows its slot moves to its own file with its content.
+    let mut f = OpenOptions::new().append(true).open(mp.join("f7")).unwrap();
+    let tail = random_bytes(1000, 2 << 20);
+    f.write_all(&tail).unwrap();
+    drop(f);
+    let mut want = random_bytes(7, 5000);
+    want.extend_from_slice(&tail);
+    assert!(fs::read(mp.join("f7")).unwrap() == want);
+    // A shrunk file reads zeros where it grows again; a reused slot starts out zeroed.
+    let f = OpenOptions::new().write(true).open(mp.join("f8")).unwrap();
+    f.set_len(100).unwrap();
+    f.set_len(5000).unwrap();
+    drop(f);
+    let got = fs::read(mp.join("f8")).unwrap();
+    assert_eq!(got[..100], random_bytes(8, 5000)[..100]);
+    assert!(got[100..].iter().all(|&b| b == 0));
+    fs::remove_file(mp.join("f9")).unwrap();
+    let mut f = File::create(mp.join("new")).unwrap();
+    f.write_all(b"x").unwrap();
+    f.set_len(4096).unwrap();
+    drop(f);
+    let got = fs::read(mp.join("new")).unwrap();
+    assert!(got[0] == b'x' && got[1..].iter().all(|&b| b == 0));
+    // Deleting everything gives the blocks back (once the last RELEASE has arrived).
+    for e in fs::read_dir(mp).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let t = Instant::now();
+    while fs::metadata(&slots).unwrap().blocks() != 0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(fs::metadata(&slots).unwrap().blocks(), 0);
+    assert_eq!(fs::read_dir(&upper).unwrap().count(), 1);
+    assert_eq!(m.usage().bytes, 0);
+}

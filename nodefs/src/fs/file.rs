@@ -1,11 +1,10 @@
 //! A regular file's data in a mount: base chunks from the store overlaid, block by block,
 //! by an upper file on disk. A small write copies up at most two blocks, never the file.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::upper::{Upper, Uppers};
 use crate::store::Store;
 use crate::tree::ChunkRef;
 
@@ -66,12 +65,12 @@ pub struct FileData {
     pub base: Arc<Base>,
     /// Bytes of `base` still visible (truncation hides the rest).
     pub base_len: u64,
-    /// Blocks whose content lives in the upper file.
+    /// Blocks whose content lives in the upper layer.
     pub present: Vec<u64>,
-    /// The mount's upper directory; this file's upper data is `<upper_dir>/<ino>`.
-    pub upper_dir: Arc<Path>,
+    /// The mount's upper storage, and where in it this file's upper blocks are.
+    pub uppers: Arc<Uppers>,
     pub ino: u64,
-    pub upper: Option<Arc<File>>,
+    pub upper: Upper,
     /// Bumped on every content change; commit memoizes per version.
     pub version: u64,
     pub memo: Option<(u64, Arc<Vec<ChunkRef>>)>,
@@ -86,7 +85,7 @@ pub struct FileData {
 }
 
 impl FileData {
-    pub fn new(size: u64, chunks: Vec<ChunkRef>, upper_dir: Arc<Path>, ino: u64) -> FileData {
+    pub fn new(size: u64, chunks: Vec<ChunkRef>, uppers: Arc<Uppers>, ino: u64) -> FileData {
         let base = Base::new(chunks);
         let base_len = base.len().min(size);
         FileData {
@@ -94,9 +93,9 @@ impl FileData {
             base: Arc::new(base),
             base_len,
             present: Vec::new(),
-            upper_dir,
+            uppers,
             ino,
-            upper: None,
+            upper: Upper::default(),
             version: 0,
             memo: None,
             committed: None,
@@ -107,11 +106,7 @@ impl FileData {
 
     /// Stands for "a new regular file" until [`super::state::State::create`] makes the real one.
     pub fn placeholder() -> FileData {
-        FileData::new(0, Vec::new(), Arc::from(Path::new("")), 0)
-    }
-
-    pub fn upper_path(&self) -> PathBuf {
-        self.upper_dir.join(self.ino.to_string())
+        FileData::new(0, Vec::new(), Arc::new(Uppers::new("".as_ref())), 0)
     }
 
     pub fn is_present(&self, b: u64) -> bool {
@@ -164,19 +159,23 @@ impl FileData {
         self.upper_blocks() == 0 && self.base_len == self.base.len() && self.size == self.base_len
     }
 
-    pub fn upper_file(&mut self) -> std::io::Result<Arc<File>> {
-        if let Some(f) = &self.upper {
-            return Ok(f.clone());
-        }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.upper_path())?;
-        let f = Arc::new(f);
-        self.upper = Some(f.clone());
-        Ok(f)
+    /// Write `data` at `off` of the upper layer.
+    fn upper_write(&mut self, data: &[u8], off: u64) -> std::io::Result<()> {
+        let end = off + data.len() as u64;
+        let (f, base) = self
+            .upper
+            .for_write(&self.uppers, self.ino, end, self.size)?;
+        f.write_all_at(data, base + off)
+    }
+
+    /// The file to fsync for this file, if it has upper data.
+    pub fn sync_handle(&mut self) -> std::io::Result<Option<Arc<std::fs::File>>> {
+        self.upper.sync_handle(&self.uppers, self.ino)
+    }
+
+    /// The inode is gone: release its upper storage.
+    pub fn free_upper(&mut self) {
+        self.upper.free(&self.uppers, self.ino);
     }
 
     /// Content of block `b` as seen through the overlay, for copy-up.
@@ -201,8 +200,7 @@ impl FileData {
             }
             let dst = &mut buf[(pos - off) as usize..(run_end - off) as usize];
             if present {
-                let f = self.upper_file()?;
-                read_full_at(&f, dst, pos)?;
+                self.upper.read(&self.uppers, self.ino, dst, pos)?;
             } else {
                 let base_end = self.base_len.min(run_end);
                 if pos < base_end {
@@ -229,10 +227,9 @@ impl FileData {
             return Ok(());
         }
         let data = self.block_view(store, b)?;
-        let f = self.upper_file()?;
         let start = b * BLOCK;
         let keep = self.size.saturating_sub(start).min(BLOCK) as usize;
-        f.write_all_at(&data[..keep], start)?;
+        self.upper_write(&data[..keep], start)?;
         self.set_present(b);
         Ok(())
     }
@@ -260,8 +257,7 @@ impl FileData {
         if !end.is_multiple_of(BLOCK) {
             self.copy_up(store, last)?;
         }
-        let f = self.upper_file()?;
-        f.write_all_at(data, off)?;
+        self.upper_write(data, off)?;
         for b in first..=last {
             self.set_present(b);
         }
@@ -295,10 +291,8 @@ impl FileData {
                 self.present.pop();
             }
         }
-        if self.upper.is_some() || self.upper_path().exists() {
-            let f = self.upper_file()?;
-            f.set_len(size)?;
-        }
+        self.upper
+            .truncate(&self.uppers, self.ino, self.size, size)?;
         self.size = size;
         self.version += 1;
         Ok(())
@@ -315,8 +309,7 @@ impl FileData {
             let b = pos / BLOCK;
             let bend = ((b + 1) * BLOCK).min(end);
             if pos.is_multiple_of(BLOCK) && (bend.is_multiple_of(BLOCK) || bend == self.size) {
-                let f = self.upper_file()?;
-                f.write_all_at(&vec![0u8; (bend - pos) as usize], pos)?;
+                self.upper_write(&vec![0u8; (bend - pos) as usize], pos)?;
                 self.set_present(b);
                 self.mark_changed(pos, bend);
             } else {
@@ -350,19 +343,6 @@ impl FileData {
         self.version += 1;
         Ok(())
     }
-}
-
-fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let n = f.read_at(&mut buf[done..], off + done as u64)?;
-        if n == 0 {
-            buf[done..].fill(0);
-            break;
-        }
-        done += n;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -420,8 +400,9 @@ mod tests {
     fn overlay_matches_a_model() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(&tmp.path().join("store")).unwrap();
-        let upper: Arc<Path> = Arc::from(tmp.path().join("upper").as_path());
-        std::fs::create_dir_all(&upper).unwrap();
+        let upper_dir = tmp.path().join("upper");
+        std::fs::create_dir_all(&upper_dir).unwrap();
+        let upper = Arc::new(Uppers::new(&upper_dir));
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         for round in 0..20u64 {
             let n = rng.gen_range(0..300_000);

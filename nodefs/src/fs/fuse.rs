@@ -155,7 +155,7 @@ impl Fs {
                 i.open = i.open.saturating_sub(1);
                 if i.open == 0 {
                     if let Content::File(f) = &mut i.content {
-                        f.upper = None;
+                        f.upper.close();
                     }
                 }
                 i.open == 0 && i.nlink == 0
@@ -167,19 +167,17 @@ impl Fs {
         }
     }
 
-    /// Count an open of `ino` in the inode table. For a file: prepare a writer's upper file;
-    /// return the base content if it is pristine and the policy wants it passed through.
+    /// Count an open of `ino` in the inode table. For a file: return the base content if it
+    /// is pristine and the policy wants it passed through (upper storage comes with the
+    /// first write).
     fn open_inode(&self, ino: u64, write: bool) -> R<Option<Arc<super::file::Base>>> {
         let mut st = self.s().state.lock();
         let i = st.get_mut(ino)?;
         let mode = i.meta.mode;
-        let base = match &mut i.content {
+        let base = match &i.content {
             Content::File(f) => {
-                if write {
-                    f.upper_file()
-                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-                    None
-                } else if f.is_pristine()
+                if !write
+                    && f.is_pristine()
                     && f.version == 0
                     && passthrough::wanted(mode, f.size, f.lib_name)
                 {
@@ -656,9 +654,13 @@ impl Filesystem for Fs {
         reply: ReplyEmpty,
     ) {
         let f = {
-            let st = self.s().state.lock();
-            match &tryr!(reply, st.get(ino.0)).content {
-                Content::File(f) => f.upper.clone(),
+            let mut st = self.s().state.lock();
+            match &mut tryr!(reply, st.get_mut(ino.0)).content {
+                Content::File(f) => tryr!(
+                    reply,
+                    f.sync_handle()
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+                ),
                 _ => None,
             }
         };

@@ -8,6 +8,7 @@ mod killpriv;
 mod openmode;
 mod passthrough;
 mod state;
+mod upper;
 
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;

@@ -10,6 +10,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 
 use super::dir::Children;
 use super::file::{FileData, BLOCK};
+use super::upper::Uppers;
 use crate::id::ObjectId;
 use crate::store::Store;
 use crate::tree::{Meta, Node};
@@ -100,7 +101,7 @@ pub struct State {
     /// Hard-link group → inode, for groups seen while loading directories.
     pub links: HashMap<u64, u64>,
     pub quota: Quota,
-    pub upper_dir: Arc<std::path::Path>,
+    pub uppers: Arc<Uppers>,
     pub store: Arc<Store>,
     /// Seed for link group ids created in this mount.
     pub nonce: u64,
@@ -145,7 +146,7 @@ impl State {
             next_ino: 2,
             links: HashMap::new(),
             quota,
-            upper_dir: upper_dir.into(),
+            uppers: Arc::new(Uppers::new(&upper_dir)),
             store,
             nonce,
         }
@@ -198,7 +199,7 @@ impl State {
     }
 
     pub fn new_file(&self, size: u64, chunks: Vec<crate::tree::ChunkRef>, ino: u64) -> FileData {
-        FileData::new(size, chunks, self.upper_dir.clone(), ino)
+        FileData::new(size, chunks, self.uppers.clone(), ino)
     }
 
     /// Load a directory's entries from its tree object on first use.
@@ -409,11 +410,8 @@ impl State {
             if i.link != 0 && self.links.get(&i.link) == Some(&ino) {
                 self.links.remove(&i.link);
             }
-            if let Content::File(f) = i.content {
-                let p = f.upper_path();
-                if f.upper.is_some() || p.exists() {
-                    let _ = std::fs::remove_file(&p);
-                }
+            if let Content::File(mut f) = i.content {
+                f.free_upper();
             }
         }
     }
