@@ -123,6 +123,24 @@ fn rename_over_existing_and_directories() {
     assert!(
         fs::read(mp.join("copy.bin")).unwrap() == fs::read(env.path("src/a/b/mid.bin")).unwrap()
     );
+    // A symlink replaced by another shows the new target (the kernel caches targets per
+    // inode), through readlink and through path walks.
+    std::os::unix::fs::symlink("small.txt", mp.join("ln")).unwrap();
+    assert_eq!(fs::read(mp.join("ln")).unwrap(), b"x");
+    std::os::unix::fs::symlink("copy.bin", mp.join("ln2")).unwrap();
+    fs::rename(mp.join("ln2"), mp.join("ln")).unwrap();
+    assert_eq!(fs::read_link(mp.join("ln")).unwrap(), Path::new("copy.bin"));
+    assert_eq!(fs::read(mp.join("ln")).unwrap().len(), 300_000);
+    // isatty() on a file is a plain "no" (ENOTTY).
+    let f = File::open(mp.join("small.txt")).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: fd is open for the duration of the call.
+    let tty = unsafe { libc::isatty(fd) };
+    assert_eq!(tty, 0);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
     // Many entries list completely.
     fs::create_dir(mp.join("many")).unwrap();
     for i in 0..1500 {

@@ -288,6 +288,9 @@ impl Filesystem for Fs {
         // The server drops setuid/setgid/capabilities itself (see killpriv.rs): saves a
         // GETXATTR per write and a GETATTR per chown.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        // A symlink's target never changes (replacing it makes a new inode): the kernel may
+        // keep it instead of asking on every path walk through it (/lib, /bin, python3).
+        let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
         if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
         {
@@ -860,6 +863,22 @@ impl Filesystem for Fs {
                 FopenFlags::empty(),
             );
         });
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // What a regular file says to isatty() (one per buffered open in Python); fuser's
+        // default would log a warning for each.
+        reply.error(Errno::ENOTTY);
     }
 
     fn fallocate(
