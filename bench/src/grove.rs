@@ -120,6 +120,7 @@ impl GroveEnv {
         let snap = st.snap.clone()?;
         Ok(GroveSnapshots {
             rt: st.rt.clone(),
+            store: st.nodefs.as_ref().map(|n| n.store().clone()),
             snap,
             made: Mutex::new(Vec::new()),
         })
@@ -218,6 +219,9 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 state_dir: state_dir.clone(),
                 run_dir: run_dir.clone(),
                 criu: Some(criu.into()),
+                // /run is on disk on this machine kind; dumps and fork images go to a tmpfs,
+                // as they do under /run/grove on a systemd host.
+                scratch_dir: Some(rt.scratch_dir.clone()),
             };
             Snapshotter::new(cfg, rt.rt.clone(), fs.store().clone())
                 .map_err(|e| format!("Snapshotter::new: {e}"))
@@ -251,6 +255,8 @@ pub struct GroveRuntime {
     pub image: String,
     root_kind: &'static str,
     run_dir: PathBuf,
+    /// The snapshotter's tmpfs scratch (dumps, fork images), removed with the runtime.
+    pub scratch_dir: PathBuf,
     cgroup_root: String,
 }
 
@@ -291,6 +297,7 @@ impl GroveRuntime {
             image: image.into(),
             root_kind,
             run_dir: run_dir.into(),
+            scratch_dir: format!("/dev/shm/grove-bench-{}", std::process::id()).into(),
             cgroup_root,
         };
         g.cycle_true()
@@ -371,6 +378,7 @@ impl Drop for GroveRuntime {
     fn drop(&mut self) {
         self.rt.shutdown();
         let _ = std::fs::remove_dir_all(&self.run_dir);
+        let _ = std::fs::remove_dir_all(&self.scratch_dir);
         // Anything the runtime left was already captured by the residue check; leave the host clean.
         crate::util::sweep_cgroups(&self.cgroup_root);
     }
@@ -392,6 +400,8 @@ impl Drop for WorkloadSandbox {
 /// Grove snapshot and fork; the snapshots it made are deleted on drop.
 pub struct GroveSnapshots {
     rt: Arc<GroveRuntime>,
+    /// The content store the snapshots go to (for its size).
+    pub store: Option<Arc<Store>>,
     snap: Arc<Snapshotter>,
     made: Mutex<Vec<String>>,
 }
@@ -520,6 +530,27 @@ impl GroveSnapshots {
             pause_ms,
             resume_ms: t.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// Deletes a snapshot this run made (its chunks stay until a gc).
+    pub fn delete(&self, id: &str) -> Result<()> {
+        self.snap
+            .delete(id)
+            .map_err(|e| anyhow!("delete snapshot {id}: {e}"))?;
+        if let Ok(mut v) = self.made.lock() {
+            v.retain(|m| m != id);
+        }
+        Ok(())
+    }
+
+    /// The snapshotter's scratch (dumps, materialized fork images).
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.rt.scratch_dir.clone()
+    }
+
+    /// Grove's own residue view (mounts, cgroups, netns, processes it owns), as `GroveEnv::residue`.
+    pub fn runtime_residue(&self) -> Vec<String> {
+        self.rt.rt.residue().items.iter().map(residue_key).collect()
     }
 
     /// Forks `n` branches and keeps them (destroyed when the handles drop).

@@ -2,7 +2,7 @@
 
 use crate::scenarios::{
     api, checkpoint as ck, density as de, elastic as el, filesystem as fs, lifecycle as lc,
-    storage as st,
+    rounds as ro, storage as st,
 };
 
 /// Which statistic of a figure a promise is about.
@@ -119,6 +119,9 @@ pub fn all() -> Vec<Promise> {
         Promise::at_most("CK-2", "second snapshot after touching 5 % of the heap: store bytes added ÷ bytes touched", ck::NAME, ck::SECOND_RATIO, "256 MiB heap", Stat::P50, 1.2),
         Promise::at_most("CK-3", "restore one copy to running and answering, p50 (ms)", ck::NAME, ck::FORK, "256 MiB heap, 1 branches", Stat::P50, 200.0),
         Promise::at_most("CK-4", "fork into 8 branches, all running and answering, p50 (ms)", ck::NAME, ck::FORK, "256 MiB heap, 8 branches", Stat::P50, 600.0),
+        Promise::at_most("CK-5", "100 rounds of snapshot → fork 4 → destroy: per-round latency, last tenth ÷ first tenth", ro::NAME, ro::GROWTH, "100 rounds", Stat::P50, 1.2),
+        Promise::at_most("CK-6", "100 rounds: store bytes each round adds ÷ bytes it touched, last tenth, p50", ro::NAME, ro::STORE, "100 rounds, last tenth", Stat::P50, 1.2),
+        Promise::at_most("CK-7", "100 rounds: Grove residue and scratch files left after them", ro::NAME, ro::RESIDUE, "100 rounds", Stat::P50, 0.0),
         Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "1024 MiB file", fs::OVERLAY, AtLeast(0.7)),
         Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
         Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "python3.11 stdlib + /usr/share", fs::OVERLAY, AtMost(2.0)),
@@ -148,6 +151,8 @@ mod tests {
         assert_eq!(find("ST-2"), st::tree_param(100));
         assert_eq!(find("CK-2"), ck::heap_param(256 << 20));
         assert!(find("CK-4").starts_with(&ck::heap_param(256 << 20)));
+        assert!(find("CK-6").starts_with(&ro::rounds_param(100)));
+        assert_eq!(find("CK-7"), ro::rounds_param(100));
         assert_eq!(find("API-1"), format!("{}, p50", api::EXEC));
     }
 

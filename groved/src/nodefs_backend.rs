@@ -30,6 +30,7 @@ pub fn build(config: &Config) -> anyhow::Result<Backend> {
         state_dir: config.state_dir.clone(),
         run_dir: config.run_dir.clone(),
         criu: config.criu.clone(),
+        scratch_dir: None,
     };
     let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
         Ok(s) => Some(s),

@@ -7,7 +7,9 @@ use std::io::Read;
 pub enum ChunkPolicy {
     /// FastCDC content-defined chunks of about 16/64/256 KiB (min/avg/max).
     Cdc,
-    /// Fixed-size chunks (e.g. 4096 for CRIU page images, so pages dedup one by one).
+    /// Fixed-size chunks (e.g. 4096 for CRIU page images, so pages dedup one by one), cut on
+    /// every core at import and given no whole-file passthrough object: for data read back
+    /// by export, not served by a mount.
     Fixed(u32),
 }
 

@@ -174,6 +174,13 @@ impl Store {
         let policies: Vec<ChunkPolicy> = files.iter().map(|(_, r)| policy(r)).collect();
         let next = AtomicUsize::new(0);
         let out = Mutex::new(HashMap::with_capacity(files.len()));
+        // Fixed-size files (page images) go first, one at a time, each on every core.
+        for ((p, _), pol) in files.iter().zip(&policies) {
+            if let ChunkPolicy::Fixed(n) = pol {
+                out.lock()
+                    .insert(p.clone(), self.chunk_fixed(p, *n as usize)?);
+            }
+        }
         let err: Mutex<Option<Error>> = Mutex::new(None);
         std::thread::scope(|s| {
             for _ in 0..crate::cpus() {
@@ -182,6 +189,9 @@ impl Store {
                     let Some((p, _)) = files.get(i) else { break };
                     if err.lock().is_some() {
                         break;
+                    }
+                    if matches!(policies[i], ChunkPolicy::Fixed(_)) {
+                        continue;
                     }
                     let r = fs::File::open(p).map_err(io_err(p)).and_then(|mut f| {
                         let size = f.metadata().map(|m| m.len()).unwrap_or(0);

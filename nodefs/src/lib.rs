@@ -13,6 +13,7 @@ mod id;
 mod import;
 mod oci;
 mod pack;
+mod pages;
 mod store;
 mod stream;
 mod sys;

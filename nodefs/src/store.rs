@@ -20,7 +20,7 @@ pub(crate) const MAX_DELTA_DEPTH: u8 = 4;
 const CACHE_BYTES: usize = 64 << 20;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
-const CHUNK_ZSTD_LEVEL: i32 = 1;
+pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
 
 /// Counters describing the store.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
@@ -331,7 +331,13 @@ impl Store {
         if self.packs.contains(&id) {
             return Ok(id);
         }
-        let payload = zstd::bulk::compress(&data, ZSTD_LEVEL).map_err(store_io(&self.dir))?;
+        // Big trees are mostly chunk ids (incompressible hashes): the fast level does as well.
+        let level = if data.len() > 64 << 10 {
+            CHUNK_ZSTD_LEVEL
+        } else {
+            ZSTD_LEVEL
+        };
+        let payload = zstd::bulk::compress(&data, level).map_err(store_io(&self.dir))?;
         self.packs.append(&Record {
             id,
             kind: Kind::Tree,
@@ -526,6 +532,11 @@ impl Store {
             .map(|d| d.flatten().filter(|e| e.file_name().len() == 64).count() as u64)
             .unwrap_or(0);
         s
+    }
+
+    /// Bytes of all pack files: what `stats().stored_bytes` says, without walking the index.
+    pub fn stored_bytes(&self) -> u64 {
+        self.packs.disk_bytes()
     }
 
     /// Logical size (sum of regular file sizes, hard links once) of a tree.

@@ -212,6 +212,7 @@ fn main() {
                                 external_mounts: vec![],
                                 tcp_established: true,
                                 lazy_pages: lazy.is_some(),
+                                inherit_netns: false,
                             })
                             .expect("restore");
                         match lazy {

@@ -4,7 +4,9 @@
 pub mod criu;
 mod error;
 pub mod images;
+mod netns;
 mod pause;
+mod plan;
 mod record;
 mod root;
 mod snapshotter;

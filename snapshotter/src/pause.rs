@@ -61,6 +61,7 @@ impl Snapshotter {
             spec: cap.spec.clone(),
             dump_ms: cap.dump_ms,
             bytes_added: 0,
+            store_ms,
             paused: None,
         };
         parked.init_pid = None;

@@ -27,6 +27,10 @@ pub struct SnapshotInfo {
     pub dump_ms: u64,
     /// Bytes the snapshot added to the store (compressed, after dedup).
     pub bytes_added: u64,
+    /// After the thaw: images into the store, up to the refs and record writes (a few fsyncs).
+    /// `dump_ms + store_ms` is about the time until the snapshot is durable and forkable.
+    #[serde(default)]
+    pub store_ms: u64,
     /// Set on the record of a pause to the store: the parked sandbox it brings back. Such
     /// records are internal (not listed, not forkable, not exported) and go away on resume or
     /// when the sandbox is destroyed.
@@ -187,6 +191,7 @@ mod tests {
             spec: SandboxSpec::from_image("debian12"),
             dump_ms: 5,
             bytes_added: 7,
+            store_ms: 3,
             paused: None,
         }
     }

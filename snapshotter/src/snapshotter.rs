@@ -2,6 +2,7 @@
 //! list/get/delete them and move them between nodes.
 
 use std::collections::{BTreeMap, HashSet};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::error::Error;
 use crate::images::{self, ImageCache};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
+use crate::{netns, plan};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
@@ -32,6 +34,10 @@ pub struct SnapshotterConfig {
     pub run_dir: PathBuf,
     /// CRIU binary; None = `$GROVE_CRIU`, /var/lib/grove/criu/criu, then PATH.
     pub criu: Option<PathBuf>,
+    /// Where dumps are written and images materialized for forks; None = `run_dir`. It should
+    /// be a tmpfs (as /run is on systemd hosts): a snapshot of a 256 MiB heap then never
+    /// waits on the disk's page cache or writeback, and restores read from memory.
+    pub scratch_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -190,7 +196,8 @@ impl Snapshotter {
     ) -> Result<Arc<Snapshotter>, Error> {
         let criu = Criu::locate(cfg.criu.as_deref())?;
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
-        let work_root = cfg.run_dir.join("snapshot-work");
+        let scratch = cfg.scratch_dir.as_ref().unwrap_or(&cfg.run_dir);
+        let work_root = scratch.join("snapshot-work");
         reset_work_root(&work_root);
         std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
         let mut index = BTreeMap::new();
@@ -203,7 +210,7 @@ impl Snapshotter {
             criu,
             records,
             index: RwLock::new(index),
-            cache: ImageCache::new(cfg.run_dir.join("snapshots")),
+            cache: ImageCache::new(scratch.join("snapshots")),
             work_root,
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() == Ok("1")),
@@ -253,9 +260,11 @@ impl Snapshotter {
             self.check_name_free(n, None)?;
         }
         let _busy = self.claim(sandbox)?;
-        let before = self.store.stats().stored_bytes;
+        let before = self.store.stored_bytes();
         let cap = self.capture(sandbox, false)?;
+        let thawed = Instant::now();
         let images_root = images::import(&self.store, &cap.images_dir)?;
+        let import_ms = thawed.elapsed().as_millis() as u64;
         // Keep gc off the new objects until the refs are written.
         let _pins = [
             Pin::new(&self.store, images_root),
@@ -275,14 +284,20 @@ impl Snapshotter {
             images_root: img_hex,
             spec: cap.spec.clone(),
             dump_ms: cap.dump_ms,
-            bytes_added: self.store.stats().stored_bytes.saturating_sub(before),
+            bytes_added: self.store.stored_bytes().saturating_sub(before),
+            // Stops just before the refs and record are written (a few fsyncs).
+            store_ms: thawed.elapsed().as_millis() as u64,
             paused: None,
         };
         self.commit_record(&info, &cap.fs_root, &images_root)?;
         // The dumped images are exactly what a fork needs: keep them as the materialized copy.
         self.cache.adopt(&id, &cap.images_dir);
         drop(cap);
-        tracing::info!(snapshot = %id, %sandbox, dump_ms = info.dump_ms, bytes_added = info.bytes_added, "snapshot committed");
+        tracing::info!(
+            snapshot = %id, %sandbox, frozen_ms = info.dump_ms, import_ms,
+            after_thaw_ms = thawed.elapsed().as_millis() as u64, bytes_added = info.bytes_added,
+            "snapshot committed"
+        );
         if opts.stop {
             self.runtime.destroy(sandbox)?;
         }
@@ -305,7 +320,43 @@ impl Snapshotter {
             .clone();
         let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
-        let images_dir = scratch.0.join("images");
+        let images_dir = scratch.0.join(plan::IMAGES);
+        let base = criu::DumpOptions {
+            pid: view.init_pid,
+            images_dir: images_dir.clone(),
+            work_dir: scratch.0.join(plan::LOGS),
+            leave_running: true,
+            external_mounts: view
+                .externals
+                .iter()
+                .map(|e| (e.sandbox_path.clone(), e.key.clone()))
+                .collect(),
+            freeze_cgroup: None,
+            tcp_established: true,
+            track_mem: false,
+            prev_images_dir: None,
+            // An egress sandbox's namespace holds its veth and is dumped in full.
+            external_net: match view.veth_host {
+                None => Some(
+                    netns::inode_of(view.init_pid)
+                        .map_err(|e| Error::io(format!("/proc/{}/ns/net", view.init_pid), e))?,
+                ),
+                Some(_) => None,
+            },
+        };
+        // Soft-dirty kernels: copy memory while the sandbox runs; the frozen dump then writes
+        // only what changed since. A failed pre-dump only costs the optimization.
+        let mut pre =
+            plan::pre_dump(self.criu.features(), was_frozen, &base, &scratch.0).filter(|p| {
+                match self.criu.pre_dump(p) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(%sandbox, error = %e, "pre-dump failed; dumping in full");
+                        let _ = std::fs::remove_dir_all(&p.images_dir);
+                        false
+                    }
+                }
+            });
 
         // A per-request control connection (an exec just finishing, a ping) may be open at the
         // freeze instant; CRIU then refuses the dump. Such connections close within
@@ -319,7 +370,11 @@ impl Snapshotter {
             if !was_frozen {
                 self.runtime.freeze(sandbox)?;
             }
-            let frozen = self.dump_and_commit(&view, &mount, &images_dir, &scratch.0.join("criu"));
+            let opts = criu::DumpOptions {
+                freeze_cgroup: frozen_cgroup(&view.cgroups),
+                ..plan::dump(base.clone(), pre.as_ref())
+            };
+            let frozen = self.dump_and_commit(&opts, &mount, pre.as_ref());
             let thaw = |ok: bool| {
                 if was_frozen || (ok && keep_frozen) {
                     Ok(())
@@ -344,6 +399,10 @@ impl Snapshotter {
                 }
                 Err(Error::Criu(criu::Error::ExternalSocket { .. })) if attempt < DUMP_ATTEMPTS => {
                     thaw(false)?;
+                    // A failed dump may have reset the dirty bits the pre-dump relies on.
+                    if let Some(p) = pre.take() {
+                        let _ = std::fs::remove_dir_all(&p.images_dir);
+                    }
                     tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
                     std::thread::sleep(Duration::from_millis(20 * attempt as u64));
                 }
@@ -358,26 +417,15 @@ impl Snapshotter {
     /// The frozen part: dump the tree (leaving it running), then commit its root.
     fn dump_and_commit(
         &self,
-        view: &grove_runtime::CheckpointView,
+        opts: &criu::DumpOptions,
         mount: &nodefs::Mount,
-        images_dir: &Path,
-        work_dir: &Path,
+        pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
-        self.criu.dump(&criu::DumpOptions {
-            pid: view.init_pid,
-            images_dir: images_dir.to_path_buf(),
-            work_dir: work_dir.to_path_buf(),
-            leave_running: true,
-            external_mounts: view
-                .externals
-                .iter()
-                .map(|e| (e.sandbox_path.clone(), e.key.clone()))
-                .collect(),
-            freeze_cgroup: frozen_cgroup(&view.cgroups),
-            tcp_established: true,
-            track_mem: false,
-            prev_images_dir: None,
-        })?;
+        self.criu.dump(opts)?;
+        if let Some(p) = pre {
+            plan::nest_parent(&opts.images_dir, &p.images_dir)
+                .map_err(|e| Error::io(&opts.images_dir, e))?;
+        }
         Ok(mount.commit()?)
     }
 
@@ -508,6 +556,7 @@ impl Snapshotter {
         same_id: Option<&SandboxId>,
     ) -> Result<SandboxInfo, Error> {
         let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
+        let inherit_netns = netns::is_external(images);
         let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
             let work = self.work_root.join(format!("restore-{}-{}", t.id, now_ms()));
             let opts = criu::RestoreOptions {
@@ -519,6 +568,7 @@ impl Snapshotter {
                 external_mounts: t.externals.iter().map(|e| (e.key.clone(), e.host_path.clone())).collect(),
                 tcp_established: true,
                 lazy_pages: lazy,
+                inherit_netns,
             };
             self.restore_one(&opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
@@ -556,7 +606,22 @@ impl Snapshotter {
         } else {
             None
         };
-        let r = self.criu.restore(opts).map(|(pid, _)| pid);
+        // The fresh namespace lives on in the restored tree; our fd goes after the restore.
+        let ns = match opts.inherit_netns.then(netns::fresh_loopback).transpose() {
+            Ok(ns) => ns,
+            Err(e) => {
+                if let Some(d) = daemon {
+                    d.kill();
+                }
+                let _ = std::fs::remove_dir_all(&work);
+                return Err(criu::Error::io(&work, e));
+            }
+        };
+        let r = self
+            .criu
+            .restore_in(opts, ns.as_ref().map(|f| f.as_fd()))
+            .map(|(pid, _)| pid);
+        drop(ns);
         match (daemon, &r) {
             (Some(d), Ok(_)) => d.reap_later(move || {
                 let _ = std::fs::remove_dir_all(&work);

@@ -7,6 +7,7 @@ pub mod density;
 pub mod elastic;
 pub mod filesystem;
 pub mod lifecycle;
+pub mod rounds;
 pub mod soak;
 pub mod storage;
 
@@ -78,6 +79,14 @@ pub fn all() -> Vec<Scenario> {
             opt_in: false,
             est_full: 300.0,
             run: checkpoint::run,
+        },
+        Scenario {
+            name: rounds::NAME,
+            title: "Rounds: snapshot → fork 4 → destroy, repeated on one sandbox",
+            est_quick: 15.0,
+            opt_in: false,
+            est_full: 300.0,
+            run: rounds::run,
         },
         Scenario {
             name: filesystem::NAME,

@@ -8,6 +8,13 @@ pub const DUMP_LOG: &str = "dump.log";
 pub const RESTORE_LOG: &str = "restore.log";
 pub const LAZY_LOG: &str = "lazy-pages.log";
 
+/// Key naming an offline sandbox's network namespace as external: dumped by reference (no
+/// `ip`/`iptables` saves while frozen), restored by joining the fresh loopback-only namespace
+/// the restore passes in at [`NETNS_FD`].
+pub const NETNS_KEY: &str = "grove-netns";
+/// The fd number the fresh network namespace has in a restoring CRIU.
+pub const NETNS_FD: i32 = 4;
+
 /// `criu lazy-pages`: serves the pages of `images` to a `--lazy-pages` restore using `work`.
 pub fn lazy_pages_args(images: &std::path::Path, work: &std::path::Path) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec![
@@ -42,6 +49,48 @@ pub struct DumpOptions {
     /// Incremental dump against `prev_images_dir` (needs soft-dirty; see `Features`).
     pub track_mem: bool,
     pub prev_images_dir: Option<PathBuf>,
+    /// Inode of the tree's network namespace, to dump as external ([`NETNS_KEY`]).
+    pub external_net: Option<u64>,
+}
+
+/// `criu pre-dump`: copies the tree's memory while it keeps running and arms soft-dirty
+/// tracking, so a dump with `track_mem` and `prev_images_dir` = this dir writes only the pages
+/// dirtied since (the frozen part shrinks to those). Needs `Features::mem_dirty_track`.
+#[derive(Debug, Clone, Default)]
+pub struct PreDumpOptions {
+    pub pid: i32,
+    pub images_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub external_mounts: Vec<(String, String)>,
+}
+
+/// Name of the log of a pre-dump in the work dir.
+pub const PRE_DUMP_LOG: &str = "pre-dump.log";
+
+impl PreDumpOptions {
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> =
+            vec!["pre-dump".into(), "-t".into(), self.pid.to_string().into()];
+        common(&mut a, &self.images_dir, &self.work_dir, PRE_DUMP_LOG);
+        for (path, key) in &self.external_mounts {
+            a.push("--external".into());
+            a.push(format!("mnt[{path}]:{key}").into());
+        }
+        a.push("--track-mem".into());
+        a
+    }
+
+    /// The dump that completes this pre-dump: only pages dirtied since, the rest referenced
+    /// in the pre-dump's images through the `parent` symlink CRIU makes in the dump dir. CRIU
+    /// takes that path relative to the dump dir, so the two dirs must be siblings.
+    pub fn complete(&self, dump: DumpOptions) -> DumpOptions {
+        let name = self.images_dir.file_name().unwrap_or_default();
+        DumpOptions {
+            track_mem: true,
+            prev_images_dir: Some(std::path::Path::new("..").join(name)),
+            ..dump
+        }
+    }
 }
 
 /// What to restore and where.
@@ -60,6 +109,8 @@ pub struct RestoreOptions {
     pub tcp_established: bool,
     /// Leave memory to a `criu lazy-pages` daemon listening in `work_dir`.
     pub lazy_pages: bool,
+    /// The images name an external network namespace: join the one passed at [`NETNS_FD`].
+    pub inherit_netns: bool,
 }
 
 fn common(args: &mut Vec<OsString>, images: &PathBuf, work: &PathBuf, log: &str) {
@@ -84,6 +135,10 @@ impl DumpOptions {
         for (path, key) in &self.external_mounts {
             a.push("--external".into());
             a.push(format!("mnt[{path}]:{key}").into());
+        }
+        if let Some(ino) = self.external_net {
+            a.push("--external".into());
+            a.push(format!("net[{ino}]:{NETNS_KEY}").into());
         }
         if self.tcp_established {
             a.push("--tcp-established".into());
@@ -130,6 +185,10 @@ impl RestoreOptions {
         }
         if self.lazy_pages {
             a.push("--lazy-pages".into());
+        }
+        if self.inherit_netns {
+            a.push("--inherit-fd".into());
+            a.push(format!("fd[{NETNS_FD}]:{NETNS_KEY}").into());
         }
         a
     }
@@ -185,6 +244,52 @@ mod tests {
     }
 
     #[test]
+    fn offline_netns_is_external_on_both_sides() {
+        let d = DumpOptions {
+            pid: 3,
+            images_dir: "/i".into(),
+            work_dir: "/w".into(),
+            external_net: Some(4026533214),
+            ..Default::default()
+        };
+        let a = strs(d.to_args()).join(" ");
+        assert!(a.ends_with("--external net[4026533214]:grove-netns"), "{a}");
+        let r = RestoreOptions {
+            images_dir: "/i".into(),
+            work_dir: "/w".into(),
+            inherit_netns: true,
+            ..Default::default()
+        };
+        let a = strs(r.to_args()).join(" ");
+        assert!(a.ends_with("--inherit-fd fd[4]:grove-netns"), "{a}");
+    }
+
+    #[test]
+    fn pre_dump_then_incremental_dump() {
+        let pre = PreDumpOptions {
+            pid: 7,
+            images_dir: "/s/pre".into(),
+            work_dir: "/s/criu".into(),
+            external_mounts: vec![("/data".into(), "k".into())],
+        };
+        assert_eq!(
+            strs(pre.to_args()).join(" "),
+            "pre-dump -t 7 -D /s/pre -W /s/criu -v4 -o pre-dump.log --network-lock nftables \
+             --external mnt[/data]:k --track-mem"
+        );
+        let dump = pre.complete(DumpOptions {
+            pid: 7,
+            images_dir: "/s/images".into(),
+            work_dir: "/s/criu".into(),
+            leave_running: true,
+            ..Default::default()
+        });
+        let a = strs(dump.to_args()).join(" ");
+        assert!(a.starts_with("dump -t 7 -D /s/images"), "{a}");
+        assert!(a.ends_with("--track-mem --prev-images-dir ../pre"), "{a}");
+    }
+
+    #[test]
     fn restore_args() {
         let o = RestoreOptions {
             images_dir: "/i".into(),
@@ -199,6 +304,7 @@ mod tests {
             external_mounts: vec![("grove-data".into(), "/srv/data".into())],
             tcp_established: false,
             lazy_pages: true,
+            inherit_netns: false,
         };
         let a = strs(o.to_args()).join(" ");
         assert_eq!(

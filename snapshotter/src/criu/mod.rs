@@ -5,12 +5,16 @@ mod compat;
 mod error;
 pub mod log;
 
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub use args::{DumpOptions, RestoreOptions, DUMP_LOG, LAZY_LOG, RESTORE_LOG};
+pub use args::{
+    DumpOptions, PreDumpOptions, RestoreOptions, DUMP_LOG, LAZY_LOG, NETNS_FD, NETNS_KEY,
+    PRE_DUMP_LOG, RESTORE_LOG,
+};
 pub use error::Error;
 
 /// Where scripts/setup installs a CRIU that works on this kernel.
@@ -87,13 +91,18 @@ impl Criu {
     }
 
     fn command(&self) -> Command {
+        self.command_with(None)
+    }
+
+    /// A CRIU command that inherits `netns` at [`args::NETNS_FD`] (see `RestoreOptions`).
+    fn command_with(&self, netns: Option<BorrowedFd<'_>>) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.stdin(Stdio::null());
         let shim = self.shim.as_ref().map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
         }
-        prepare_fds(&mut cmd, shim);
+        prepare_fds(&mut cmd, shim, netns.map(|f| f.as_raw_fd()));
         cmd
     }
 
@@ -164,10 +173,39 @@ impl Criu {
         }
     }
 
+    /// Copies the tree's memory while it runs and arms soft-dirty tracking (see
+    /// [`PreDumpOptions`]). Only where `features().mem_dirty_track`.
+    pub fn pre_dump(&self, opts: &PreDumpOptions) -> Result<Timing, Error> {
+        let start = Instant::now();
+        std::fs::create_dir_all(&opts.images_dir).map_err(|e| Error::io(&opts.images_dir, e))?;
+        let status = self.run(&opts.to_args(), &opts.work_dir)?;
+        if status.success() {
+            return Ok(Timing {
+                elapsed: start.elapsed(),
+            });
+        }
+        let log_tail = read_log(&opts.work_dir.join(PRE_DUMP_LOG));
+        remove_staging_dirs(&opts.work_dir.join(PRE_DUMP_LOG));
+        Err(Error::DumpFailed {
+            pid: opts.pid,
+            log_tail,
+        })
+    }
+
     /// Restores a tree detached (`-d`) and returns the host pid of its root task.
     pub fn restore(&self, opts: &RestoreOptions) -> Result<(i32, Timing), Error> {
+        self.restore_in(opts, None)
+    }
+
+    /// [`Criu::restore`] joining `netns` (the fresh namespace an image with an external one
+    /// needs; `opts.inherit_netns` must say so).
+    pub fn restore_in(
+        &self,
+        opts: &RestoreOptions,
+        netns: Option<BorrowedFd<'_>>,
+    ) -> Result<(i32, Timing), Error> {
         let start = Instant::now();
-        let status = self.run(&opts.to_args(), &opts.work_dir)?;
+        let status = self.run_with(&opts.to_args(), &opts.work_dir, netns)?;
         let dir = opts.images_dir.clone();
         if !status.success() {
             let log_tail = read_log(&opts.work_dir.join(RESTORE_LOG));
@@ -233,8 +271,17 @@ impl Criu {
         args: &[std::ffi::OsString],
         work_dir: &Path,
     ) -> Result<std::process::ExitStatus, Error> {
+        self.run_with(args, work_dir, None)
+    }
+
+    fn run_with(
+        &self,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+    ) -> Result<std::process::ExitStatus, Error> {
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
-        self.command()
+        self.command_with(netns)
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -291,14 +338,22 @@ fn read_log(path: &Path) -> Vec<String> {
 
 /// CRIU must not inherit the daemon's descriptors (FUSE sessions, sockets): it would dump or hold
 /// them. Rust opens its own fds close-on-exec, but other code in the daemon may not. The shim,
-/// if any, is the one fd passed on, at `SHIM_FD`.
-fn prepare_fds(cmd: &mut Command, shim: Option<std::os::fd::RawFd>) {
+/// if any, is passed on at `SHIM_FD` and a network namespace to join at `NETNS_FD`; nothing else.
+fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, netns: Option<RawFd>) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs between fork and exec and only issues async-signal-safe syscalls
-    // (dup2, close_range) on plain integers; it touches no memory of the parent.
+    // (fcntl, dup2, close, close_range) on plain integers; it touches no memory of the parent.
     unsafe {
         cmd.pre_exec(move || {
-            let mut first_closed = 3u32;
+            let fail = || Err(std::io::Error::last_os_error());
+            // Park the netns fd above both targets first, so placing the shim cannot clobber it.
+            let parked = match netns {
+                Some(fd) => match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 64) {
+                    r if r < 0 => return fail(),
+                    r => Some(r),
+                },
+                None => None,
+            };
             if let Some(fd) = shim {
                 // dup2 onto itself would keep close-on-exec set; clear it explicitly then.
                 let r = if fd == compat::SHIM_FD {
@@ -307,9 +362,18 @@ fn prepare_fds(cmd: &mut Command, shim: Option<std::os::fd::RawFd>) {
                     libc::dup2(fd, compat::SHIM_FD)
                 };
                 if r < 0 {
-                    return Err(std::io::Error::last_os_error());
+                    return fail();
                 }
-                first_closed = compat::SHIM_FD as u32 + 1;
+            } else {
+                libc::close(compat::SHIM_FD);
+            }
+            let mut first_closed = compat::SHIM_FD as u32 + 1;
+            if let Some(fd) = parked {
+                if libc::dup2(fd, args::NETNS_FD) < 0 {
+                    return fail();
+                }
+                libc::close(fd);
+                first_closed = args::NETNS_FD as u32 + 1;
             }
             libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, 0u32);
             Ok(())

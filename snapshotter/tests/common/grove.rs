@@ -80,6 +80,7 @@ impl Env {
             state_dir: dir.join("state"),
             run_dir: run_dir.clone(),
             criu: None,
+            scratch_dir: None,
         };
         let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), store.clone()).unwrap();
         Env {

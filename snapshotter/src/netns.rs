@@ -1,0 +1,98 @@
+//! Offline sandboxes' network namespaces in snapshots. Such a namespace holds only `lo` (the
+//! sandbox has no CAP_NET_ADMIN to add more), so CRIU dumps it by reference instead of running
+//! `ip route/rule save`, `iptables-save` and friends while the sandbox is frozen, and each
+//! restore joins a fresh loopback-only namespace made here (no `ip ... restore` per branch).
+//! The sockets inside (listeners, loopback connections) are process state and are restored
+//! into it as before.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Inode of the network namespace of `pid` (what `--external net[<inode>]` names).
+pub(crate) fn inode_of(pid: i32) -> io::Result<u64> {
+    Ok(std::fs::metadata(format!("/proc/{pid}/ns/net"))?.ino())
+}
+
+/// Whether a dump in `images` took its network namespace by reference: CRIU writes a
+/// `netdev-<id>.img` for every namespace it dumps in full (`lo` at least).
+pub(crate) fn is_external(images: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(images) else {
+        return false;
+    };
+    !rd.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n.starts_with("netdev-") && n.ends_with(".img")
+    })
+}
+
+/// A new network namespace with `lo` up, held by the returned fd (it lives while the fd or a
+/// process in it does). Made on a short-lived thread: network namespaces are per thread, so
+/// the caller's stays untouched.
+pub(crate) fn fresh_loopback() -> io::Result<OwnedFd> {
+    std::thread::spawn(|| -> io::Result<OwnedFd> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+        let ns: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net")?.into();
+        loopback_up()?;
+        Ok(ns)
+    })
+    .join()
+    .map_err(|_| io::Error::other("netns thread panicked"))?
+}
+
+/// `ip link set lo up` in the calling thread's namespace (the kernel adds 127.0.0.1 with it).
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket(2) call; the result is checked and wrapped right after.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS fills a properly sized ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifru_flags is the union field SIOCGIFFLAGS filled.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads a properly sized ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_dumps_have_netdev_images() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("netns-10.img"), b"").unwrap();
+        assert!(is_external(d.path()));
+        std::fs::write(d.path().join("netdev-10.img"), b"").unwrap();
+        assert!(!is_external(d.path()));
+    }
+
+    #[test]
+    fn fresh_namespace_is_new_and_leaves_ours_alone() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // needs CAP_SYS_ADMIN
+        }
+        let ours = inode_of(std::process::id() as i32).unwrap();
+        let ns = fresh_loopback().unwrap();
+        let theirs = std::fs::metadata(format!("/proc/self/fd/{}", ns.as_raw_fd()))
+            .unwrap()
+            .ino();
+        assert_ne!(ours, theirs);
+        assert_eq!(inode_of(std::process::id() as i32).unwrap(), ours);
+    }
+}
