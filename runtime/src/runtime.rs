@@ -835,7 +835,8 @@ impl Runtime {
         rx
     }
 
-    /// Destroys sandboxes past their TTL; groved calls it on a timer.
+    /// Destroys sandboxes past their TTL and sweeps cgroup dirs no sandbox owns
+    /// (`sweep_cgroups`); groved calls it on a timer.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
         let now = now_ms();
         let expired: Vec<SandboxId> = self
@@ -845,12 +846,14 @@ impl Runtime {
             .filter(|s| s.expires_at_ms.lock().is_some_and(|t| t <= now))
             .map(|s| s.id.clone())
             .collect();
-        expired
+        let reaped = expired
             .into_iter()
             .filter(|id| self.destroy_with(id, EventKind::Expired).is_ok())
             .chain(self.expire_parked(now))
             .chain(self.expire_lost(now))
-            .collect()
+            .collect();
+        self.sweep_cgroups();
+        reaped
     }
 
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.

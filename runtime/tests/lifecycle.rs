@@ -155,3 +155,47 @@ fn concurrent_cycles() {
     let r = rt.residue();
     assert!(r.items.is_empty(), "{:#?}", r.items);
 }
+
+/// Issue 4: under load a destroy could answer OK while empty v1 `pids`/`cpu` dirs stayed listed.
+/// The reaper's pass removes cgroup dirs no sandbox owns and leaves an owned sandbox alone.
+/// A runtime of its own, so the planted dirs never show in the shared runtime's residue checks.
+#[test]
+fn reaper_sweeps_cgroup_dirs_no_sandbox_owns() {
+    if !can_run() {
+        return;
+    }
+    let roots = std::sync::Arc::new(grove_runtime::OverlayRoot::new(STATE_DIR));
+    let rt = grove_runtime::Runtime::new(config("grove-rtest-sweep"), roots).expect("runtime");
+    let live = rt.create(spec()).expect("create").id;
+    let root = rt.config().cgroup_root.clone();
+    let base = std::path::Path::new("/sys/fs/cgroup");
+    let orphan = "sb-00000000f00d";
+    let planted: Vec<std::path::PathBuf> = if base.join("cgroup.controllers").exists() {
+        vec![base.join(&root).join(orphan)]
+    } else {
+        ["pids", "cpu"]
+            .iter()
+            .map(|c| base.join(c).join(&root).join(orphan))
+            .collect()
+    };
+    for d in &planted {
+        std::fs::create_dir(d).expect("plant an orphan cgroup dir");
+    }
+    let cgroup_items = |rt: &grove_runtime::Runtime| {
+        rt.residue()
+            .items
+            .into_iter()
+            .filter(|i| i.what.contains(orphan))
+            .count()
+    };
+    assert_eq!(cgroup_items(&rt), planted.len(), "{:?}", rt.residue());
+    rt.reap_expired();
+    for d in &planted {
+        assert!(!d.exists(), "{} survived the reaper", d.display());
+    }
+    assert_eq!(cgroup_items(&rt), 0);
+    assert_eq!(out(&sh(&rt, &live, "echo alive")), "alive");
+    rt.destroy(&live).expect("destroy");
+    assert!(rt.residue().items.is_empty(), "{:?}", rt.residue());
+    rt.shutdown();
+}

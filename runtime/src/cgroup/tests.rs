@@ -19,6 +19,24 @@ struct MemFs {
     /// rmdir of this dir reports success without removing it, `ghosts` times.
     ghost_rmdir: Option<&'static str>,
     ghosts: Mutex<u32>,
+    /// Path lookups of this dir miss while it is still listed (a stale negative dentry): `stat`
+    /// says gone and rmdir fails with ENOENT, `stale` times.
+    stale_lookup: Option<&'static str>,
+    stale: Mutex<u32>,
+}
+
+impl MemFs {
+    /// One stale lookup of `p` used up, if `p` is the dir whose lookups miss.
+    fn lookup_misses(&self, p: &Path) -> bool {
+        if !self.stale_lookup.is_some_and(|f| p.ends_with(f)) {
+            return false;
+        }
+        let mut left = self.stale.lock();
+        *left > 0 && {
+            *left -= 1;
+            true
+        }
+    }
 }
 
 impl MemFs {
@@ -47,6 +65,9 @@ impl CgroupFs for MemFs {
     fn rmdir(&self, p: &Path) -> io::Result<()> {
         if self.fail_rmdir.is_some_and(|f| p.ends_with(f)) {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        if self.lookup_misses(p) {
+            return Err(io::ErrorKind::NotFound.into());
         }
         if self.ghost_rmdir.is_some_and(|f| p.ends_with(f)) {
             let mut left = self.ghosts.lock();
@@ -87,6 +108,9 @@ impl CgroupFs for MemFs {
             .ok_or_else(|| io::ErrorKind::NotFound.into())
     }
     fn exists(&self, p: &Path) -> bool {
+        if self.stale_lookup.is_some_and(|f| p.ends_with(f)) && *self.stale.lock() > 0 {
+            return false;
+        }
         self.dirs.lock().iter().any(|x| x == p) || self.files.lock().contains_key(p)
     }
     fn subdirs(&self, p: &Path) -> Vec<String> {
@@ -244,6 +268,26 @@ fn remove_does_not_believe_an_rmdir_that_left_the_dir() {
     cg.remove("sb-4").unwrap();
     assert_eq!(*fs.ghosts.lock(), 0, "rmdir retried until the dir was gone");
     assert!(cg.existing().is_empty(), "left: {:?}", cg.dirs("sb-4"));
+}
+
+/// The teardown race of the soak (issue 4): under load, a destroy answered OK while empty v1
+/// `pids`/`cpu` dirs stayed listed; `stat` said they were gone. Only the listing is believed.
+#[test]
+fn remove_does_not_believe_a_lookup_that_misses_a_listed_dir() {
+    let mut fs = MemFs::with_dirs(V1_BASE);
+    fs.stale_lookup = Some("cpu/grove/sb-7");
+    *fs.stale.lock() = 3;
+    let fs = Arc::new(fs);
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    cg.create("sb-7", &LIMITS).unwrap();
+    cg.remove("sb-7").unwrap();
+    assert_eq!(
+        *fs.stale.lock(),
+        0,
+        "rmdir retried while the dir was listed"
+    );
+    assert!(cg.existing().is_empty(), "left: {:?}", cg.dirs("sb-7"));
 }
 
 #[test]

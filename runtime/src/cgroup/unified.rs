@@ -53,8 +53,10 @@ pub fn kill(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
 const RMDIR_PATIENCE: Duration = Duration::from_secs(15);
 
 /// rmdir, retrying with backoff on EBUSY (exiting tasks hold the dir until they are gone). An
-/// rmdir that reports success (or ENOENT) is only believed once the dir is really absent: a
-/// sandbox whose destroy answered OK must not leave an empty cgroup dir behind.
+/// rmdir that reports success (or ENOENT) is only believed once the dir is out of its parent's
+/// listing: a path lookup is answered from the dentry cache, and under heavy load v1 cgroup dirs
+/// were seen gone by `stat` yet still listed (and still removable by hand) after a destroy that
+/// answered OK. A destroy must not leave an empty cgroup dir behind.
 pub fn rmdir(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
     let start = Instant::now();
     let mut pause = Duration::from_micros(200);
@@ -64,11 +66,12 @@ pub fn rmdir(fs: &dyn CgroupFs, dir: &Path) -> Result<()> {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(CgroupError::new("rmdir", dir, e))
             }
-            _ if !fs.exists(dir) => return Ok(()),
+            _ if !listed(fs, dir) => return Ok(()),
             res => {
-                // Should never happen; logged so a soak can tell this from a dir made afresh later.
-                tracing::warn!(dir = %dir.display(), ?res, "cgroup dir survived rmdir; retrying");
-                std::io::Error::other("still present after rmdir reported it gone")
+                // Logged so a soak can tell this from a dir made afresh later.
+                tracing::warn!(dir = %dir.display(), ?res, stat_sees_it = fs.exists(dir),
+                    "cgroup dir still listed after rmdir reported it gone; retrying");
+                std::io::Error::other("still listed after rmdir reported it gone")
             }
         };
         if start.elapsed() >= RMDIR_PATIENCE {
