@@ -445,3 +445,28 @@ fn small_files_share_one_slot_file_and_give_space_back() {
     assert_eq!(fs::read_dir(&upper).unwrap().count(), 1);
     assert_eq!(m.usage().bytes, 0);
 }
+
+/// The upper dir is made by the first write, not by the mount (issue 4: a sandbox that writes
+/// nothing to its root costs no mkdir/rmdir on the run dir's disk), and goes at unmount.
+#[test]
+fn upper_dir_appears_with_the_first_write() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 2);
+    let base = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&base, "lazy", MountOptions::default());
+    let upper = env.path("upper-lazy");
+    assert!(fs::read(m.mountpoint().join("small.txt")).is_ok());
+    assert!(!upper.exists(), "a read-only use makes no upper dir");
+    fs::write(m.mountpoint().join("new"), b"data").unwrap();
+    assert!(upper.is_dir(), "the first write makes it");
+    assert_eq!(fs::read(m.mountpoint().join("new")).unwrap(), b"data");
+    let id = m.commit().unwrap();
+    m.unmount().unwrap();
+    assert!(!upper.exists(), "unmount removes it");
+    let again = env.mount(&id, "again", MountOptions::default());
+    assert_eq!(fs::read(again.mountpoint().join("new")).unwrap(), b"data");
+}

@@ -125,13 +125,14 @@ impl NodeFs {
                 source: std::io::Error::other("upper_dir is required"),
             });
         }
-        let fresh = !upper.exists();
-        if fresh {
-            std::fs::create_dir_all(upper).map_err(io_err(upper))?;
-        } else if std::fs::read_dir(upper)
-            .map_err(io_err(upper))?
-            .next()
-            .is_some()
+        // An absent upper dir is made by the first write (`FileData::upper_file`): most
+        // sandboxes write nothing to their root, and a mkdir + rmdir per mount is a share of
+        // every create → destroy on a disk-backed run dir (issue 4).
+        if upper.exists()
+            && std::fs::read_dir(upper)
+                .map_err(io_err(upper))?
+                .next()
+                .is_some()
         {
             return Err(Error::Mount {
                 path: mountpoint.to_path_buf(),

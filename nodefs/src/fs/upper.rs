@@ -49,6 +49,26 @@ impl Uppers {
         }
     }
 
+    /// Opens (creating) an upper file. The mount makes its upper dir on the first write, not at
+    /// mount time: most sandboxes write nothing to their root (issue 4).
+    fn open(&self, path: &Path) -> std::io::Result<File> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+        };
+        match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(&self.dir)?;
+                open()
+            }
+            r => r,
+        }
+    }
+
     fn own_path(&self, ino: u64) -> PathBuf {
         self.dir.join(ino.to_string())
     }
@@ -61,13 +81,7 @@ impl Uppers {
         }
         if s.file.is_none() {
             let path = self.dir.join("slots");
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-            {
+            match self.open(&path) {
                 Ok(f) => s.file = Some(Arc::new(f)),
                 Err(e) => {
                     tracing::warn!(error = %e, path = %path.display(), "no slot file; one upper file per file");
@@ -139,14 +153,7 @@ impl Upper {
         if let Some(f) = &self.handle {
             return Ok(f.clone());
         }
-        let f = Arc::new(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(u.own_path(ino))?,
-        );
+        let f = Arc::new(u.open(&u.own_path(ino))?);
         self.own = true;
         self.handle = Some(f.clone());
         Ok(f)
