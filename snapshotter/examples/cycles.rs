@@ -2,7 +2,9 @@
 //! with C concurrent clients over a fixed window. A quick loop for profiling the lifecycle (the
 //! quoted figures come from `grove-bench --only lifecycle`).
 //! Run as root: `cargo run --release -p grove-snapshotter --example cycles -- [nodefs|overlay] [SECS] [C...]`
-//! (the image is imported once into /var/tmp/grove-cycles-store and kept for later runs).
+//! `... -- nodefs SECS burst N` instead makes N idle sandboxes and tears them down four at a time,
+//! then lists the cgroup dirs left (the density teardown of issue 4). The image is imported into a
+//! store under /var/tmp that is removed at the end.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,17 +16,18 @@ use grove_snapshotter::NodefsRoot;
 use nodefs::{NodeFs, Store};
 
 const IMAGE: &str = "/var/lib/grove/images/debian12";
-const STORE: &str = "/var/tmp/grove-cycles-store";
+
+fn store_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/var/tmp/grove-cycles-{}", std::process::id()))
+}
 
 fn roots(kind: &str) -> Arc<dyn RootProvider> {
     if kind == "overlay" {
         return Arc::new(OverlayRoot::new("/var/lib/grove"));
     }
-    let store = Store::open(Path::new(STORE)).expect("store");
-    if store.get_ref("debian12").expect("ref").is_none() {
-        let id = store.import_dir(Path::new(IMAGE)).expect("import");
-        store.set_ref("debian12", &id).expect("set_ref");
-    }
+    let store = Store::open(&store_dir()).expect("store");
+    let id = store.import_dir(Path::new(IMAGE)).expect("import");
+    store.set_ref("debian12", &id).expect("set_ref");
     Arc::new(NodefsRoot::new(NodeFs::new(store)))
 }
 
@@ -72,6 +75,8 @@ fn main() {
     {
         burst(&rt, n.parse().expect("burst N"));
         rt.shutdown();
+        drop(rt);
+        let _ = std::fs::remove_dir_all(store_dir());
         return;
     }
     for _ in 0..3 {
@@ -120,6 +125,8 @@ fn main() {
     }
     let left = rt.residue();
     rt.shutdown();
+    drop(rt);
+    let _ = std::fs::remove_dir_all(store_dir());
     assert!(left.items.is_empty(), "{left:?}");
 }
 
