@@ -21,6 +21,8 @@ const CACHE_BYTES: usize = 64 << 20;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
 pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
+/// How long `Store::open` waits for another holder of the store's lock to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Counters describing the store.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
@@ -163,18 +165,35 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(store_io(&lock_path))?;
-        // SAFETY: flock on an fd we own.
-        if unsafe {
-            libc::flock(
-                std::os::fd::AsRawFd::as_raw_fd(&lock),
-                libc::LOCK_EX | libc::LOCK_NB,
-            )
-        } != 0
-        {
-            return Err(StoreError::Io {
-                path: lock_path,
-                source: std::io::Error::other("store is in use by another process"),
-            });
+        // A holder that is exiting (a restarting daemon's predecessor, or a child forked by
+        // another thread that has not reached exec yet) lets go within moments: wait a little
+        // before refusing.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock on an fd we own.
+            let r = unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&lock),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(StoreError::Io {
+                    path: lock_path,
+                    source: err,
+                });
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(StoreError::Io {
+                    path: lock_path,
+                    source: std::io::Error::other("store is in use by another process"),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let fmt = dir.join("FORMAT");
         match fs::read_to_string(&fmt) {
