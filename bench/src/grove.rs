@@ -193,7 +193,8 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
     };
     let mut rt = None;
     if let Some(fs) = &nodefs {
-        let roots: Arc<dyn RootProvider> = Arc::new(NodefsRoot::new(fs.clone()));
+        let svc = Arc::new(nodefs::service::Local::new(fs.clone()));
+        let roots: Arc<dyn RootProvider> = Arc::new(NodefsRoot::new(svc));
         match GroveRuntime::open(roots, &name, "nodefs", &run_dir, &state_dir) {
             Ok(r) => rt = Some(r),
             Err(e) => nodefs_error = Some(format!("runtime on nodefs roots: {e:#}")),
@@ -223,8 +224,12 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 // as they do under /run/grove on a systemd host.
                 scratch_dir: Some(rt.scratch_dir.clone()),
             };
-            Snapshotter::new(cfg, rt.rt.clone(), fs.store().clone())
-                .map_err(|e| format!("Snapshotter::new: {e}"))
+            Snapshotter::new(
+                cfg,
+                rt.rt.clone(),
+                Arc::new(nodefs::service::Local::new(fs.clone())),
+            )
+            .map_err(|e| format!("Snapshotter::new: {e}"))
         }
     };
     Ok(Stack {

@@ -18,6 +18,8 @@ pub struct App {
     pub runtime: Arc<Runtime>,
     pub images: Arc<dyn Images>,
     pub snapshots: Option<Arc<dyn Snapshots>>,
+    /// The `grove-fsd` serving nodefs roots: told to stop when the sandboxes go with groved.
+    pub fsd: Option<Arc<nodefs::service::Client>>,
     pub metrics: Metrics,
     pub idempotency: Idempotency,
     pub events: EventTx,
@@ -32,6 +34,7 @@ impl App {
         runtime: Arc<Runtime>,
         images: Arc<dyn Images>,
         snapshots: Option<Arc<dyn Snapshots>>,
+        fsd: Option<Arc<nodefs::service::Client>>,
     ) -> Arc<App> {
         let events = crate::events::channel();
         crate::events::bridge(&runtime, events.clone());
@@ -40,6 +43,7 @@ impl App {
             runtime,
             images,
             snapshots,
+            fsd,
             metrics: Metrics::default(),
             idempotency: Idempotency::default(),
             events,

@@ -46,7 +46,7 @@ pub trait Snapshots: Send + Sync {
     /// Every object the snapshot reaches.
     fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>>;
     /// The ones among `ids` this node lacks.
-    fn missing(&self, ids: &[ObjectId]) -> Vec<ObjectId>;
+    fn missing(&self, ids: &[ObjectId]) -> ApiResult<Vec<ObjectId>>;
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot>;
     /// Pause to the store: the sandbox's processes stop and its memory is freed.
     /// 501 `unsupported` for sandboxes that cannot be checkpointed.

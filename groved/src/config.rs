@@ -40,11 +40,6 @@ pub enum ConfigError {
     #[error("root_provider {0:?} is not \"nodefs\" or \"overlay\"")]
     RootProvider(String),
     #[error(
-        "keep_sandboxes_on_stop needs root_provider = \"overlay\": nodefs roots are served by groved \
-         itself and end with it"
-    )]
-    KeepNeedsOverlay,
-    #[error(
         "grove-init not found (set GROVE_INIT_BINARY, init_binary, or install it next to groved)"
     )]
     NoInit,
@@ -217,9 +212,6 @@ impl Config {
             Some(other) => return Err(ConfigError::RootProvider(other.into())),
         };
         let keep_sandboxes_on_stop = f.keep_sandboxes_on_stop.unwrap_or(false);
-        if keep_sandboxes_on_stop && root != RootKind::Overlay {
-            return Err(ConfigError::KeepNeedsOverlay);
-        }
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
         let idle = crate::wire::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
             .map_err(|(field, why)| ConfigError::Idle { field, why })?;
@@ -336,18 +328,21 @@ mod tests {
     }
 
     #[test]
-    fn keeping_sandboxes_across_a_stop_needs_overlay_roots() {
+    fn sandboxes_may_be_kept_across_a_stop_with_either_root() {
         std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
         let keep = "keep_sandboxes_on_stop = true\n";
-        let f: FileConfig = toml::from_str(keep).unwrap();
-        assert!(matches!(
-            Config::resolve(f, &Overrides::default()),
-            Err(ConfigError::KeepNeedsOverlay)
-        ));
-        let f: FileConfig =
-            toml::from_str(&format!("{keep}root_provider = \"overlay\"\n")).unwrap();
+        for root in [
+            "",
+            "root_provider = \"overlay\"\n",
+            "root_provider = \"nodefs\"\n",
+        ] {
+            let f: FileConfig = toml::from_str(&format!("{keep}{root}")).unwrap();
+            let c = Config::resolve(f, &Overrides::default()).unwrap();
+            assert!(c.keep_sandboxes_on_stop, "{root}");
+        }
+        let f: FileConfig = toml::from_str("").unwrap();
         assert!(
-            Config::resolve(f, &Overrides::default())
+            !Config::resolve(f, &Overrides::default())
                 .unwrap()
                 .keep_sandboxes_on_stop
         );

@@ -33,15 +33,29 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let backend = groved::wiring::build(&config)?;
-    backend
+    let backend = groved::wiring::build(&config, false)?;
+    let configured = backend
         .runtime
         .set_jobs(config.jobs.clone())
-        .map_err(|e| anyhow::anyhow!("jobs in the config: {}", groved::error::chain(&e)))?;
-    backend
-        .runtime
-        .set_pools(config.pools.clone())
-        .map_err(|e| anyhow::anyhow!("pools in the config: {}", groved::error::chain(&e)))?;
-    let app = groved::app::App::new(config, backend.runtime, backend.images, backend.snapshots);
+        .map_err(|e| anyhow::anyhow!("jobs in the config: {}", groved::error::chain(&e)))
+        .and_then(|()| {
+            backend
+                .runtime
+                .set_pools(config.pools.clone())
+                .map_err(|e| anyhow::anyhow!("pools in the config: {}", groved::error::chain(&e)))
+        });
+    if let Err(e) = configured {
+        if let Some(fsd) = &backend.fsd {
+            groved::nodefs_backend::stop_fsd_if_idle(fsd);
+        }
+        return Err(e);
+    }
+    let app = groved::app::App::new(
+        config,
+        backend.runtime,
+        backend.images,
+        backend.snapshots,
+        backend.fsd,
+    );
     rt.block_on(groved::server::serve(app))
 }

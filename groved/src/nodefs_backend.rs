@@ -12,7 +12,8 @@ use grove_runtime::{Runtime, SandboxId, SandboxInfo};
 use grove_snapshotter::{
     ForkOptions, NodefsRoot, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
 };
-use nodefs::{ManifestId, NodeFs, ObjectId, Store};
+use nodefs::service::{Client, FsService, ImportPolicy, Local, Spawn};
+use nodefs::{ManifestId, ObjectId};
 
 use crate::backend::{check_name, Images, Snapshots};
 use crate::config::Config;
@@ -20,12 +21,72 @@ use crate::error::{chain, ApiError, ApiResult};
 use crate::wire::{ForkRequest, Image, Snapshot, SnapshotRequest};
 use crate::wiring::Backend;
 
-pub fn build(config: &Config) -> anyhow::Result<Backend> {
-    let store =
-        Store::open(&config.state_dir.join("store")).context("opening the content store")?;
-    let fs = NodeFs::new(store.clone());
-    let roots = Arc::new(NodefsRoot::new(fs.clone()));
-    let runtime = Runtime::new(config.runtime_config(), roots).context("starting the runtime")?;
+/// `grove-fsd` next to the running executable or where `grove install` puts it; `GROVE_FSD_BINARY`
+/// overrides.
+fn fsd_binary() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("GROVE_FSD_BINARY") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("the executable has no directory")?;
+    [
+        dir.join("grove-fsd"),
+        dir.join("../grove-fsd"),
+        dir.join("../libexec/grove/grove-fsd"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .context("grove-fsd not found (set GROVE_FSD_BINARY or install it next to groved)")
+}
+
+/// The store and the FUSE server live in `grove-fsd`, one per state dir, on `<run_dir>/fsd.sock`:
+/// found if it runs (a restart: its mounts are the live sandboxes' roots), started otherwise.
+pub fn connect_fsd(config: &Config) -> anyhow::Result<Arc<Client>> {
+    let socket = config.run_dir.join("fsd.sock");
+    let spawn = Spawn {
+        binary: fsd_binary()?,
+        store: config.state_dir.join("store"),
+        log: config.run_dir.join("fsd.log"),
+    };
+    let client = Client::start(&socket, Some(spawn))
+        .map_err(|e| anyhow::anyhow!("reaching grove-fsd: {}", chain(&e)))?;
+    Ok(Arc::new(client))
+}
+
+/// Stops `fsd` if it serves no mount (a start that failed after starting it).
+pub fn stop_fsd_if_idle(fsd: &Client) {
+    if fsd.mounts().is_ok_and(|m| m.is_empty()) {
+        if let Err(e) = fsd.shutdown() {
+            tracing::warn!("stopping grove-fsd: {}", chain(&e));
+        }
+    }
+}
+
+/// The daemon serves roots through `grove-fsd`; `in_process` (a one-shot `grove run`) serves them
+/// itself, and they end with it.
+pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
+    let (store, fsd): (Arc<dyn FsService>, _) = if in_process {
+        let local = Local::open(&config.state_dir.join("store"))
+            .map_err(|e| anyhow::anyhow!("opening the content store: {}", chain(&e)))?;
+        (Arc::new(local), None)
+    } else {
+        let fsd = connect_fsd(config)?;
+        (fsd.clone(), Some(fsd))
+    };
+    let roots = Arc::new(NodefsRoot::new(store.clone()));
+    let runtime = match Runtime::new(config.runtime_config(), roots) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(fsd) = &fsd {
+                stop_fsd_if_idle(fsd);
+            }
+            return Err(anyhow::Error::new(e).context("starting the runtime"));
+        }
+    };
+    // Recovery detached the roots of sandboxes it could not adopt; fsd forgets them now.
+    if let Err(e) = store.mounts() {
+        tracing::warn!("listing the nodefs mounts: {}", chain(&e));
+    }
     let scfg = SnapshotterConfig {
         state_dir: config.state_dir.clone(),
         run_dir: config.run_dir.clone(),
@@ -41,7 +102,6 @@ pub fn build(config: &Config) -> anyhow::Result<Backend> {
     };
     let images = Arc::new(NodefsImages {
         store,
-        fs,
         snapshotter: snapshotter.clone(),
     });
     let snapshots = snapshotter.map(|s| Arc::new(NodefsSnapshots { s }) as Arc<dyn Snapshots>);
@@ -49,6 +109,7 @@ pub fn build(config: &Config) -> anyhow::Result<Backend> {
         runtime,
         images,
         snapshots,
+        fsd,
     })
 }
 
@@ -96,8 +157,7 @@ fn snap_err(e: grove_snapshotter::Error) -> ApiError {
 
 /// Images are store refs named like the image (snapshot refs live under `grove/`, which image names cannot use).
 pub struct NodefsImages {
-    store: Arc<Store>,
-    fs: Arc<NodeFs>,
+    store: Arc<dyn FsService>,
     snapshotter: Option<Arc<Snapshotter>>,
 }
 
@@ -146,7 +206,10 @@ impl Images for NodefsImages {
 
     fn import_dir(&self, name: &str, path: &Path) -> ApiResult<Image> {
         self.vacant(name)?;
-        let id = self.store.import_dir(path).map_err(store_err)?;
+        let id = self
+            .store
+            .import_dir(path, ImportPolicy::Cdc)
+            .map_err(store_err)?;
         self.commit(name, id)
     }
 
@@ -175,10 +238,11 @@ impl Images for NodefsImages {
     }
 
     fn gc(&self) -> ApiResult<serde_json::Value> {
-        let mut live: Vec<ManifestId> = self.fs.mounts().iter().map(|m| m.base()).collect();
-        if let Some(s) = &self.snapshotter {
-            live.extend(s.live_manifests());
-        }
+        let live: Vec<ManifestId> = self
+            .snapshotter
+            .as_ref()
+            .map(|s| s.live_manifests())
+            .unwrap_or_default();
         let r = self.store.gc(&live).map_err(store_err)?;
         Ok(serde_json::to_value(r).unwrap_or_default())
     }
@@ -247,7 +311,7 @@ impl Snapshots for NodefsSnapshots {
     ) -> ApiResult<()> {
         match only {
             None => self.s.export(name, out),
-            Some(only) => self.s.export_delta(name, &|id| !only.contains(id), out),
+            Some(only) => self.s.export_delta(name, Some(only), out),
         }
         .map(|_| ())
         .map_err(snap_err)
@@ -257,8 +321,8 @@ impl Snapshots for NodefsSnapshots {
         self.s.objects(name).map_err(snap_err)
     }
 
-    fn missing(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
-        self.s.lacking(ids)
+    fn missing(&self, ids: &[ObjectId]) -> ApiResult<Vec<ObjectId>> {
+        self.s.lacking(ids).map_err(snap_err)
     }
 
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {

@@ -115,6 +115,13 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     }
     let rt = app.runtime.clone();
     tokio::task::spawn_blocking(move || rt.shutdown()).await?;
+    // Every root is unmounted: the FUSE server goes too (kept above, it serves the kept roots).
+    if let Some(fsd) = app.fsd.clone() {
+        if let Err(e) = tokio::task::spawn_blocking(move || fsd.shutdown()).await? {
+            tracing::warn!("stopping grove-fsd: {}", crate::error::chain(&e));
+        }
+    }
+    let _ = std::fs::remove_file(app.config.run_dir.join("fsd.log"));
     let _ = std::fs::remove_file(app.config.run_dir.join("grove-init"));
     // The snapshotter's (empty) scratch root, then the run dir itself: nothing of ours stays in it.
     let _ = std::fs::remove_dir(app.config.run_dir.join("snapshot-work"));

@@ -15,11 +15,15 @@ pub struct Backend {
     pub runtime: Arc<Runtime>,
     pub images: Arc<dyn Images>,
     pub snapshots: Option<Arc<dyn Snapshots>>,
+    /// The `grove-fsd` serving nodefs roots (none with overlay roots).
+    pub fsd: Option<Arc<nodefs::service::Client>>,
 }
 
-pub fn build(config: &Config) -> anyhow::Result<Backend> {
+/// `in_process`: nodefs roots served by this process (a one-shot `grove run`), not by `grove-fsd`.
+pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating {}", config.state_dir.display()))?;
+    lock_state_dir(config)?;
     let mut own = config.clone();
     own.init_binary = private_init(config)?;
     let config = &own;
@@ -35,19 +39,51 @@ pub fn build(config: &Config) -> anyhow::Result<Backend> {
                 runtime,
                 images,
                 snapshots: None,
+                fsd: None,
             })
         }
-        RootKind::Nodefs => crate::nodefs_backend::build(config),
+        RootKind::Nodefs => crate::nodefs_backend::build(config, in_process),
     }
+}
+
+/// One groved per state dir: a second must fail before its recovery touches the first one's sandboxes
+/// (the store's own lock is grove-fsd's now, and both would reach the same fsd). Held until exit.
+fn lock_state_dir(config: &Config) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let path = config.state_dir.join("groved.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!(
+            "{} is locked: another groved uses {}",
+            path.display(),
+            config.state_dir.display()
+        );
+    }
+    // The lock lives as long as the process.
+    std::mem::forget(f);
+    Ok(())
 }
 
 /// Sandboxes map grove-init from `<run_dir>/grove-init`, a private copy made at start: replacing the installed
 /// binary (an upgrade, a rebuild) while sandboxes run would otherwise break their checkpoints, since CRIU
-/// validates every mapped file at dump and restore.
+/// validates every mapped file at dump and restore. A copy with the same bytes is kept as it is.
 fn private_init(config: &Config) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&config.run_dir)
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
     let dst = config.run_dir.join("grove-init");
+    // Sandboxes adopted across a restart map the copy there: replacing it with the same bytes
+    // would turn their mapping into a deleted file, which CRIU cannot checkpoint.
+    if let (Ok(a), Ok(b)) = (std::fs::read(&config.init_binary), std::fs::read(&dst)) {
+        if a == b {
+            return Ok(dst);
+        }
+    }
     let tmp = config
         .run_dir
         .join(format!(".grove-init.{}", std::process::id()));

@@ -3,8 +3,9 @@
 //! state and run dirs. Asserted throughout and at the end: every sandbox reported created is
 //! usable (running, exec works) or reported failed, never silently gone; every snapshot reported
 //! committed forks; after deleting everything the node reports no residue, and nothing is left
-//! under the test's run dir or cgroup root. On overlay roots (which outlive groved) every such
-//! sandbox must be adopted, through SIGKILLs and through an orderly stop that keeps them.
+//! under the test's run dir or cgroup root, and no grove-fsd of the test runs. Both kinds of root
+//! outlive groved (kernel overlayfs; nodefs served by grove-fsd), so every such sandbox must be
+//! adopted with the files it wrote, through SIGKILLs and through an orderly stop that keeps them.
 //!
 //! GROVE_CRASH_KILLS overrides the number of kills (default 200).
 
@@ -34,11 +35,9 @@ fn pick(n: usize) -> usize {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Roots {
-    /// Roots served by groved's in-process FUSE server: they die with it, so every sandbox a kill
-    /// catches must come back reported failed; snapshots and forks are in the stream.
+    /// Roots served by grove-fsd, which outlives groved; snapshots and forks are in the stream.
     Nodefs,
-    /// Kernel overlayfs roots outlive groved: every sandbox a kill catches must be adopted and
-    /// keep working. No snapshots (they need nodefs).
+    /// Kernel overlayfs roots outlive groved. No snapshots (they need nodefs).
     Overlay,
 }
 
@@ -83,7 +82,7 @@ disk_mb = 128
 "#,
             state = dir.join("state").display(),
             run = dir.join("run").display(),
-            keep = roots == Roots::Overlay,
+            keep = true,
         );
         std::fs::write(dir.join("groved.toml"), config).unwrap();
         Node {
@@ -240,10 +239,12 @@ impl Api {
 struct Book {
     /// Reported created (201, or a fork branch with a sandbox).
     created: HashSet<String>,
-    /// A DELETE was sent (its outcome may be unknown).
+    /// A DELETE was sent and its outcome is unknown (sent again until it answers).
     deleting: HashSet<String>,
     /// Reported committed (201), by name.
     snapshots: Vec<String>,
+    /// Wrote its own id to `/var/tmp/mark` on its root (the exec answered).
+    marked: HashSet<String>,
 }
 
 impl Book {
@@ -286,11 +287,15 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
         r
     } else if roll < 50 {
         let id = &live[pick(live.len())];
-        api.call(
+        let r = api.call(
             Method::POST,
             &format!("/v1/sandboxes/{id}/exec"),
-            Some(json!({ "shell": "echo hi > /tmp/f; cat /tmp/f" })),
-        )
+            Some(json!({ "shell": format!("echo {id} > /var/tmp/mark; sync /var/tmp/mark") })),
+        );
+        if matches!(&r, Ok((200, v)) if v["exit_code"] == 0) {
+            book.lock().unwrap().marked.insert(id.clone());
+        }
+        r
     } else if roll < 70 {
         let id = &live[pick(live.len())];
         let r = api.call(
@@ -321,9 +326,17 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
         }
         r
     } else {
-        let id = &live[pick(live.len())];
+        // A delete a kill interrupted is sent again first: an adopted sandbox stays until deleted.
+        let unsure = book.lock().unwrap().deleting.iter().next().cloned();
+        let id = unsure.unwrap_or_else(|| live[pick(live.len())].clone());
         book.lock().unwrap().deleting.insert(id.clone());
-        api.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        let r = api.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
+        if matches!(&r, Ok((204 | 404, _))) {
+            let mut b = book.lock().unwrap();
+            b.deleting.remove(&id);
+            b.created.remove(&id);
+        }
+        r
     };
     match r {
         Ok((s, _)) if s < 300 => counts.ok.fetch_add(1, Ordering::Relaxed),
@@ -336,8 +349,8 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
     };
 }
 
-/// Every sandbox reported created and not deleted is listed, and is running (exec works) or
-/// failed. Runs while the worker is paused.
+/// Every sandbox reported created and not deleted is listed, running, answers an exec and holds the
+/// mark it wrote on its root. Runs while the worker is paused.
 fn check_sandboxes(api: &Api, book: &Book, roots: Roots) {
     let (status, list) = api.must(Method::GET, "/v1/sandboxes?limit=1000", None);
     assert_eq!(status, 200, "{list}");
@@ -357,18 +370,37 @@ fn check_sandboxes(api: &Api, book: &Book, roots: Roots) {
             .get(&id)
             .unwrap_or_else(|| panic!("{id} was reported created, is not deleted, and is gone"));
         match state.as_str() {
-            "failed" if roots == Roots::Nodefs => {}
             "running" => {
                 let (s, v) = api.must(
                     Method::POST,
                     &format!("/v1/sandboxes/{id}/exec"),
-                    Some(json!({ "shell": "true" })),
+                    Some(json!({ "shell": "cat /var/tmp/mark 2>/dev/null; true" })),
                 );
                 assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{id}: {v}");
+                if book.marked.contains(&id) {
+                    let mark = v["stdout"].as_str().unwrap_or("").trim();
+                    assert_eq!(mark, id, "{id} lost the file it wrote ({roots:?} roots)");
+                }
             }
             other => panic!("{id} is {other}: not usable ({roots:?} roots)"),
         }
     }
+}
+
+/// Pids of grove-fsd processes serving a socket under `dir`.
+fn fsd_of(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd);
+            (cmd.contains("grove-fsd") && cmd.contains(&needle)).then_some(pid)
+        })
+        .collect()
 }
 
 fn runnable() -> bool {
@@ -457,13 +489,11 @@ fn kill_stream(roots: Roots, kills: usize) {
 
     let book = book.lock().unwrap();
     check_sandboxes(&api, &book, roots);
-    if roots == Roots::Overlay {
-        // An orderly stop (SIGTERM, keep_sandboxes_on_stop) leaves them running too, and the
-        // next start adopts them.
-        node.stop();
-        node.start();
-        check_sandboxes(&api, &book, roots);
-    }
+    // An orderly stop (SIGTERM, keep_sandboxes_on_stop) leaves them running too, and the next
+    // start adopts them.
+    node.stop();
+    node.start();
+    check_sandboxes(&api, &book, roots);
     // Every committed snapshot is listed and forks into a working sandbox.
     for name in &book.snapshots {
         let (s, v) = api.must(
@@ -512,6 +542,8 @@ fn kill_stream(roots: Roots, kills: usize) {
         .map(|rd| rd.count())
         .unwrap_or(0);
     assert_eq!(sandbox_dirs, 0, "sandbox run dirs left");
+    let fsd = fsd_of(&node.dir);
+    assert!(fsd.is_empty(), "grove-fsd still running: {fsd:?}");
     eprintln!(
         "crash ({roots:?} roots): {kills} SIGKILLs in {stream_secs:.1} s (total {:.1} s); ops ok {}, failed {}; \
          sandboxes created {}, snapshots committed {}, fork branches {}; restart to serving \

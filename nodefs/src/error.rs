@@ -59,6 +59,12 @@ pub enum Error {
     Unmounted(PathBuf),
     #[error("malformed stream: {0}")]
     BadStream(String),
+    #[error("no live mount {0}")]
+    UnknownMount(u64),
+    /// From `grove-fsd`: it cannot be reached, or failed in a way with no variant above (the
+    /// message holds its whole error chain).
+    #[error("grove-fsd: {0}")]
+    Fsd(String),
 }
 
 /// Attach a path to an io::Error.

@@ -14,6 +14,7 @@ mod import;
 mod oci;
 mod pack;
 mod pages;
+pub mod service;
 mod store;
 mod stream;
 mod sys;

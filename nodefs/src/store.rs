@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{io_err, store_io, Error, StoreError};
 use crate::id::{ManifestId, ObjectId};
@@ -25,7 +25,7 @@ pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Counters describing the store.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StoreStats {
     pub chunks: u64,
     /// Compressed bytes on disk (pack payloads and headers).
@@ -36,7 +36,7 @@ pub struct StoreStats {
 }
 
 /// What a gc run did.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct GcReport {
     pub kept_objects: u64,
     pub removed_objects: u64,
@@ -44,7 +44,7 @@ pub struct GcReport {
 }
 
 /// What fsck found.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FsckReport {
     pub manifests: u64,
     pub objects_checked: u64,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use grove_snapshotter::criu::{Criu, DumpOptions, RestoreOptions};
-use grove_snapshotter::images;
+use nodefs::service::ImportPolicy;
 use nodefs::{MountOptions, NodeFs, Store};
 
 const WORK: &str = r#"
@@ -145,7 +145,9 @@ fn main() {
         let t_commit = t0.elapsed();
         unified.freeze(false);
         let t_thaw = t0.elapsed();
-        let images_root = images::import(&store, &images_dir).expect("import images");
+        let images_root = store
+            .import_dir_with(&images_dir, &|p| ImportPolicy::CriuImages.for_path(p))
+            .expect("import images");
         let t_import = t0.elapsed();
         let added = store.stats().stored_bytes - before;
         let img_bytes: u64 = std::fs::read_dir(&images_dir)

@@ -6,25 +6,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nodefs::{ChunkPolicy, ManifestId, Store};
+use nodefs::service::{FsService, ImportPolicy};
+use nodefs::ManifestId;
 use parking_lot::Mutex;
 
 use crate::error::Error;
 
-/// Page images are cut at page size so identical memory pages dedup one by one; the other
-/// (small, structured) images use content-defined chunks.
-pub fn chunk_policy(path: &Path) -> ChunkPolicy {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if name.starts_with("pages-") && name.ends_with(".img") {
-        ChunkPolicy::Fixed(4096)
-    } else {
-        ChunkPolicy::Cdc
-    }
-}
-
-/// Imports a CRIU image directory.
-pub fn import(store: &Store, dir: &Path) -> Result<ManifestId, Error> {
-    Ok(store.import_dir_with(dir, &chunk_policy)?)
+/// Imports a CRIU image directory: page images cut per page, so identical memory pages dedup
+/// one by one.
+pub fn import(store: &dyn FsService, dir: &Path) -> Result<ManifestId, Error> {
+    Ok(store.import_dir(dir, ImportPolicy::CriuImages)?)
 }
 
 /// Materialized image directories, one per snapshot, under `<run>/snapshots/<id>/images`.
@@ -48,7 +39,12 @@ impl ImageCache {
 
     /// The materialized images of snapshot `id`, exported from the store on first use.
     /// Built in a temp dir and renamed, so a crash never leaves a half directory in use.
-    pub fn get(&self, store: &Store, id: &str, images: &ManifestId) -> Result<PathBuf, Error> {
+    pub fn get(
+        &self,
+        store: &dyn FsService,
+        id: &str,
+        images: &ManifestId,
+    ) -> Result<PathBuf, Error> {
         let lock = self.lock_for(id);
         let _g = lock.lock();
         let base = self.dir.join(id);
@@ -106,24 +102,5 @@ impl ImageCache {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pages_are_cut_per_page() {
-        assert_eq!(
-            chunk_policy(Path::new("pages-1.img")),
-            ChunkPolicy::Fixed(4096)
-        );
-        assert_eq!(
-            chunk_policy(Path::new("sub/pages-12.img")),
-            ChunkPolicy::Fixed(4096)
-        );
-        assert_eq!(chunk_policy(Path::new("pagemap-1.img")), ChunkPolicy::Cdc);
-        assert_eq!(chunk_policy(Path::new("core-1.img")), ChunkPolicy::Cdc);
     }
 }

@@ -42,10 +42,10 @@ impl Snapshotter {
         }
         let mut cap = self.capture(sandbox, true)?;
         let t_store = Instant::now();
-        let images_root = images::import(self.store(), &cap.images_dir)?;
+        let images_root = images::import(&**self.store(), &cap.images_dir)?;
         let _pins = [
-            Pin::new(self.store(), images_root),
-            Pin::new(self.store(), cap.fs_root),
+            Pin::new(&**self.store(), images_root)?,
+            Pin::new(&**self.store(), cap.fs_root)?,
         ];
         let store_ms = t_store.elapsed().as_millis() as u64;
         let (fs_hex, img_hex) = (cap.fs_root.to_hex(), images_root.to_hex());
@@ -97,7 +97,7 @@ impl Snapshotter {
         })?;
         let images_root = parse_manifest(&info.images_root, "images root")?;
         let t_store = Instant::now();
-        let images = self.cache.get(self.store(), &info.id, &images_root)?;
+        let images = self.cache.get(&**self.store(), &info.id, &images_root)?;
         let store_ms = t_store.elapsed().as_millis() as u64;
         let mut spec = info.spec.clone();
         spec.image = info.fs_root.clone();

@@ -5,26 +5,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use grove_runtime::{DiskQuota, DiskUsage, RootError, RootMount, RootProvider, SandboxId};
-use nodefs::{Mount, MountOptions, NodeFs, Store};
+use nodefs::service::{FsService, MountInfo};
+use nodefs::{ManifestId, MountOptions};
 
 /// Mounts sandbox roots as nodefs views of a manifest; `image` is a store ref name or a
-/// manifest hex (a snapshot's fs root).
+/// manifest hex (a snapshot's fs root). The views are served by an [`FsService`]: in-process,
+/// or `grove-fsd`, whose mounts outlive the daemon and are re-attached after its restart.
 #[derive(Debug, Clone)]
 pub struct NodefsRoot {
-    fs: Arc<NodeFs>,
+    svc: Arc<dyn FsService>,
 }
 
 impl NodefsRoot {
-    pub fn new(fs: Arc<NodeFs>) -> NodefsRoot {
-        NodefsRoot { fs }
+    pub fn new(svc: Arc<dyn FsService>) -> NodefsRoot {
+        NodefsRoot { svc }
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        self.fs.store()
-    }
-
-    pub fn nodefs(&self) -> &Arc<NodeFs> {
-        &self.fs
+    pub fn service(&self) -> &Arc<dyn FsService> {
+        &self.svc
     }
 
     /// The upper (scratch) layer lives next to the mountpoint, in the sandbox's run dir.
@@ -46,7 +44,7 @@ impl RootProvider for NodefsRoot {
         disk: &DiskQuota,
     ) -> Result<Box<dyn RootMount>, RootError> {
         let base = self
-            .store()
+            .svc
             .resolve(image)
             .map_err(|e| RootError::with_source(format!("image {image:?} for {id}"), e))?;
         let opts = MountOptions {
@@ -55,45 +53,75 @@ impl RootProvider for NodefsRoot {
             upper_dir: Self::upper_dir(target),
             read_only: false,
         };
-        let mount = self.fs.mount(&base, target, opts).map_err(|e| {
+        let info = self.svc.mount(&base, target, &opts).map_err(|e| {
             RootError::with_source(
                 format!("nodefs mount of {image:?} at {} for {id}", target.display()),
                 e,
             )
         })?;
-        Ok(Box::new(NodefsRootMount { mount }))
+        Ok(Box::new(NodefsRootMount {
+            svc: self.svc.clone(),
+            info,
+        }))
     }
 
     fn image_exists(&self, image: &str) -> bool {
-        self.store().resolve(image).is_ok()
+        self.svc.resolve(image).is_ok()
+    }
+
+    /// The server still serves a mount at `target` (it outlived the daemon): adopt it.
+    fn reattach(&self, id: &SandboxId, _image: &str, target: &Path) -> Option<Box<dyn RootMount>> {
+        let mounts = match self.svc.mounts() {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "listing the nodefs mounts");
+                return None;
+            }
+        };
+        let info = mounts.into_iter().find(|m| m.mountpoint == target)?;
+        Some(Box::new(NodefsRootMount {
+            svc: self.svc.clone(),
+            info,
+        }))
     }
 }
 
-/// A mounted nodefs root; `as_any` downcasts to this to reach `mount()` for commits.
+/// A mounted nodefs root; `as_any` downcasts to this to reach `commit()` for snapshots.
 #[derive(Debug)]
 pub struct NodefsRootMount {
-    mount: Arc<Mount>,
+    svc: Arc<dyn FsService>,
+    info: MountInfo,
 }
 
 impl NodefsRootMount {
-    pub fn mount(&self) -> &Arc<Mount> {
-        &self.mount
+    /// Commits the view's current state as a manifest.
+    pub fn commit(&self) -> Result<ManifestId, nodefs::Error> {
+        self.svc.commit(self.info.id)
+    }
+
+    pub fn base(&self) -> ManifestId {
+        self.info.base
     }
 }
 
 impl RootMount for NodefsRootMount {
     fn usage(&self) -> DiskUsage {
-        let u = self.mount.usage();
-        DiskUsage {
-            bytes: u.bytes,
-            inodes: u.inodes,
+        match self.svc.usage(self.info.id) {
+            Ok(u) => DiskUsage {
+                bytes: u.bytes,
+                inodes: u.inodes,
+            },
+            Err(e) => {
+                tracing::debug!(mountpoint = %self.info.mountpoint.display(), error = %e, "usage");
+                DiskUsage::default()
+            }
         }
     }
 
     fn unmount(&self) -> Result<(), RootError> {
-        self.mount.unmount().map_err(|e| {
+        self.svc.unmount(self.info.id).map_err(|e| {
             RootError::with_source(
-                format!("nodefs unmount of {}", self.mount.mountpoint().display()),
+                format!("nodefs unmount of {}", self.info.mountpoint.display()),
                 e,
             )
         })

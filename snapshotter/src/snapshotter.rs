@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use grove_runtime::{Runtime, SandboxId, SandboxInfo, SandboxState};
-use nodefs::{ManifestId, Store};
+use nodefs::service::FsService;
+use nodefs::ManifestId;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +61,7 @@ pub struct ForkOptions {
 /// Snapshots and forks of sandboxes.
 pub struct Snapshotter {
     runtime: Arc<Runtime>,
-    store: Arc<Store>,
+    store: Arc<dyn FsService>,
     criu: Criu,
     records: RecordDir,
     pub(crate) index: RwLock<BTreeMap<String, SnapshotInfo>>,
@@ -192,7 +193,7 @@ impl Snapshotter {
     pub fn new(
         cfg: SnapshotterConfig,
         runtime: Arc<Runtime>,
-        store: Arc<Store>,
+        store: Arc<dyn FsService>,
     ) -> Result<Arc<Snapshotter>, Error> {
         let criu = Criu::locate(cfg.criu.as_deref())?;
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
@@ -260,15 +261,15 @@ impl Snapshotter {
             self.check_name_free(n, None)?;
         }
         let _busy = self.claim(sandbox)?;
-        let before = self.store.stored_bytes();
+        let before = self.store.stored_bytes()?;
         let cap = self.capture(sandbox, false)?;
         let thawed = Instant::now();
-        let images_root = images::import(&self.store, &cap.images_dir)?;
+        let images_root = images::import(&*self.store, &cap.images_dir)?;
         let import_ms = thawed.elapsed().as_millis() as u64;
         // Keep gc off the new objects until the refs are written.
         let _pins = [
-            Pin::new(&self.store, images_root),
-            Pin::new(&self.store, cap.fs_root),
+            Pin::new(&*self.store, images_root)?,
+            Pin::new(&*self.store, cap.fs_root)?,
         ];
         let (fs_hex, img_hex) = (cap.fs_root.to_hex(), images_root.to_hex());
         let id = record::root_hash(&fs_hex, &img_hex, &cap.spec);
@@ -284,7 +285,7 @@ impl Snapshotter {
             images_root: img_hex,
             spec: cap.spec.clone(),
             dump_ms: cap.dump_ms,
-            bytes_added: self.store.stored_bytes().saturating_sub(before),
+            bytes_added: self.store.stored_bytes()?.saturating_sub(before),
             // Stops just before the refs and record are written (a few fsyncs).
             store_ms: thawed.elapsed().as_millis() as u64,
             paused: None,
@@ -315,9 +316,7 @@ impl Snapshotter {
             .downcast_ref::<NodefsRootMount>()
             .ok_or_else(|| Error::Unsupported {
                 what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
-            })?
-            .mount()
-            .clone();
+            })?;
         let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
         let images_dir = scratch.0.join(plan::IMAGES);
@@ -374,7 +373,7 @@ impl Snapshotter {
                 freeze_cgroup: frozen_cgroup(&view.cgroups),
                 ..plan::dump(base.clone(), pre.as_ref())
             };
-            let frozen = self.dump_and_commit(&opts, &mount, pre.as_ref());
+            let frozen = self.dump_and_commit(&opts, mount, pre.as_ref());
             let thaw = |ok: bool| {
                 if was_frozen || (ok && keep_frozen) {
                     Ok(())
@@ -418,7 +417,7 @@ impl Snapshotter {
     fn dump_and_commit(
         &self,
         opts: &criu::DumpOptions,
-        mount: &nodefs::Mount,
+        mount: &NodefsRootMount,
         pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
         self.criu.dump(opts)?;
@@ -509,7 +508,7 @@ impl Snapshotter {
         }
         let info = self.get(snapshot)?;
         let images_root = parse_manifest(&info.images_root, "images root")?;
-        let images = self.cache.get(&self.store, &info.id, &images_root)?;
+        let images = self.cache.get(&*self.store, &info.id, &images_root)?;
         let results = std::thread::scope(|s| {
             let handles: Vec<_> = (0..count)
                 .map(|i| {
@@ -700,7 +699,7 @@ impl Snapshotter {
             .collect()
     }
 
-    pub(crate) fn store(&self) -> &Arc<Store> {
+    pub(crate) fn store(&self) -> &Arc<dyn FsService> {
         &self.store
     }
 
@@ -724,14 +723,14 @@ impl Snapshotter {
 
 /// Pins a manifest in the store (gc keeps it) while alive.
 pub(crate) struct Pin<'a> {
-    store: &'a Store,
+    store: &'a dyn FsService,
     id: ManifestId,
 }
 
 impl<'a> Pin<'a> {
-    pub(crate) fn new(store: &'a Store, id: ManifestId) -> Pin<'a> {
-        store.pin(&id);
-        Pin { store, id }
+    pub(crate) fn new(store: &'a dyn FsService, id: ManifestId) -> Result<Pin<'a>, Error> {
+        store.pin(&id)?;
+        Ok(Pin { store, id })
     }
 }
 

@@ -3,6 +3,7 @@
 //!
 //! Format: `GRVSNAP1`, record length (u32 LE), record JSON, fs stream, images stream.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 
 use nodefs::ObjectId;
@@ -39,14 +40,14 @@ fn werr(e: std::io::Error) -> Error {
 impl Snapshotter {
     /// Writes a self-contained stream of the snapshot; returns the bytes written.
     pub fn export(&self, snapshot: &str, out: &mut dyn Write) -> Result<u64, Error> {
-        self.export_delta(snapshot, &|_| false, out)
+        self.export_delta(snapshot, None, out)
     }
 
-    /// Like `export`, leaving out the objects `receiver_has` says the receiver already holds.
+    /// Like `export`, with `only` the objects the receiver lacks (the rest left out).
     pub fn export_delta(
         &self,
         snapshot: &str,
-        receiver_has: &dyn Fn(&ObjectId) -> bool,
+        only: Option<&HashSet<ObjectId>>,
         out: &mut dyn Write,
     ) -> Result<u64, Error> {
         let info = self.get(snapshot)?;
@@ -60,8 +61,8 @@ impl Snapshotter {
         w.write_all(&(body.len() as u32).to_le_bytes())
             .map_err(werr)?;
         w.write_all(&body).map_err(werr)?;
-        self.store().export_stream(&fs, receiver_has, &mut w)?;
-        self.store().export_stream(&imgs, receiver_has, &mut w)?;
+        self.store().export_stream(&fs, only, &mut w)?;
+        self.store().export_stream(&imgs, only, &mut w)?;
         w.flush().map_err(werr)?;
         Ok(w.n)
     }
@@ -78,11 +79,8 @@ impl Snapshotter {
     }
 
     /// The ones among `ids` this node's store does not hold.
-    pub fn lacking(&self, ids: &[ObjectId]) -> Vec<ObjectId> {
-        ids.iter()
-            .filter(|id| !self.store().has_object(id))
-            .copied()
-            .collect()
+    pub fn lacking(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>, Error> {
+        Ok(self.store().lacking(ids)?)
     }
 
     /// Reads a stream written by `export` and records the snapshot; fails cleanly (nothing
@@ -122,9 +120,9 @@ impl Snapshotter {
             record::validate_name(name)?;
         }
         let fs = self.import_part(input, "filesystem")?;
-        let _fs_pin = Pin::new(self.store(), fs);
+        let _fs_pin = Pin::new(&**self.store(), fs)?;
         let imgs = self.import_part(input, "images")?;
-        let _imgs_pin = Pin::new(self.store(), imgs);
+        let _imgs_pin = Pin::new(&**self.store(), imgs)?;
         if fs.to_hex() != info.fs_root || imgs.to_hex() != info.images_root {
             return Err(Error::BadStream {
                 reason: "stream manifests differ from the record".into(),

@@ -132,7 +132,7 @@ fn failure_paths_leave_nothing_behind() {
     assert_eq!(n, full.len() as u64);
     let mut empty = Vec::new();
     env.snap
-        .export_delta(&snap.id, &|_| true, &mut empty)
+        .export_delta(&snap.id, Some(&Default::default()), &mut empty)
         .unwrap();
     assert!(empty.len() < full.len() / 10);
     env.snap.delete(&snap.id).unwrap();
@@ -170,12 +170,9 @@ fn failure_paths_leave_nothing_behind() {
     env.store
         .set_ref(&orphan, &snap.fs_root.parse().unwrap())
         .unwrap();
-    let restarted = grove_snapshotter::Snapshotter::new(
-        env.snap_cfg.clone(),
-        env.rt.clone(),
-        env.store.clone(),
-    )
-    .unwrap();
+    let restarted =
+        grove_snapshotter::Snapshotter::new(env.snap_cfg.clone(), env.rt.clone(), env.service())
+            .unwrap();
     assert_eq!(restarted.list(), env.snap.list());
     assert_eq!(
         env.store.get_ref(&orphan).unwrap(),

@@ -61,7 +61,7 @@ pub async fn pull(
     let ids = parse_ids("objects", &listed.objects)?;
     let missing = {
         let snaps = snaps.clone();
-        blocking(move || Ok(snaps.missing(&ids))).await?
+        blocking(move || snaps.missing(&ids)).await?
     };
     let ask = DeltaExportRequest {
         missing: missing.iter().map(|i| i.to_hex()).collect(),

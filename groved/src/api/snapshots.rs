@@ -137,7 +137,7 @@ pub async fn missing(
 ) -> ApiResult<Json<ObjectList>> {
     let ids = parse_ids("objects", &req.objects)?;
     let snaps = app.snapshots()?;
-    let lacking = blocking(move || Ok(snaps.missing(&ids))).await?;
+    let lacking = blocking(move || snaps.missing(&ids)).await?;
     Ok(Json(ObjectList {
         objects: lacking.iter().map(|i| i.to_hex()).collect(),
     }))

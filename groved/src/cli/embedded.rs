@@ -22,7 +22,8 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
     .map_err(|e| CliError::Usage(e.message))?;
     let spec = crate::api::build_spec(&req, &config.defaults)
         .map_err(|e| CliError::Usage(format!("{}: {}", e.field.unwrap_or_default(), e.message)))?;
-    let backend = crate::wiring::build(&config).map_err(|e| CliError::Other(format!("{e:#}")))?;
+    let backend =
+        crate::wiring::build(&config, true).map_err(|e| CliError::Other(format!("{e:#}")))?;
     let rt = backend.runtime;
     let info = rt
         .create(spec)
@@ -60,7 +61,8 @@ pub fn residue() -> CliResult {
     super::misc::print_residue(&scan_host())
 }
 
-/// Everything Grove-named on the host: mounts, cgroups, netns, links, nft tables, grove-init processes, shm.
+/// Everything Grove-named on the host: mounts, cgroups, netns, links, nft tables, grove-init and grove-fsd
+/// processes, shm.
 pub fn scan_host() -> Vec<ResidueItem> {
     let mut items = Vec::new();
     let mut add = |kind: &str, what: String| {
@@ -106,6 +108,15 @@ pub fn scan_host() -> Vec<ResidueItem> {
                 add(
                     "process",
                     format!("pid {} grove-init", p.file_name().to_string_lossy()),
+                );
+            }
+            // A store and FUSE server with no daemon; its command line names its socket.
+            if comm.trim() == "grove-fsd" {
+                let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                add(
+                    "process",
+                    format!("pid {} {}", p.file_name().to_string_lossy(), cmd.trim()),
                 );
             }
         }

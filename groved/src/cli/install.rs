@@ -1,4 +1,4 @@
-//! `grove install`: places groved, grove and grove-init, the systemd unit, the tmpfiles.d entry and a
+//! `grove install`: places groved, grove, grove-init and grove-fsd, the systemd unit, the tmpfiles.d entry and a
 //! default config (never overwriting an existing one), then enables and (re)starts the service.
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -60,7 +60,12 @@ pub fn run(a: InstallArgs) -> CliResult {
     let under = |p: &Path| a.root.join(p.strip_prefix("/").unwrap_or(p));
     let bin = under(&a.prefix.join("bin"));
     let libexec = under(&a.prefix.join("libexec/grove"));
-    for (name, dir) in [("groved", &bin), ("grove", &bin), ("grove-init", &libexec)] {
+    for (name, dir) in [
+        ("groved", &bin),
+        ("grove", &bin),
+        ("grove-init", &libexec),
+        ("grove-fsd", &libexec),
+    ] {
         place_binary(&from.join(name), &dir.join(name))?;
     }
     let unit = under(Path::new("/etc/systemd/system/groved.service"));

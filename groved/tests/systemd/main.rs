@@ -59,6 +59,7 @@ fn install_places_everything_and_the_unit_verifies() {
         "usr/local/bin/groved",
         "usr/local/bin/grove",
         "usr/local/libexec/grove/grove-init",
+        "usr/local/libexec/grove/grove-fsd",
         "etc/systemd/system/groved.service",
         "etc/tmpfiles.d/grove.conf",
         "etc/grove/groved.toml",

@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{io_err, Error};
 use crate::id::ManifestId;
@@ -28,7 +28,7 @@ pub(crate) use passthrough::{ObjectWriter, CONTENT_XATTR};
 use state::{Quota, State};
 
 /// How to mount a view.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MountOptions {
     /// Byte limit for data this mount writes (ENOSPC beyond it).
     pub quota_bytes: Option<u64>,
@@ -41,7 +41,7 @@ pub struct MountOptions {
 }
 
 /// What a mount uses against its quota.
-#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Usage {
     /// Bytes of upper-layer data (4 KiB blocks written or copied up).
     pub bytes: u64,
@@ -206,6 +206,47 @@ impl NodeFs {
         self.mounts.lock().clone()
     }
 
+    /// The live mount with this id.
+    pub fn find(&self, id: u64) -> Option<Arc<Mount>> {
+        self.mounts.lock().iter().find(|m| m.id == id).cloned()
+    }
+
+    /// Forgets mounts someone else removed (a restarted daemon reclaiming a sandbox detaches its
+    /// root): their sessions end, their pins and upper dirs go. Returns their mountpoints.
+    pub fn forget_gone(&self) -> Vec<PathBuf> {
+        let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return Vec::new();
+        };
+        let live: Vec<PathBuf> = mi
+            .lines()
+            .filter_map(|l| {
+                let (pre, post) = l.split_once(" - ")?;
+                let mut f = post.split(' ');
+                let (fstype, source) = (f.next()?, f.next()?);
+                let nodefs = (fstype == "fuse" || fstype == "fuse.nodefs") && source == "nodefs";
+                if nodefs {
+                    Some(unescape_mountinfo(pre.split(' ').nth(4)?))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let gone: Vec<Arc<Mount>> = {
+            let mut ms = self.mounts.lock();
+            let (gone, keep) = std::mem::take(&mut *ms)
+                .into_iter()
+                .partition(|m| !live.iter().any(|l| same_path(&m.mountpoint, l)));
+            *ms = keep;
+            gone
+        };
+        gone.iter()
+            .map(|m| {
+                m.forget();
+                m.mountpoint.clone()
+            })
+            .collect()
+    }
+
     /// Remove nodefs mounts under `under` that this server does not serve (left by a
     /// crashed daemon): unmount, or detach and abort if busy. Returns their mountpoints.
     pub fn unmount_stale(&self, under: &Path) -> Result<Vec<PathBuf>, Error> {
@@ -368,6 +409,30 @@ impl Mount {
         self.base
     }
 
+    /// This server's id of the mount (unique for the server's lifetime).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The mount is already gone from the kernel: end the session without touching the
+    /// mountpoint (it may hold something else now), drop pins and the upper dir.
+    fn forget(&self) {
+        let Some(bg) = self.session.lock().take() else {
+            return;
+        };
+        std::thread::spawn(move || drop(bg.join()));
+        self.release();
+        let _ = std::fs::remove_dir_all(&self.upper_dir);
+    }
+
+    fn release(&self) {
+        let store = &self.shared.store;
+        store.unpin(&self.base);
+        if let Some(c) = self.last_commit.lock().take() {
+            store.unpin(&c);
+        }
+    }
+
     pub fn usage(&self) -> Usage {
         let q = self.shared.state.lock().quota;
         Usage {
@@ -403,11 +468,7 @@ impl Mount {
             tracing::warn!(mountpoint = %self.mountpoint.display(), "busy mount detached lazily");
             std::thread::spawn(move || drop(bg.join()));
         }
-        let store = &self.shared.store;
-        store.unpin(&self.base);
-        if let Some(c) = self.last_commit.lock().take() {
-            store.unpin(&c);
-        }
+        self.release();
         match std::fs::remove_dir_all(&self.upper_dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use grove_runtime::{ExecRequest, ExecResult, Runtime, RuntimeConfig, SandboxId, SandboxSpec};
 use grove_snapshotter::{NodefsRoot, Snapshotter, SnapshotterConfig};
+use nodefs::service::{FsService, Local};
 use nodefs::{NodeFs, Store};
 
 pub const IMAGE_DIR: &str = "/var/lib/grove/images/debian12";
@@ -75,14 +76,15 @@ impl Env {
         cfg.cgroup_root = instance.to_string();
         cfg.init_binary = init_binary();
         cfg.net_pool = "10.213.0.0/16".into();
-        let rt = Runtime::new(cfg, Arc::new(NodefsRoot::new(nodefs.clone()))).unwrap();
+        let svc: Arc<dyn FsService> = Arc::new(Local::new(nodefs.clone()));
+        let rt = Runtime::new(cfg, Arc::new(NodefsRoot::new(svc.clone()))).unwrap();
         let snap_cfg = SnapshotterConfig {
             state_dir: dir.join("state"),
             run_dir: run_dir.clone(),
             criu: None,
             scratch_dir: None,
         };
-        let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), store.clone()).unwrap();
+        let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), svc).unwrap();
         Env {
             rt,
             snap,
@@ -92,6 +94,11 @@ impl Env {
             run_dir,
             snap_cfg,
         }
+    }
+
+    /// The in-process store service the runtime and snapshotter use.
+    pub fn service(&self) -> Arc<dyn FsService> {
+        Arc::new(Local::new(self.nodefs.clone()))
     }
 
     pub fn spec(&self) -> SandboxSpec {

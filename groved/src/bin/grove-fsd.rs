@@ -1,0 +1,32 @@
+//! grove-fsd: owns the node's content store and every nodefs FUSE session, so sandbox roots
+//! outlive a groved restart. groved starts it (detached) and talks to it over a unix socket.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "grove-fsd", version, about = "The Grove store and FUSE server")]
+struct Args {
+    /// The content store directory (locked exclusively while serving).
+    #[arg(long)]
+    store: PathBuf,
+    /// The unix socket to serve on.
+    #[arg(long)]
+    socket: PathBuf,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = nodefs::service::serve(&args.store, &args.socket) {
+        eprintln!("grove-fsd: {}", groved::error::chain(&e));
+        std::process::exit(1);
+    }
+}
