@@ -119,9 +119,14 @@ impl Snapshotter {
         if let Some(name) = &info.name {
             record::validate_name(name)?;
         }
-        let fs = self.import_part(input, "filesystem")?;
+        let parts = self
+            .store()
+            .import_streams(input, 2)
+            .map_err(|e| Error::BadStream {
+                reason: format!("filesystem and images: {e} (are chunks missing on this node?)"),
+            })?;
+        let (fs, imgs) = (parts[0], parts[1]);
         let _fs_pin = Pin::new(&**self.store(), fs)?;
-        let imgs = self.import_part(input, "images")?;
         let _imgs_pin = Pin::new(&**self.store(), imgs)?;
         if fs.to_hex() != info.fs_root || imgs.to_hex() != info.images_root {
             return Err(Error::BadStream {
@@ -129,14 +134,6 @@ impl Snapshotter {
             });
         }
         self.adopt(info, &fs, &imgs)
-    }
-
-    fn import_part(&self, input: &mut dyn Read, part: &str) -> Result<ObjectId, Error> {
-        self.store()
-            .import_stream(input)
-            .map_err(|e| Error::BadStream {
-                reason: format!("{part} part: {e} (are chunks missing on this node?)"),
-            })
     }
 }
 

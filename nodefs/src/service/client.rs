@@ -206,7 +206,11 @@ impl Client {
     }
 
     /// An import whose data flows through a pipe.
-    fn import_pipe(&self, req: Request, input: &mut dyn Read) -> Result<ManifestId, Error> {
+    fn import_pipe<T: DeserializeOwned>(
+        &self,
+        req: Request,
+        input: &mut dyn Read,
+    ) -> Result<T, Error> {
         let (r, w) = pipe().map_err(|e| transport(&self.socket, "pipe", e))?;
         let v = self.exchange(|c| {
             proto::send(c, &req, Some(r.as_raw_fd()))?;
@@ -354,8 +358,8 @@ impl FsService for Client {
         }
     }
 
-    fn import_stream(&self, input: &mut dyn Read) -> Result<ManifestId, Error> {
-        self.import_pipe(Request::ImportStream, input)
+    fn import_streams(&self, input: &mut dyn Read, count: usize) -> Result<Vec<ManifestId>, Error> {
+        self.import_pipe(Request::ImportStreams { count }, input)
     }
 
     fn objects_of(&self, id: &ManifestId) -> Result<Vec<ObjectId>, Error> {

@@ -117,8 +117,21 @@ impl FsService for Local {
         self.store().export_stream(id, &have, out).map(|_| ())
     }
 
-    fn import_stream(&self, input: &mut dyn Read) -> Result<ManifestId, Error> {
-        self.store().import_stream(input)
+    fn import_streams(&self, input: &mut dyn Read, count: usize) -> Result<Vec<ManifestId>, Error> {
+        let mut out = Vec::with_capacity(count);
+        // Each imported manifest is pinned while the next is read, so a gc between them
+        // cannot take it.
+        let res = (0..count).try_for_each(|i| {
+            let id = self
+                .store()
+                .import_stream(input)
+                .map_err(|e| Error::BadStream(format!("part {} of {count}: {e}", i + 1)))?;
+            self.store().pin(&id);
+            out.push(id);
+            Ok(())
+        });
+        out.iter().for_each(|id| self.store().unpin(id));
+        res.map(|()| out)
     }
 
     fn objects_of(&self, id: &ManifestId) -> Result<Vec<ObjectId>, Error> {

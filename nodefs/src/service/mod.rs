@@ -87,7 +87,9 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
         only: Option<&HashSet<ObjectId>>,
         out: &mut dyn Write,
     ) -> Result<(), Error>;
-    fn import_stream(&self, input: &mut dyn Read) -> Result<ManifestId, Error>;
+    /// Reads `count` streams written back to back (the input is consumed whole: a pipe cannot
+    /// give back what was read past a stream's end).
+    fn import_streams(&self, input: &mut dyn Read, count: usize) -> Result<Vec<ManifestId>, Error>;
     fn objects_of(&self, id: &ManifestId) -> Result<Vec<ObjectId>, Error>;
     /// The ones among `ids` the store does not hold.
     fn lacking(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>, Error>;

@@ -67,8 +67,10 @@ pub(crate) enum Request {
         id: ManifestId,
         only: Option<Vec<ObjectId>>,
     },
-    /// Carries the read end of a pipe.
-    ImportStream,
+    /// Carries the read end of a pipe holding `count` streams back to back.
+    ImportStreams {
+        count: usize,
+    },
     /// After an import's data: whether the client read all of its input.
     StreamEnd {
         ok: bool,

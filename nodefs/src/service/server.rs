@@ -164,9 +164,9 @@ impl Server {
                 let res = svc.import_tar(&mut r);
                 v(self.finish_import(res, r, sock))
             }
-            Request::ImportStream => {
+            Request::ImportStreams { count } => {
                 let mut r = File::from(fd.ok_or_else(need_fd)?);
-                let res = svc.import_stream(&mut r);
+                let res = svc.import_streams(&mut r, count);
                 v(self.finish_import(res, r, sock))
             }
             Request::ExportStream { id, only } => {
