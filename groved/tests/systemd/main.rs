@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use container::{Container, BUILD};
+use container::{Container, BASE_IMAGE, BUILD};
 
 /// One container at a time: nspawn's host-side cgroups (`payload`, `supervisor`) have fixed names.
 static NSPAWN: Mutex<()> = Mutex::new(());
@@ -243,8 +243,7 @@ fn under_systemd_active_only_after_ready_and_the_watchdog_restarts_a_hung_daemon
 }
 
 /// `systemctl restart groved` keeps sandboxes running: with `keep_sandboxes_on_stop` SIGTERM leaves them,
-/// and the new daemon adopts them (their init and root alive, records intact). Overlay roots: a nodefs root
-/// is served by groved itself and ends with it.
+/// and the new daemon adopts them (their init and root alive, records intact), on overlay and nodefs roots.
 #[test]
 fn systemctl_restart_keeps_sandboxes_running() {
     let _one = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
@@ -254,12 +253,23 @@ fn systemctl_restart_keeps_sandboxes_running() {
         );
         return;
     }
+    // Kernel overlayfs roots outlive groved by themselves; nodefs roots because grove-fsd serves
+    // them, outside what a restart stops (KillMode=process).
+    for root in ["overlay", "nodefs"] {
+        restart_keeps_a_sandbox(root);
+    }
+}
+
+fn restart_keeps_a_sandbox(root: &str) {
     let (c, _t) = boot_with(
-        "root_provider = \"overlay\"\nkeep_sandboxes_on_stop = true\n",
+        &format!("root_provider = \"{root}\"\nkeep_sandboxes_on_stop = true\n"),
         "",
     );
     let grove = format!("{BUILD}/grove");
     c.ok(&format!("{grove} install --from {BUILD}"));
+    if root == "nodefs" {
+        c.ok(&format!("{grove} images import debian12 {BASE_IMAGE}"));
+    }
     // Overlay images are directories under <state_dir>/images: the bind-mounted base image is one.
     let id = c.ok(&format!("{grove} create debian12"));
     c.ok(&format!(
@@ -268,21 +278,36 @@ fn systemctl_restart_keeps_sandboxes_running() {
     let pid = c.prop("groved", "MainPID");
 
     c.ok("systemctl restart groved");
-    assert_ne!(c.prop("groved", "MainPID"), pid, "groved was not restarted");
+    assert_ne!(
+        c.prop("groved", "MainPID"),
+        pid,
+        "groved was not restarted ({root})"
+    );
     assert_eq!(c.prop("groved", "ActiveState"), "active");
     let ls = c.ok(&format!("{grove} ls -q"));
     assert!(
         ls.lines().any(|l| l.trim() == id),
-        "{id} is gone after the restart: {ls}"
+        "{id} is gone after the restart ({root}): {ls}"
     );
     assert_eq!(c.ok(&format!("{grove} exec {id} -- cat /state")), "before");
     let ps = c.ok(&format!("{grove} exec {id} -- ps -e -o args"));
     assert!(
         ps.contains("sleep 1000"),
-        "the sandbox's daemon did not survive:\n{ps}"
+        "the sandbox's daemon did not survive ({root}):\n{ps}"
     );
 
     c.ok(&format!("{grove} rm {id}"));
     c.ok("systemctl stop groved");
     assert_eq!(c.prop("groved", "Result"), "success");
+    // With no sandbox left, the stop took grove-fsd down too.
+    let fsd = c.ok(
+        "for i in $(seq 20); do n=$(grep -lx grove-fsd /proc/[0-9]*/comm 2>/dev/null | wc -l); \
+         [ $n = 0 ] && break; sleep 0.1; done; echo $n",
+    );
+    assert_eq!(
+        fsd.trim(),
+        "0",
+        "grove-fsd outlived an orderly stop ({root})"
+    );
+    eprintln!("systemctl restart kept a sandbox on {root} roots");
 }
