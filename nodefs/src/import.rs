@@ -60,6 +60,18 @@ impl Store {
         src: &Path,
         policy: &dyn Fn(&Path) -> ChunkPolicy,
     ) -> Result<ManifestId, Error> {
+        self.import_dir_based(src, policy, None)
+    }
+
+    /// `import_dir_with`, storing each directory as a delta against the same directory of
+    /// `base` (an earlier import of a similar tree, e.g. the previous checkpoint of the same
+    /// sandbox) where that is much smaller. The manifest is the same either way.
+    pub fn import_dir_based(
+        &self,
+        src: &Path,
+        policy: &dyn Fn(&Path) -> ChunkPolicy,
+        base: Option<&ManifestId>,
+    ) -> Result<ManifestId, Error> {
         let _g = self.write_guard();
         let md = fs::symlink_metadata(src).map_err(io_err(src))?;
         if !md.is_dir() {
@@ -75,7 +87,7 @@ impl Store {
         let pre = Mutex::new(self.chunk_files(&files, policy)?);
         let mut groups = HashMap::new();
         let root = self.read_dir_node(src, Path::new(""), policy, &mut groups, &pre)?;
-        let id = self.store_mem(&root)?;
+        let id = self.store_mem_based(&root, base.filter(|b| self.contains(b)))?;
         self.seal_manifest(&id)?;
         Ok(id)
     }
@@ -269,18 +281,33 @@ impl Store {
     /// Write a MemNode tree as objects. Hard-link groups get ids derived from the path of
     /// their first member in sorted order, so the same tree always hashes the same.
     pub(crate) fn store_mem(&self, root: &MemNode) -> Result<ObjectId, Error> {
-        let mut first: HashMap<u64, (u64, u32)> = HashMap::new();
-        assign_links(root, &mut Vec::new(), &mut first);
-        self.store_mem_rec(root, &first)
+        self.store_mem_based(root, None)
     }
 
+    fn store_mem_based(&self, root: &MemNode, base: Option<&ObjectId>) -> Result<ObjectId, Error> {
+        let mut first: HashMap<u64, (u64, u32)> = HashMap::new();
+        assign_links(root, &mut Vec::new(), &mut first);
+        self.store_mem_rec(root, &first, base)
+    }
+
+    /// `base`: the same directory in an earlier manifest, if any (see `put_tree_based`).
     fn store_mem_rec(
         &self,
         n: &MemNode,
         links: &HashMap<u64, (u64, u32)>,
+        base: Option<&ObjectId>,
     ) -> Result<ObjectId, Error> {
         let MemNode::Dir { meta, children } = n else {
             unreachable!("store_mem_rec is called on directories")
+        };
+        let base_tree = base.and_then(|b| self.get_tree(b).ok());
+        let base_dir = |name: &[u8]| {
+            base_tree.as_ref().and_then(|t| {
+                t.entries.iter().find_map(|e| match &e.node {
+                    Node::Dir(id) if e.name == name => Some(*id),
+                    _ => None,
+                })
+            })
         };
         let mut entries = Vec::with_capacity(children.len());
         for (name, c) in children {
@@ -290,7 +317,7 @@ impl Store {
                     meta: meta.clone(),
                     link: 0,
                     nlink: 1,
-                    node: Node::Dir(self.store_mem_rec(c, links)?),
+                    node: Node::Dir(self.store_mem_rec(c, links, base_dir(name).as_ref())?),
                 },
                 MemNode::Leaf { meta, node, group } => {
                     let (link, nlink) = match links.get(group) {
@@ -308,10 +335,11 @@ impl Store {
             };
             entries.push(e);
         }
-        Ok(self.put_tree(&Tree {
+        let tree = Tree {
             meta: meta.clone(),
             entries,
-        })?)
+        };
+        Ok(self.put_tree_based(&tree, base)?)
     }
 }
 

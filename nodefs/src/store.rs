@@ -345,6 +345,18 @@ impl Store {
 
     /// Store a tree object.
     pub fn put_tree(&self, tree: &Tree) -> Result<ObjectId, StoreError> {
+        self.put_tree_based(tree, None)
+    }
+
+    /// Store a tree object (deduplicated). With `base` (the same directory in an earlier
+    /// manifest), store it as a zstd delta against that tree when that is clearly smaller: a
+    /// directory holding a big file's chunk list (a CRIU page image: 36 bytes per page) changes
+    /// little between two snapshots, but its plain encoding is incompressible hashes.
+    pub fn put_tree_based(
+        &self,
+        tree: &Tree,
+        base: Option<&ObjectId>,
+    ) -> Result<ObjectId, StoreError> {
         let data = tree.encode();
         let id = ObjectId::hash(&data);
         if self.packs.contains(&id) {
@@ -356,17 +368,45 @@ impl Store {
         } else {
             ZSTD_LEVEL
         };
-        let payload = zstd::bulk::compress(&data, level).map_err(store_io(&self.dir))?;
+        let mut payload = zstd::bulk::compress(&data, level).map_err(store_io(&self.dir))?;
+        let (mut codec, mut base_id, mut depth) = (Codec::Zstd, ObjectId([0; 32]), 0);
+        if let Some((b, bdepth)) = base.and_then(|b| self.tree_delta_base(b, &id)) {
+            if let Ok(bdata) = self.get_object(&b) {
+                if let Ok(d) = delta_compress(&data, &bdata) {
+                    if d.len() + 64 < payload.len() / 2 {
+                        (codec, base_id, depth) = (Codec::Delta, b, bdepth + 1);
+                        payload = d;
+                    }
+                }
+            }
+        }
         self.packs.append(&Record {
             id,
             kind: Kind::Tree,
-            codec: Codec::Zstd,
-            depth: 0,
+            codec,
+            depth,
             raw_len: data.len() as u32,
-            base: ObjectId([0; 32]),
+            base: base_id,
             payload: &payload,
         })?;
         Ok(id)
+    }
+
+    /// The tree a new tree `id` may be a delta of, given the caller's `base`: `base` itself, or
+    /// when its chain is at the depth bound, the nearest link above it (older, but still the
+    /// same directory), with that link's depth.
+    fn tree_delta_base(&self, base: &ObjectId, id: &ObjectId) -> Option<(ObjectId, u8)> {
+        let mut b = *base;
+        loop {
+            let loc = self.packs.get(&b)?;
+            if b == *id || loc.kind != Kind::Tree {
+                return None;
+            }
+            if loc.depth < MAX_DELTA_DEPTH {
+                return Some((b, loc.depth));
+            }
+            b = loc.base;
+        }
     }
 
     /// Raw bytes of an object, verified against its id.
