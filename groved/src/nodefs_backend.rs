@@ -208,7 +208,7 @@ impl Images for NodefsImages {
         self.vacant(name)?;
         let id = self
             .store
-            .import_dir(path, ImportPolicy::Cdc)
+            .import_dir(path, ImportPolicy::Cdc, None)
             .map_err(store_err)?;
         self.commit(name, id)
     }

@@ -93,7 +93,7 @@ fn a_client_does_everything_through_the_socket() {
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("pages-1.img"), vec![3u8; 8192]).unwrap();
-    let imgs = c.import_dir(&src, ImportPolicy::CriuImages).unwrap();
+    let imgs = c.import_dir(&src, ImportPolicy::CriuImages, None).unwrap();
     let out = tmp.path().join("out");
     c.export_dir(&imgs, &out).unwrap();
     assert_eq!(

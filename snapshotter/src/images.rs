@@ -13,9 +13,14 @@ use parking_lot::Mutex;
 use crate::error::Error;
 
 /// Imports a CRIU image directory: page images cut per page, so identical memory pages dedup
-/// one by one.
-pub fn import(store: &dyn FsService, dir: &Path) -> Result<ManifestId, Error> {
-    Ok(store.import_dir(dir, ImportPolicy::CriuImages)?)
+/// one by one. `base`: the images of an earlier checkpoint of the same tree, whose directory
+/// (the page lists) the new one is stored as a delta of.
+pub fn import(
+    store: &dyn FsService,
+    dir: &Path,
+    base: Option<&ManifestId>,
+) -> Result<ManifestId, Error> {
+    Ok(store.import_dir(dir, ImportPolicy::CriuImages, base)?)
 }
 
 /// Materialized image directories, one per snapshot, under `<run>/snapshots/<id>/images`.

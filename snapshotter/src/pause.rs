@@ -42,7 +42,8 @@ impl Snapshotter {
         }
         let mut cap = self.capture(sandbox, true)?;
         let t_store = Instant::now();
-        let images_root = images::import(&**self.store(), &cap.images_dir)?;
+        let base = self.images_base(sandbox);
+        let images_root = images::import(&**self.store(), &cap.images_dir, base.as_ref())?;
         let _pins = [
             Pin::new(&**self.store(), images_root)?,
             Pin::new(&**self.store(), cap.fs_root)?,

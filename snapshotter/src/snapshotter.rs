@@ -105,6 +105,29 @@ pub(crate) fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error>
     })
 }
 
+impl Snapshotter {
+    /// The images of the latest checkpoint (snapshot or pause) of `sandbox`, else of the snapshot
+    /// it was forked from: the delta base for its next images (see `images::import`).
+    pub(crate) fn images_base(&self, sandbox: &SandboxId) -> Option<ManifestId> {
+        let own = self
+            .index
+            .read()
+            .values()
+            .filter(|s| s.source == sandbox.as_str())
+            .max_by_key(|s| s.created_at_ms)
+            .map(|s| s.images_root.clone());
+        let hex = match own {
+            Some(hex) => hex,
+            None => {
+                let spec = self.runtime.get(sandbox).ok()?.spec;
+                let from = spec.labels.get("grove.snapshot")?;
+                self.index.read().get(from)?.images_root.clone()
+            }
+        };
+        parse_manifest(&hex, "images root").ok()
+    }
+}
+
 /// Empties the scratch dir a killed predecessor may have left. CRIU killed mid-restore leaves its
 /// cgroup yard (`.criu.cgyard.*`, every cgroup hierarchy) mounted there: unmount everything under
 /// it, deepest first, and remove nothing while a mount remains (never recurse into a cgroupfs).
@@ -264,7 +287,8 @@ impl Snapshotter {
         let before = self.store.stored_bytes()?;
         let cap = self.capture(sandbox, false)?;
         let thawed = Instant::now();
-        let images_root = images::import(&*self.store, &cap.images_dir)?;
+        let base = self.images_base(sandbox);
+        let images_root = images::import(&*self.store, &cap.images_dir, base.as_ref())?;
         let import_ms = thawed.elapsed().as_millis() as u64;
         // Keep gc off the new objects until the refs are written.
         let _pins = [

@@ -305,10 +305,16 @@ impl FsService for Client {
         self.call(Request::ManifestBytes { id: *id })
     }
 
-    fn import_dir(&self, dir: &Path, policy: ImportPolicy) -> Result<ManifestId, Error> {
+    fn import_dir(
+        &self,
+        dir: &Path,
+        policy: ImportPolicy,
+        base: Option<&ManifestId>,
+    ) -> Result<ManifestId, Error> {
         self.call(Request::ImportDir {
             dir: absolute(dir),
             policy,
+            base: base.copied(),
         })
     }
 

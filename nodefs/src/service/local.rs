@@ -90,9 +90,14 @@ impl FsService for Local {
         self.store().manifest_bytes(id)
     }
 
-    fn import_dir(&self, dir: &Path, policy: ImportPolicy) -> Result<ManifestId, Error> {
+    fn import_dir(
+        &self,
+        dir: &Path,
+        policy: ImportPolicy,
+        base: Option<&ManifestId>,
+    ) -> Result<ManifestId, Error> {
         self.store()
-            .import_dir_with(dir, &|p: &Path| policy.for_path(p))
+            .import_dir_based(dir, &|p: &Path| policy.for_path(p), base)
     }
 
     fn import_oci(&self, dir: &Path, reference: Option<&str>) -> Result<ManifestId, Error> {

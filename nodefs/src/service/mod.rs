@@ -75,7 +75,14 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     /// Compressed bytes on disk (cheap: no index walk).
     fn stored_bytes(&self) -> Result<u64, Error>;
     fn manifest_bytes(&self, id: &ManifestId) -> Result<u64, Error>;
-    fn import_dir(&self, dir: &Path, policy: ImportPolicy) -> Result<ManifestId, Error>;
+    /// `base`: an earlier import of a similar tree (the previous checkpoint of the same
+    /// sandbox); its directories serve as delta bases (see `Store::import_dir_based`).
+    fn import_dir(
+        &self,
+        dir: &Path,
+        policy: ImportPolicy,
+        base: Option<&ManifestId>,
+    ) -> Result<ManifestId, Error>;
     fn import_oci(&self, dir: &Path, reference: Option<&str>) -> Result<ManifestId, Error>;
     fn import_tar(&self, input: &mut dyn Read) -> Result<ManifestId, Error>;
     /// Materializes a manifest as plain files at `dst` (absent).

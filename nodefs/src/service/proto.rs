@@ -51,6 +51,8 @@ pub(crate) enum Request {
     ImportDir {
         dir: PathBuf,
         policy: ImportPolicy,
+        #[serde(default)]
+        base: Option<ManifestId>,
     },
     ImportOci {
         dir: PathBuf,

@@ -157,7 +157,9 @@ impl Server {
             Request::Stats => v(svc.stats()),
             Request::StoredBytes => v(svc.stored_bytes()),
             Request::ManifestBytes { id } => v(svc.manifest_bytes(&id)),
-            Request::ImportDir { dir, policy } => v(svc.import_dir(&dir, policy)),
+            Request::ImportDir { dir, policy, base } => {
+                v(svc.import_dir(&dir, policy, base.as_ref()))
+            }
             Request::ImportOci { dir, reference } => v(svc.import_oci(&dir, reference.as_deref())),
             Request::ImportTar => {
                 let mut r = File::from(fd.ok_or_else(need_fd)?);
