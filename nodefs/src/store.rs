@@ -828,6 +828,17 @@ fn delta_compress(data: &[u8], base: &[u8]) -> Result<Vec<u8>, std::io::Error> {
     let e = |c: usize| std::io::Error::other(zstd::zstd_safe::get_error_name(c));
     cctx.set_parameter(CParameter::CompressionLevel(ZSTD_LEVEL))
         .map_err(e)?;
+    // The window must reach back over the whole base, or a match further back than the level's
+    // default window is lost: the page list of a 256 MiB heap alone is 2.3 MiB.
+    // Readers accept windows up to 2^27 by default.
+    let span = (base.len() + data.len()).max(1 << 10);
+    let window_log = (usize::BITS - (span - 1).leading_zeros()).clamp(10, 27);
+    cctx.set_parameter(CParameter::WindowLog(window_log))
+        .map_err(e)?;
+    // The level's hash tables are too small to remember megabytes of prefix: long-distance
+    // matching finds the (long) unchanged runs wherever they are.
+    cctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
+        .map_err(e)?;
     cctx.ref_prefix(base).map_err(e)?;
     cctx.compress2(&mut out, data).map_err(e)?;
     Ok(out)
@@ -850,6 +861,32 @@ fn delta_decompress(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delta_reaches_back_over_a_base_larger_than_the_default_window() {
+        // 4 MiB of incompressible bytes (like a page list of hashes), 1 % changed.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let base: Vec<u8> = (0..4 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut new = base.clone();
+        for i in (0..new.len()).step_by(100) {
+            new[i] ^= 0x5a;
+        }
+        let d = delta_compress(&new, &base).unwrap();
+        assert!(
+            d.len() < new.len() / 5,
+            "delta {} of {}",
+            d.len(),
+            new.len()
+        );
+        assert_eq!(delta_decompress(&d, &base, new.len()).unwrap(), new);
+    }
 
     #[test]
     fn delta_roundtrip() {
