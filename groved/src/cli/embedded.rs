@@ -103,6 +103,15 @@ pub fn scan_host() -> Vec<ResidueItem> {
     }
     if let Ok(procs) = std::fs::read_dir("/proc") {
         for p in procs.flatten() {
+            // A zombie holds nothing but its pid until its parent reaps it (the host's pid 1 for
+            // a server whose daemon exited): not residue.
+            let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            if matches!(state, Some("Z" | "X")) {
+                continue;
+            }
             let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
             if comm.trim() == "grove-init" {
                 add(

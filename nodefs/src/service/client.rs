@@ -256,10 +256,31 @@ impl Client {
             Ok(r) => r.map_err(Error::from)?,
             Err(e) => return Err(transport(&self.socket, "shutdown", e)),
         };
+        let server =
+            nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
+                .map(|c| c.pid())
+                .ok();
         // The connection ends when the process does.
         let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
         let _ = (&sock).read(&mut [0u8; 1]);
+        if let Some(pid) = server {
+            reap(pid);
+        }
         Ok(())
+    }
+}
+
+/// Reaps the exited server if it is our child: a daemon that is a child subreaper (groved is,
+/// for its sandboxes) inherits the double-forked server, which would otherwise stay a zombie
+/// until the daemon exits. Gives up at once when it is not our child (ECHILD).
+fn reap(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    for _ in 0..100 {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(20)),
+            _ => return,
+        }
     }
 }
 
