@@ -290,7 +290,11 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
         let r = api.call(
             Method::POST,
             &format!("/v1/sandboxes/{id}/exec"),
-            Some(json!({ "shell": format!("echo {id} > /var/tmp/mark; sync /var/tmp/mark") })),
+            // Written aside and renamed: a kill of groved mid-exec kills the command (its client
+            // went away), which must not leave a truncated mark behind.
+            Some(json!({ "shell": format!(
+                "echo {id} > /var/tmp/mark.new && sync /var/tmp/mark.new && mv /var/tmp/mark.new /var/tmp/mark"
+            ) })),
         );
         if matches!(&r, Ok((200, v)) if v["exit_code"] == 0) {
             book.lock().unwrap().marked.insert(id.clone());
