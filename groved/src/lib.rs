@@ -19,3 +19,14 @@ pub mod server;
 pub mod systemd;
 pub mod wire;
 pub mod wiring;
+
+/// Logs of the daemons (groved, grove-fsd) go to stderr, filtered by `GROVE_LOG` (default info).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

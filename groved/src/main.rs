@@ -11,13 +11,7 @@ struct Args {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    groved::init_logging();
     let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("groved: {e:#}");

@@ -32,12 +32,6 @@ fn main() {
     cfg.run_dir = "/run/grove-cgleak".into();
     cfg.cgroup_root = ROOT.into();
     cfg.net_pool = "10.231.0.0/16".into();
-    let exe = std::env::current_exe().expect("exe");
-    cfg.init_binary = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("dir")
-        .join("grove-init");
     let rt = Runtime::new(cfg, Arc::new(OverlayRoot::new("/var/lib/grove"))).expect("runtime");
     let next = AtomicUsize::new(0);
     let leaks = parking_lot::Mutex::new(Vec::new());

@@ -9,12 +9,6 @@ fn main() {
     let mut cfg = RuntimeConfig::default_paths();
     cfg.run_dir = "/run/grove-hold".into();
     cfg.cgroup_root = "grove-hold".into();
-    let exe = std::env::current_exe().expect("exe");
-    cfg.init_binary = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("grove-init");
     let rt = Runtime::new(cfg, Arc::new(OverlayRoot::new("/var/lib/grove"))).expect("runtime");
     let mut spec = SandboxSpec::from_image("debian12");
     if std::env::args().nth(1).as_deref() == Some("egress") {

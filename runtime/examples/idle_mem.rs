@@ -90,12 +90,6 @@ fn main() {
     let mut cfg = RuntimeConfig::default_paths();
     cfg.run_dir = "/run/grove-idle".into();
     cfg.cgroup_root = CGROUP_ROOT.into();
-    let exe = std::env::current_exe().expect("exe");
-    cfg.init_binary = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("grove-init");
     let limits = Limits {
         memory_mb: 16,
         cpu_millis: 250,

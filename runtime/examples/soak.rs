@@ -242,12 +242,6 @@ fn main() {
     cfg.run_dir = RUN_DIR.into();
     cfg.cgroup_root = "grove-soak".into();
     cfg.net_pool = "10.212.0.0/16".into();
-    let exe = std::env::current_exe().expect("exe");
-    cfg.init_binary = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("grove-init");
     let rt = Runtime::new(cfg, Arc::new(OverlayRoot::new(STATE_DIR))).expect("runtime");
 
     // Warm-up: one cycle of each kind, so first-use caches (image dentries, python's pages, the

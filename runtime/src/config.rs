@@ -32,10 +32,17 @@ fn default_pool() -> String {
 
 impl RuntimeConfig {
     pub fn default_paths() -> Self {
+        // Next to the running binary, or one directory up: cargo puts examples and test binaries
+        // in target/<profile>/{examples,deps}, beside the directory that holds grove-init.
         let init_binary = std::env::current_exe()
             .ok()
-            .and_then(|p| p.parent().map(|d| d.join("grove-init")))
-            .filter(|p| p.exists())
+            .and_then(|exe| {
+                exe.ancestors()
+                    .skip(1)
+                    .take(2)
+                    .map(|d| d.join("grove-init"))
+                    .find(|p| p.exists())
+            })
             .unwrap_or_else(|| PathBuf::from("/usr/local/bin/grove-init"));
         RuntimeConfig {
             state_dir: PathBuf::from("/var/lib/grove"),

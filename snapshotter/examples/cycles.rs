@@ -63,12 +63,6 @@ fn main() {
     cfg.run_dir = "/run/grove-cycles-ex".into();
     cfg.cgroup_root = "grove-cycles-ex".into();
     cfg.net_pool = "10.232.0.0/16".into();
-    let exe = std::env::current_exe().expect("exe");
-    cfg.init_binary = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("grove-init");
     let rt = Runtime::new(cfg, roots(&kind)).expect("runtime");
     if let Some(n) = args
         .iter()
