@@ -65,16 +65,7 @@ impl ApiError {
 }
 
 /// Renders an error and its chain of causes on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub use nodefs::chain;
 
 impl From<grove_runtime::Error> for ApiError {
     fn from(e: grove_runtime::Error) -> Self {

@@ -78,3 +78,16 @@ pub(crate) fn store_io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> St
     let path = path.into();
     move |source| StoreError::Io { path, source }
 }
+
+/// Renders an error and its chain of causes on one line (the messages here never repeat their
+/// source's, so each cause appears once).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -32,7 +32,7 @@ pub(crate) fn cpus() -> usize {
 }
 
 pub use chunker::ChunkPolicy;
-pub use error::{Error, StoreError};
+pub use error::{chain, Error, StoreError};
 pub use fs::{Mount, MountOptions, NodeFs, Usage};
 pub use id::{ManifestId, ObjectId, ParseIdError};
 pub use store::{FsckReport, GcReport, Store, StoreStats};

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::ImportPolicy;
-use crate::error::Error;
+use crate::error::{chain, Error};
 use crate::fs::MountOptions;
 use crate::id::{ManifestId, ObjectId};
 
@@ -127,18 +127,6 @@ pub(crate) enum WireError {
     BadStream { why: String },
     UnknownMount { id: u64 },
     Other { message: String },
-}
-
-/// The message of `e` and of every error under it.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 impl From<&Error> for WireError {
