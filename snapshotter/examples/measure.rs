@@ -200,7 +200,7 @@ fn main() {
                     s.spawn(move || {
                         let w = base.join(format!("restore-{n}-{i}"));
                         let lazy =
-                            lazy.then(|| criu.lazy_pages(imgs, &w).expect("lazy-pages daemon"));
+                            lazy.then(|| criu.lazy_pages(imgs, &w, 0).expect("lazy-pages daemon"));
                         let (pid, _) = criu
                             .restore(&RestoreOptions {
                                 images_dir: imgs.clone(),
@@ -218,7 +218,7 @@ fn main() {
                             })
                             .expect("restore");
                         match lazy {
-                            Some(l) => l.reap_later(move || {
+                            Some(l) => l.reap_later(move |_| {
                                 let _ = std::fs::remove_dir_all(&w);
                             }),
                             None => {

@@ -4,6 +4,7 @@
 pub mod criu;
 mod error;
 pub mod images;
+mod lazy;
 mod netns;
 mod pause;
 mod plan;

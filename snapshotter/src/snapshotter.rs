@@ -17,12 +17,16 @@ use serde::{Deserialize, Serialize};
 use crate::criu::{self, Criu};
 use crate::error::Error;
 use crate::images::{self, ImageCache};
+use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
 use crate::{netns, plan};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
+
+/// How long a snapshot of a lazily restored branch waits for its memory to be complete.
+const LAZY_WAIT: Duration = Duration::from_secs(120);
 
 /// At most this many branches per fork call.
 pub const MAX_FORK: u32 = 64;
@@ -71,6 +75,8 @@ pub struct Snapshotter {
     /// Sandboxes with a snapshot in progress.
     busy: Mutex<HashSet<SandboxId>>,
     lazy_pages: AtomicBool,
+    /// Branches whose memory is still being copied in by a lazy-pages daemon.
+    lazy: Arc<LazyCopies>,
 }
 
 impl std::fmt::Debug for Snapshotter {
@@ -237,7 +243,8 @@ impl Snapshotter {
             cache: ImageCache::new(scratch.join("snapshots")),
             work_root,
             busy: Mutex::new(HashSet::new()),
-            lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() == Ok("1")),
+            lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
+            lazy: Arc::default(),
         };
         s.drop_orphans();
         s.adopt_paused();
@@ -342,6 +349,8 @@ impl Snapshotter {
                 what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
             })?;
         let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
+        // A branch restored lazily has holes in its memory until its daemon is done.
+        self.lazy.wait(sandbox, LAZY_WAIT)?;
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
         let images_dir = scratch.0.join(plan::IMAGES);
         let base = criu::DumpOptions {
@@ -593,7 +602,7 @@ impl Snapshotter {
                 lazy_pages: lazy,
                 inherit_netns,
             };
-            self.restore_one(&opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            self.restore_one(&t.id, &opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
         match same_id {
             None => self.runtime.create_restored(spec, &mut restore),
@@ -615,11 +624,15 @@ impl Snapshotter {
     }
 
     /// One CRIU restore; with lazy pages, a `criu lazy-pages` daemon serves the memory and is
-    /// reaped (and its work dir removed) once it has copied everything.
-    fn restore_one(&self, opts: &criu::RestoreOptions) -> Result<i32, criu::Error> {
+    /// reaped (and its work dir removed) once it has copied everything. A branch whose daemon
+    /// fails while it runs has lost memory: it is destroyed.
+    fn restore_one(&self, id: &SandboxId, opts: &criu::RestoreOptions) -> Result<i32, criu::Error> {
         let work = opts.work_dir.clone();
         let daemon = if opts.lazy_pages {
-            match self.criu.lazy_pages(&opts.images_dir, &work) {
+            match self
+                .criu
+                .lazy_pages(&opts.images_dir, &work, lazy::DAEMON_NICE)
+            {
                 Ok(d) => Some(d),
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&work);
@@ -646,9 +659,18 @@ impl Snapshotter {
             .map(|(pid, _)| pid);
         drop(ns);
         match (daemon, &r) {
-            (Some(d), Ok(_)) => d.reap_later(move || {
-                let _ = std::fs::remove_dir_all(&work);
-            }),
+            (Some(d), Ok(_)) => {
+                let ended = self.lazy.start(id, d.pid());
+                let (runtime, id) = (self.runtime.clone(), id.clone());
+                d.reap_later(move |ok| {
+                    let _ = std::fs::remove_dir_all(&work);
+                    // A waiting snapshot learns of the failure only once the branch is gone.
+                    if !ok {
+                        lazy_failed(&runtime, &id);
+                    }
+                    ended(ok);
+                })
+            }
             (Some(d), Err(_)) => {
                 d.kill();
                 let _ = std::fs::remove_dir_all(&work);
@@ -661,7 +683,8 @@ impl Snapshotter {
     }
 
     /// Restores fork branches with CRIU lazy pages (memory copied on demand and in the
-    /// background after the branch runs). Off by default; `GROVE_LAZY_PAGES=1` turns it on.
+    /// background after the branch runs), where the kernel allows. On by default;
+    /// `GROVE_LAZY_PAGES=0` turns it off.
     pub fn set_lazy_pages(&self, on: bool) {
         self.lazy_pages.store(on, Ordering::Relaxed);
     }
@@ -800,6 +823,21 @@ fn frozen_cgroup(cgroups: &[(String, PathBuf)]) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// A lazy-pages daemon exited with an error. If its branch is still running, pages it never
+/// received would read as zeros: destroy the branch rather than let it run on wrong memory.
+/// (A branch destroyed mid-copy also ends its daemon with an error; then there is nothing left.)
+fn lazy_failed(runtime: &Runtime, id: &SandboxId) {
+    if runtime
+        .get(id)
+        .is_ok_and(|i| i.state == SandboxState::Running)
+    {
+        tracing::error!(sandbox = %id, "the lazy restore of its memory failed; destroying it");
+        if let Err(e) = runtime.destroy(id) {
+            tracing::error!(sandbox = %id, error = %e, "destroy after a failed lazy restore");
+        }
+    }
 }
 
 /// The runtime wraps our restore error; give callers the typed CRIU error back.

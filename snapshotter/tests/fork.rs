@@ -111,17 +111,60 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         "branch files do not leak into the source"
     );
 
-    // Lazy-pages restores (memory served on demand by `criu lazy-pages`) give the same state.
-    env.snap.set_lazy_pages(true);
-    let lazy = env.snap.fork(&snap.id, 2, ForkOptions::default()).unwrap();
+    // Eager restores (every page copied before the branch runs) give the same state.
     env.snap.set_lazy_pages(false);
-    for (i, b) in lazy.into_iter().enumerate() {
-        let b = b.expect("lazy branch");
+    let eager = env.snap.fork(&snap.id, 2, ForkOptions::default()).unwrap();
+    env.snap.set_lazy_pages(true);
+    for (i, b) in eager.into_iter().enumerate() {
+        let b = b.expect("eager branch");
         let st = ask(&env, &b.id, "state", 40);
-        assert_eq!(st["counter"], 42, "lazy branch {i}: {st}");
-        assert_eq!(st["heap"], before["heap"], "lazy branch {i}: heap");
+        assert_eq!(st["counter"], 42, "eager branch {i}: {st}");
+        assert_eq!(st["heap"], before["heap"], "eager branch {i}: heap");
         env.rt.destroy(&b.id).unwrap();
     }
+
+    // A lazily restored branch snapshotted while its lazy-pages daemon is still copying (held
+    // stopped here): the snapshot waits for the memory to be complete, so a branch of that
+    // snapshot holds the whole heap (a dump of the holes would read zeros). Busy CPUs keep
+    // the daemon (nice 19) from finishing before it is stopped.
+    let busy = common::tree::BusyCpus::start(2);
+    let lazy = env
+        .snap
+        .fork(&snap.id, 1, ForkOptions::default())
+        .unwrap()
+        .remove(0)
+        .expect("lazy branch");
+    let daemons = common::tree::children_named("lazy-pages");
+    assert_eq!(daemons.len(), 1, "one lazy-pages daemon per lazy branch");
+    common::tree::signal_all(&daemons, libc::SIGSTOP);
+    drop(busy);
+    let again = std::thread::scope(|s| {
+        let t = s.spawn(|| env.snap.snapshot(&lazy.id, SnapshotOptions::default()));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(
+            !t.is_finished(),
+            "a snapshot of a branch whose memory is incomplete did not wait"
+        );
+        common::tree::signal_all(&daemons, libc::SIGCONT);
+        t.join().unwrap().unwrap()
+    });
+    env.rt.destroy(&lazy.id).unwrap();
+    env.snap.set_lazy_pages(false);
+    let c = env
+        .snap
+        .fork(&again.id, 1, ForkOptions::default())
+        .unwrap()
+        .remove(0)
+        .expect("branch of the lazy branch");
+    env.snap.set_lazy_pages(true);
+    let st = ask(&env, &c.id, "state", 50);
+    assert_eq!(st["counter"], 42, "{st}");
+    assert_eq!(
+        st["heap"], before["heap"],
+        "the snapshot of a lazy branch lost memory"
+    );
+    env.rt.destroy(&c.id).unwrap();
+    env.snap.delete(&again.id).unwrap();
 
     // Unknown snapshots.
     for bad in ["no-such-snapshot", &"0".repeat(64)] {

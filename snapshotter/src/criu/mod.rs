@@ -232,7 +232,13 @@ impl Criu {
     /// uses the same `work_dir`; returns once it listens. The daemon exits by itself once every
     /// page has been copied into the restored tree (or the tree is gone); `LazyPages::reap_later`
     /// waits for it on a thread so it never lingers as a zombie.
-    pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
+    /// `nice`: the daemon's niceness (its background copy competes with everything else).
+    pub fn lazy_pages(
+        &self,
+        images_dir: &Path,
+        work_dir: &Path,
+        nice: i32,
+    ) -> Result<LazyPages, Error> {
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
         let mut child = self
             .command()
@@ -244,6 +250,8 @@ impl Criu {
                 binary: self.binary.clone(),
                 source,
             })?;
+        // SAFETY: setpriority on our own child's pid, a plain syscall.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, child.id(), nice) };
         let socket = work_dir.join("lazy-pages.socket");
         let deadline = Instant::now() + Duration::from_secs(5);
         while !socket.exists() {
@@ -306,12 +314,16 @@ impl LazyPages {
         let _ = self.child.wait();
     }
 
-    /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` (e.g. removing
-    /// its work dir).
-    pub fn reap_later(mut self, then: impl FnOnce() + Send + 'static) {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` with whether
+    /// it exited successfully (every page copied, or its tree gone).
+    pub fn reap_later(mut self, then: impl FnOnce(bool) + Send + 'static) {
         std::thread::spawn(move || {
-            let _ = self.child.wait();
-            then();
+            let ok = self.child.wait().is_ok_and(|s| s.success());
+            then(ok);
         });
     }
 }

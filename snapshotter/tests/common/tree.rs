@@ -384,3 +384,64 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Our child processes whose command line contains `needle`.
+pub fn children_named(needle: &str) -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the parenthesized command: state, ppid, ...
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1));
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(me.as_str()) && String::from_utf8_lossy(&cmd).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+pub fn signal_all(pids: &[i32], sig: i32) {
+    for &p in pids {
+        // SAFETY: plain kill(2) of processes this test started.
+        unsafe { libc::kill(p, sig) };
+    }
+}
+
+/// Threads that keep `n` CPUs busy until dropped (to starve low-priority work in a test).
+pub struct BusyCpus {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyCpus {
+    pub fn start(n: usize) -> BusyCpus {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyCpus { stop, threads }
+    }
+}
+
+impl Drop for BusyCpus {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
