@@ -15,10 +15,21 @@
  *    init, whose control socket is bound in /run/grove) is then already in the namespace it asks
  *    for, so the switch is a no-op: answer success when, and only when, the target namespace is
  *    the caller's own.
+ *
+ * And one speed-up, active only when Grove sets GROVE_CRIU_KDAT:
+ *
+ * 3. CRIU's kernel-feature cache. CRIU probes the kernel on every run (about 30 ms here) unless
+ *    it finds /run/criu.kdat, which it writes only where /run is a tmpfs (the cache must not
+ *    outlive a reboot). On hosts whose /run is not one, GROVE_CRIU_KDAT names a file on a tmpfs
+ *    and CRIU's open/rename/unlink of /run/criu.kdat and /run/criu.kdat.tmp go there instead.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -83,4 +94,53 @@ int setns(int fd, int nstype)
 		return 0;
 	}
 	return r;
+}
+
+static const char *kdat_path(const char *path, char *buf, size_t len)
+{
+	const char *to = getenv("GROVE_CRIU_KDAT");
+	if (!to || !path)
+		return path;
+	if (strcmp(path, "/run/criu.kdat") == 0)
+		return to;
+	if (strcmp(path, "/run/criu.kdat.tmp") == 0 && snprintf(buf, len, "%s.tmp", to) < (int)len)
+		return buf;
+	return path;
+}
+
+#define KDAT_OPEN(name)                                                                   \
+	int name(const char *path, int flags, ...)                                        \
+	{                                                                                 \
+		static int (*real)(const char *, int, ...);                               \
+		if (!real)                                                                \
+			real = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, #name);  \
+		mode_t mode = 0;                                                          \
+		if (flags & (O_CREAT | O_TMPFILE)) {                                      \
+			va_list ap;                                                       \
+			va_start(ap, flags);                                              \
+			mode = va_arg(ap, mode_t);                                        \
+			va_end(ap);                                                       \
+		}                                                                         \
+		char buf[4096];                                                           \
+		return real(kdat_path(path, buf, sizeof(buf)), flags, mode);              \
+	}
+KDAT_OPEN(open)
+KDAT_OPEN(open64)
+
+int rename(const char *from, const char *to)
+{
+	static int (*real)(const char *, const char *);
+	if (!real)
+		real = (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+	char a[4096], b[4096];
+	return real(kdat_path(from, a, sizeof(a)), kdat_path(to, b, sizeof(b)));
+}
+
+int unlink(const char *path)
+{
+	static int (*real)(const char *);
+	if (!real)
+		real = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
+	char buf[4096];
+	return real(kdat_path(path, buf, sizeof(buf)));
 }

@@ -1,10 +1,12 @@
 //! The compatibility shim preloaded into CRIU (see compat/criu-shim.c): without it CRIU 4.1 cannot
 //! dump TCP/UDP sockets on kernels >= 6.16, nor restore a tree with a dead session leader (the
 //! root task then fails to re-enter its own mount namespace). Held in a memfd so no file is left on disk;
-//! the child gets it at fd [`SHIM_FD`] and loads it through /proc/self/fd.
+//! the child gets it at fd [`SHIM_FD`] and loads it through /proc/self/fd. The shim also moves
+//! CRIU's kernel-feature cache to a tmpfs where /run is none (see [`kdat_cache`]).
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 
 const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
 
@@ -45,5 +47,57 @@ impl Shim {
     /// The LD_PRELOAD value for the child.
     pub fn preload_path() -> String {
         format!("/proc/self/fd/{SHIM_FD}")
+    }
+}
+
+/// The variable through which the shim learns where the kernel-feature cache goes.
+pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
+
+/// CRIU keeps its kernel-feature cache (`/run/criu.kdat`) only on a tmpfs, so that it never
+/// outlives a reboot; without it every CRIU run probes the kernel again (about 30 ms on this
+/// VM, for each dump, restore and lazy-pages daemon). None where /run is a tmpfs (CRIU's own
+/// place works) or no tmpfs is at hand; else `/dev/shm/criu.kdat`.
+pub fn kdat_cache() -> Option<PathBuf> {
+    kdat_cache_for(Path::new("/run"), Path::new("/dev/shm"))
+}
+
+fn kdat_cache_for(run: &Path, shm: &Path) -> Option<PathBuf> {
+    if is_tmpfs(run) || !is_tmpfs(shm) {
+        return None;
+    }
+    Some(shm.join("criu.kdat"))
+}
+
+fn is_tmpfs(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kdat_cache_goes_to_a_tmpfs_only_where_run_is_none() {
+        let disk = tempfile::tempdir_in("/var/tmp").unwrap();
+        let shm = Path::new("/dev/shm");
+        if !is_tmpfs(shm) || is_tmpfs(disk.path()) {
+            eprintln!("SKIPPED: needs /dev/shm on tmpfs and /var/tmp on disk");
+            return;
+        }
+        assert_eq!(
+            kdat_cache_for(disk.path(), shm),
+            Some(shm.join("criu.kdat"))
+        );
+        assert_eq!(
+            kdat_cache_for(shm, shm),
+            None,
+            "/run on tmpfs: CRIU's own place"
+        );
+        assert_eq!(
+            kdat_cache_for(disk.path(), disk.path()),
+            None,
+            "no tmpfs at hand"
+        );
     }
 }

@@ -35,6 +35,8 @@ pub struct Criu {
     binary: PathBuf,
     features: OnceLock<Features>,
     shim: Option<compat::Shim>,
+    /// Where CRIU keeps its kernel-feature cache when /run is not a tmpfs (see the shim).
+    kdat: Option<PathBuf>,
 }
 
 /// How long a dump or restore took.
@@ -69,6 +71,7 @@ impl Criu {
                 binary: c.clone(),
                 features: OnceLock::new(),
                 shim: compat::Shim::load(),
+                kdat: compat::kdat_cache(),
             };
             match criu.check() {
                 Ok(()) => return Ok(criu),
@@ -101,6 +104,9 @@ impl Criu {
         let shim = self.shim.as_ref().map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
+            if let Some(k) = &self.kdat {
+                cmd.env(compat::KDAT_ENV, k);
+            }
         }
         prepare_fds(&mut cmd, shim, netns.map(|f| f.as_raw_fd()));
         cmd
