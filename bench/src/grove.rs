@@ -447,6 +447,8 @@ pub struct SnapFigures {
     pub id: String,
     pub wall_ms: f64,
     pub frozen_ms: f64,
+    /// From the snapshot call until its images were in the store.
+    pub durable_ms: f64,
     pub bytes_added: u64,
 }
 
@@ -489,7 +491,7 @@ impl GroveSnapshots {
                 &sb.id,
                 SnapshotOptions {
                     name: Some(name.into()),
-                    stop: false,
+                    ..Default::default()
                 },
             )
             .map_err(|e| anyhow!("snapshot of {}: {e}", sb.id))?;
@@ -498,12 +500,21 @@ impl GroveSnapshots {
             .lock()
             .map_err(|_| anyhow!("poisoned"))?
             .push(info.id.clone());
+        let info = self.wait_durable(&info.id)?;
         Ok(SnapFigures {
             id: info.id,
             wall_ms,
             frozen_ms: info.dump_ms as f64,
+            durable_ms: t.elapsed().as_secs_f64() * 1e3,
             bytes_added: info.bytes_added,
         })
+    }
+
+    /// Waits until a snapshot's images are in the store (they are stored in the background).
+    pub fn wait_durable(&self, id: &str) -> Result<grove_snapshotter::SnapshotInfo> {
+        self.snap
+            .wait_durable(id, Duration::from_secs(300))
+            .map_err(|e| anyhow!("snapshot {id} never became durable: {e}"))
     }
 
     /// Pauses a workload sandbox to the store, then resumes it and waits until it answers.

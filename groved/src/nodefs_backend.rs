@@ -265,6 +265,7 @@ fn to_wire(i: &SnapshotInfo) -> Snapshot {
         image: Some(i.spec.image.clone()),
         created_at_ms: i.created_at_ms,
         size_bytes: Some(i.bytes_added),
+        durable: i.durable,
         labels: i.spec.labels.clone(),
     }
 }
@@ -274,6 +275,7 @@ impl Snapshots for NodefsSnapshots {
         let opts = SnapshotOptions {
             name: req.name.clone(),
             stop: req.stop,
+            durable: req.durable,
         };
         self.s
             .snapshot(id, opts)

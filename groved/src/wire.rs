@@ -412,6 +412,9 @@ pub struct SnapshotRequest {
     /// Destroy the sandbox once the snapshot is committed.
     #[serde(default)]
     pub stop: bool,
+    /// Answer once the images are in the content store.
+    #[serde(default)]
+    pub durable: bool,
 }
 
 /// A snapshot as the API shows it.
@@ -425,6 +428,8 @@ pub struct Snapshot {
     pub image: Option<String>,
     pub created_at_ms: u64,
     pub size_bytes: Option<u64>,
+    /// The images are in the content store (snapshots become durable in the background).
+    pub durable: bool,
     pub labels: BTreeMap<String, String>,
 }
 

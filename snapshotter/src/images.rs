@@ -71,6 +71,28 @@ impl ImageCache {
         Ok(done)
     }
 
+    /// The materialized images of `id`, if present.
+    pub fn existing(&self, id: &str) -> Option<PathBuf> {
+        let done = self.dir.join(id).join("images");
+        done.is_dir().then_some(done)
+    }
+
+    /// Moves `dir` (freshly dumped images, same filesystem) in as the materialized copy of
+    /// `id`: the only copy of a snapshot's images until they are stored, so failure is an error.
+    pub fn take(&self, id: &str, dir: &Path) -> Result<PathBuf, Error> {
+        let lock = self.lock_for(id);
+        let _g = lock.lock();
+        let base = self.dir.join(id);
+        let done = base.join("images");
+        fs::create_dir_all(&base)
+            .and_then(|()| fs::rename(dir, &done))
+            .map_err(|e| {
+                let _ = fs::remove_dir(&base);
+                Error::io(&done, e)
+            })?;
+        Ok(done)
+    }
+
     /// Takes `dir` (freshly dumped images, same filesystem) as the materialized copy of `id`,
     /// unless one exists; on failure the copy is simply made on first use.
     pub fn adopt(&self, id: &str, dir: &Path) {

@@ -2,6 +2,7 @@
 //! store, forks of snapshots into independent branches, and snapshot transfer between nodes.
 
 pub mod criu;
+mod durable;
 mod error;
 pub mod images;
 mod lazy;

@@ -63,6 +63,8 @@ impl Snapshotter {
             dump_ms: cap.dump_ms,
             bytes_added: 0,
             store_ms,
+            root: None,
+            durable: true,
             paused: None,
         };
         parked.init_pid = None;

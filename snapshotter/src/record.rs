@@ -12,15 +12,21 @@ use crate::error::Error;
 /// A committed snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotInfo {
-    /// Root hash: blake3 over the fs manifest, the images manifest and the spec.
+    /// Names this snapshot for its whole life: [`capture_id`] for snapshots taken here (known
+    /// the moment the sandbox is thawed), or the [`root_hash`] of older and pause records.
     pub id: String,
+    /// The content root: [`root_hash`] over the fs manifest, the images manifest and the spec.
+    /// None until the images are in the store (and on records older than this field, whose id
+    /// is their root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     pub name: Option<String>,
     /// The sandbox it was taken from.
     pub source: String,
     pub created_at_ms: u64,
     /// nodefs manifest (hex) of the sandbox root at the freeze point.
     pub fs_root: String,
-    /// nodefs manifest (hex) of the CRIU image directory.
+    /// nodefs manifest (hex) of the CRIU image directory; empty until `durable`.
     pub images_root: String,
     pub spec: SandboxSpec,
     /// How long the sandbox was frozen (freeze → dump → commit → thaw).
@@ -31,6 +37,12 @@ pub struct SnapshotInfo {
     /// `dump_ms + store_ms` is about the time until the snapshot is durable and forkable.
     #[serde(default)]
     pub store_ms: u64,
+    /// Whether the CRIU images are in the content store. A snapshot is forkable at once from
+    /// its images in scratch space; a background import makes it durable (a daemon crash in
+    /// between resumes the import at start; a host reboot, which empties a tmpfs scratch, loses
+    /// a snapshot that never became durable). `SnapshotOptions::durable` waits for it.
+    #[serde(default = "durable_default")]
+    pub durable: bool,
     /// Set on the record of a pause to the store: the parked sandbox it brings back. Such
     /// records are internal (not listed, not forkable, not exported) and go away on resume or
     /// when the sandbox is destroyed.
@@ -38,7 +50,40 @@ pub struct SnapshotInfo {
     pub paused: Option<SandboxInfo>,
 }
 
-/// The root hash naming a snapshot.
+fn durable_default() -> bool {
+    true
+}
+
+/// The id of a snapshot taken on this node: known as soon as the root is committed, before
+/// the images are hashed into the store; unique per capture.
+pub fn capture_id(fs_root: &str, spec: &SandboxSpec, source: &str, at_ms: u64) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"grove-snapshot-v2\0");
+    for part in [fs_root, source, &at_ms.to_string()] {
+        h.update(part.as_bytes());
+        h.update(b"\0");
+    }
+    h.update(&serde_json::to_vec(spec).unwrap_or_default());
+    h.update(&rand_bytes());
+    h.finalize().to_hex().to_string()
+}
+
+fn rand_bytes() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // Never short for 16 bytes in practice; fall back to the clock's nanoseconds.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        b = t.to_le_bytes();
+    }
+    b
+}
+
+/// The content root hash of a snapshot.
 pub fn root_hash(fs_root: &str, images_root: &str, spec: &SandboxSpec) -> String {
     let mut h = blake3::Hasher::new();
     h.update(b"grove-snapshot-v1\0");
@@ -192,6 +237,8 @@ mod tests {
             dump_ms: 5,
             bytes_added: 7,
             store_ms: 3,
+            root: None,
+            durable: true,
             paused: None,
         }
     }
@@ -229,6 +276,22 @@ mod tests {
         other.hostname = Some("h".into());
         assert_ne!(h, root_hash("a", "b", &other));
         assert_eq!(h, root_hash("a", "b", &spec));
+    }
+
+    #[test]
+    fn capture_ids_are_unique_and_look_like_ids() {
+        let spec = SandboxSpec::from_image("x");
+        let a = capture_id("f", &spec, "sb-000000000001", 5);
+        assert!(is_id(&a));
+        assert_ne!(a, capture_id("f", &spec, "sb-000000000001", 5));
+    }
+
+    #[test]
+    fn a_record_without_the_durable_field_is_durable() {
+        let mut v = serde_json::to_value(info(&"1".repeat(64), 1)).unwrap();
+        v.as_object_mut().unwrap().remove("durable");
+        let back: SnapshotInfo = serde_json::from_value(v).unwrap();
+        assert!(back.durable);
     }
 
     #[test]

@@ -15,8 +15,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::criu::{self, Criu};
+use crate::durable::Imports;
 use crate::error::Error;
-use crate::images::{self, ImageCache};
+use crate::images::ImageCache;
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
@@ -51,7 +52,13 @@ pub struct SnapshotOptions {
     /// Destroy the source sandbox once the snapshot is committed.
     #[serde(default)]
     pub stop: bool,
+    /// Return only once the images are in the content store (see `durable.rs`).
+    #[serde(default)]
+    pub durable: bool,
 }
+
+/// How long `SnapshotOptions::durable` waits for the images to be stored.
+const DURABLE_WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ForkOptions {
@@ -77,6 +84,7 @@ pub struct Snapshotter {
     lazy_pages: AtomicBool,
     /// Branches whose memory is still being copied in by a lazy-pages daemon.
     lazy: Arc<LazyCopies>,
+    pub(crate) imports: Imports,
 }
 
 impl std::fmt::Debug for Snapshotter {
@@ -119,7 +127,7 @@ impl Snapshotter {
             .index
             .read()
             .values()
-            .filter(|s| s.source == sandbox.as_str())
+            .filter(|s| s.source == sandbox.as_str() && s.durable)
             .max_by_key(|s| s.created_at_ms)
             .map(|s| s.images_root.clone());
         let hex = match own {
@@ -127,7 +135,9 @@ impl Snapshotter {
             None => {
                 let spec = self.runtime.get(sandbox).ok()?.spec;
                 let from = spec.labels.get("grove.snapshot")?;
-                self.index.read().get(from)?.images_root.clone()
+                let index = self.index.read();
+                let s = index.get(from).filter(|s| s.durable)?;
+                s.images_root.clone()
             }
         };
         parse_manifest(&hex, "images root").ok()
@@ -245,11 +255,13 @@ impl Snapshotter {
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
             lazy: Arc::default(),
+            imports: Imports::default(),
         };
         s.drop_orphans();
         s.adopt_paused();
         let s = Arc::new(s);
         s.watch_parked();
+        s.start_imports();
         Ok(s)
     }
 
@@ -279,8 +291,9 @@ impl Snapshotter {
     }
 
     /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
-    /// → images into the store → durable record. Any failure thaws and leaves the source as it
-    /// was; no scratch is left behind.
+    /// → durable record → returned, forkable from the dumped images; they go into the store in
+    /// the background (`durable.rs`) unless `opts.durable` asks to wait. Any failure before
+    /// the record thaws and leaves the source as it was; no scratch is left behind.
     pub fn snapshot(
         &self,
         sandbox: &SandboxId,
@@ -291,47 +304,45 @@ impl Snapshotter {
             self.check_name_free(n, None)?;
         }
         let _busy = self.claim(sandbox)?;
-        let before = self.store.stored_bytes()?;
         let cap = self.capture(sandbox, false)?;
         let thawed = Instant::now();
-        let base = self.images_base(sandbox);
-        let images_root = images::import(&*self.store, &cap.images_dir, base.as_ref())?;
-        let import_ms = thawed.elapsed().as_millis() as u64;
-        // Keep gc off the new objects until the refs are written.
-        let _pins = [
-            Pin::new(&*self.store, images_root)?,
-            Pin::new(&*self.store, cap.fs_root)?,
-        ];
-        let (fs_hex, img_hex) = (cap.fs_root.to_hex(), images_root.to_hex());
-        let id = record::root_hash(&fs_hex, &img_hex, &cap.spec);
-        if let Some(existing) = self.index.read().get(&id) {
-            return Ok(existing.clone());
-        }
+        // Keep gc off the new root until its ref is written.
+        let _pin = Pin::new(&*self.store, cap.fs_root)?;
+        let fs_hex = cap.fs_root.to_hex();
+        let at = now_ms();
         let info = SnapshotInfo {
-            id: id.clone(),
+            id: record::capture_id(&fs_hex, &cap.spec, sandbox.as_str(), at),
+            root: None,
             name: opts.name,
             source: sandbox.to_string(),
-            created_at_ms: now_ms(),
+            created_at_ms: at,
             fs_root: fs_hex,
-            images_root: img_hex,
+            images_root: String::new(),
             spec: cap.spec.clone(),
             dump_ms: cap.dump_ms,
-            bytes_added: self.store.stored_bytes()?.saturating_sub(before),
-            // Stops just before the refs and record are written (a few fsyncs).
-            store_ms: thawed.elapsed().as_millis() as u64,
+            bytes_added: 0,
+            store_ms: 0,
+            durable: false,
             paused: None,
         };
-        self.commit_record(&info, &cap.fs_root, &images_root)?;
-        // The dumped images are exactly what a fork needs: keep them as the materialized copy.
-        self.cache.adopt(&id, &cap.images_dir);
+        // The dumped images become the materialized copy forks restore from, and the source
+        // of the background import.
+        self.cache.take(&info.id, &cap.images_dir)?;
+        if let Err(e) = self.commit_pending(&info, &cap.fs_root) {
+            self.cache.drop_snapshot(&info.id);
+            return Err(e);
+        }
         drop(cap);
+        self.queue_import(&info.id);
         tracing::info!(
-            snapshot = %id, %sandbox, frozen_ms = info.dump_ms, import_ms,
-            after_thaw_ms = thawed.elapsed().as_millis() as u64, bytes_added = info.bytes_added,
-            "snapshot committed"
+            snapshot = %info.id, %sandbox, frozen_ms = info.dump_ms,
+            after_thaw_ms = thawed.elapsed().as_millis() as u64, "snapshot taken"
         );
         if opts.stop {
             self.runtime.destroy(sandbox)?;
+        }
+        if opts.durable {
+            return self.wait_durable(&info.id, DURABLE_WAIT);
         }
         Ok(info)
     }
@@ -506,6 +517,31 @@ impl Snapshotter {
         Ok(())
     }
 
+    /// A snapshot whose images are not stored yet: the fs ref, then the record, then the index.
+    fn commit_pending(&self, info: &SnapshotInfo, fs: &ManifestId) -> Result<(), Error> {
+        let [fs_ref, _] = ref_names(&info.id);
+        self.store.set_ref(&fs_ref, fs)?;
+        if let Err(e) = self.records.write(info) {
+            let _ = self.store.delete_ref(&fs_ref);
+            return Err(e);
+        }
+        self.index.write().insert(info.id.clone(), info.clone());
+        Ok(())
+    }
+
+    /// The images of a pending snapshot are stored: their ref, then the durable record.
+    pub(crate) fn commit_images(
+        &self,
+        info: &SnapshotInfo,
+        imgs: &ManifestId,
+    ) -> Result<(), Error> {
+        let [_, img_ref] = ref_names(&info.id);
+        self.store.set_ref(&img_ref, imgs)?;
+        self.records.write(info)?;
+        self.index.write().insert(info.id.clone(), info.clone());
+        Ok(())
+    }
+
     /// Refs first (so gc keeps the data), then the record (the commit point), then the index.
     pub(crate) fn commit_record(
         &self,
@@ -540,8 +576,7 @@ impl Snapshotter {
             });
         }
         let info = self.get(snapshot)?;
-        let images_root = parse_manifest(&info.images_root, "images root")?;
-        let images = self.cache.get(&*self.store, &info.id, &images_root)?;
+        let images = self.images_of(&info)?;
         let results = std::thread::scope(|s| {
             let handles: Vec<_> = (0..count)
                 .map(|i| {
@@ -561,6 +596,24 @@ impl Snapshotter {
                 .collect()
         });
         Ok(results)
+    }
+
+    /// The materialized images of a snapshot: in scratch space already, or exported from the
+    /// store (durable snapshots only: a pending one's images are in scratch space until stored).
+    pub(crate) fn images_of(&self, info: &SnapshotInfo) -> Result<PathBuf, Error> {
+        if let Some(dir) = self.cache.existing(&info.id) {
+            return Ok(dir);
+        }
+        if !info.durable {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "snapshot {}: its images are neither stored nor in scratch space",
+                    info.id
+                ),
+            });
+        }
+        let images_root = parse_manifest(&info.images_root, "images root")?;
+        self.cache.get(&*self.store, &info.id, &images_root)
     }
 
     fn fork_one(
@@ -727,6 +780,7 @@ impl Snapshotter {
     /// Record, refs, materialized images, then the index entry: whoever sees it gone from the
     /// index sees nothing else of it either.
     pub(crate) fn delete_by_id(&self, id: &str) -> Result<(), Error> {
+        let _commit = self.imports.commit.lock();
         self.records.remove(id)?;
         let refs = ref_names(id)
             .iter()

@@ -14,6 +14,8 @@ use crate::snapshotter::{Pin, Snapshotter};
 
 const MAGIC: &[u8; 8] = b"GRVSNAP1";
 const MAX_RECORD: u32 = 1 << 20;
+/// How long an export waits for a just-taken snapshot to be stored.
+const EXPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Counts bytes written through it.
 struct Counting<'a> {
@@ -50,7 +52,7 @@ impl Snapshotter {
         only: Option<&HashSet<ObjectId>>,
         out: &mut dyn Write,
     ) -> Result<u64, Error> {
-        let info = self.get(snapshot)?;
+        let info = self.durable(snapshot)?;
         let fs: ObjectId = parse(&info.fs_root)?;
         let imgs: ObjectId = parse(&info.images_root)?;
         let body = serde_json::to_vec(&info).map_err(|e| Error::BadStream {
@@ -70,12 +72,21 @@ impl Snapshotter {
     /// Every object (trees and chunks) the snapshot's filesystem and images reach, sorted: what a
     /// receiver checks against its own store before asking for a delta.
     pub fn objects(&self, snapshot: &str) -> Result<Vec<ObjectId>, Error> {
-        let info = self.get(snapshot)?;
+        let info = self.durable(snapshot)?;
         let mut v = self.store().objects_of(&parse(&info.fs_root)?)?;
         v.extend(self.store().objects_of(&parse(&info.images_root)?)?);
         v.sort();
         v.dedup();
         Ok(v)
+    }
+
+    /// A snapshot once its images are in the store (a stream carries stored objects only).
+    fn durable(&self, snapshot: &str) -> Result<SnapshotInfo, Error> {
+        let info = self.get(snapshot)?;
+        if info.durable {
+            return Ok(info);
+        }
+        self.wait_durable(&info.id, EXPORT_WAIT)
     }
 
     /// The ones among `ids` this node's store does not hold.
@@ -109,8 +120,11 @@ impl Snapshotter {
         let info: SnapshotInfo = serde_json::from_slice(&body).map_err(|e| Error::BadStream {
             reason: format!("record: {e}"),
         })?;
+        // Records older than the `root` field are named by their root.
+        let root = info.root.as_deref().unwrap_or(&info.id);
         if info.paused.is_some()
-            || record::root_hash(&info.fs_root, &info.images_root, &info.spec) != info.id
+            || !info.durable
+            || record::root_hash(&info.fs_root, &info.images_root, &info.spec) != root
         {
             return Err(Error::BadStream {
                 reason: format!("snapshot {} does not match its root hash", info.id),

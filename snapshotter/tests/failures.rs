@@ -61,15 +61,17 @@ fn failure_paths_leave_nothing_behind() {
             &src.id,
             SnapshotOptions {
                 name: Some("fail-test".into()),
-                stop: false,
+                durable: true,
+                ..Default::default()
             },
         )
         .unwrap();
+    assert!(snap.durable && snap.root.is_some() && snap.bytes_added > 0);
     match env.snap.snapshot(
         &src.id,
         SnapshotOptions {
             name: Some("fail-test".into()),
-            stop: false,
+            ..Default::default()
         },
     ) {
         Err(e @ Error::NameTaken { .. }) => assert_eq!(e.code(), "conflict"),
@@ -181,6 +183,64 @@ fn failure_paths_leave_nothing_behind() {
     );
     drop(restarted);
 
+    // A daemon crash between a snapshot's return and the end of its background import: the
+    // record says not durable; the next start imports the images again from scratch space and
+    // the snapshot becomes durable with the same images. If scratch space lost them (a host
+    // reboot), the snapshot is dropped at start rather than left unforkable.
+    let crashed = |name: &str| {
+        let s = env
+            .snap
+            .snapshot(
+                &src.id,
+                SnapshotOptions {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let done = env
+            .snap
+            .wait_durable(&s.id, Duration::from_secs(120))
+            .unwrap();
+        let record = env
+            .snap_cfg
+            .state_dir
+            .join(format!("snapshots/{}.json", s.id));
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        v["durable"] = false.into();
+        v["images_root"] = "".into();
+        v["root"] = serde_json::Value::Null;
+        std::fs::write(&record, serde_json::to_vec(&v).unwrap()).unwrap();
+        let images_ref = format!("grove/snapshots/{}/images", s.id);
+        env.store.delete_ref(&images_ref).unwrap();
+        (done, images_ref)
+    };
+    let (resumed, images_ref) = crashed("crash-mid-import");
+    let (lost, _) = crashed("crash-and-reboot");
+    std::fs::remove_dir_all(env.run_dir.join("snapshots").join(&lost.id)).unwrap();
+    let restarted =
+        grove_snapshotter::Snapshotter::new(env.snap_cfg.clone(), env.rt.clone(), env.service())
+            .unwrap();
+    let again = restarted
+        .wait_durable(&resumed.id, Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(again.images_root, resumed.images_root);
+    assert_eq!(again.root, resumed.root);
+    assert_eq!(
+        env.store.get_ref(&images_ref).unwrap().map(|m| m.to_hex()),
+        Some(resumed.images_root.clone()),
+        "the images ref is written again"
+    );
+    assert!(matches!(
+        restarted.get(&lost.id),
+        Err(Error::NotFound { .. })
+    ));
+    drop(restarted);
+    for id in [&resumed.id, &lost.id] {
+        let _ = env.snap.delete(id);
+    }
+
     // stop: the snapshot is committed, then the source is destroyed; it forks like any other.
     let before = ask(&env, &src.id, "inc", 5);
     let stopped = env
@@ -188,8 +248,8 @@ fn failure_paths_leave_nothing_behind() {
         .snapshot(
             &src.id,
             SnapshotOptions {
-                name: None,
                 stop: true,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -32,7 +32,8 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
             &src.id,
             SnapshotOptions {
                 name: Some("fork-test".into()),
-                stop: false,
+                durable: true,
+                ..Default::default()
             },
         )
         .unwrap();

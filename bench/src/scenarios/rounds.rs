@@ -79,6 +79,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         let t = Instant::now();
         let snap = s.snapshot(&sb, &format!("grove-bench-{tag}-round-{r}"))?;
         s.fork_and_answer(&snap.id, BRANCHES, heap)?;
+        // The round ends once its snapshot is stored: its bytes then count in this round.
+        s.wait_durable(&snap.id)?;
         round_ms.push(t.elapsed().as_secs_f64() * 1e3);
         added.push(store.stored_bytes().saturating_sub(before) as f64 / (pages * 4096) as f64);
         if let Some(old) = prev.replace(snap.id) {
