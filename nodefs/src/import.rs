@@ -457,6 +457,18 @@ pub(crate) fn node_at<'a>(root: &'a MemNode, comps: &[Vec<u8>]) -> Option<&'a Me
     Some(cur)
 }
 
+/// Look up a node by path for changing it, creating nothing.
+pub(crate) fn node_at_mut<'a>(root: &'a mut MemNode, comps: &[Vec<u8>]) -> Option<&'a mut MemNode> {
+    let mut cur = root;
+    for c in comps {
+        match cur {
+            MemNode::Dir { children, .. } => cur = children.get_mut(c)?,
+            _ => return None,
+        }
+    }
+    Some(cur)
+}
+
 pub(crate) fn path_display(p: &Path) -> String {
     p.display().to_string()
 }

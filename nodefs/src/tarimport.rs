@@ -1,13 +1,13 @@
 //! Applying tar streams (plain tars and OCI layers) onto an in-memory tree.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 
 use crate::chunker::{ChunkError, ChunkPolicy};
 use crate::error::Error;
 use crate::id::ManifestId;
-use crate::import::{clean_path, dir_at, new_group, node_at, path_display, MemNode};
+use crate::import::{clean_path, dir_at, new_group, node_at, node_at_mut, path_display, MemNode};
 use crate::store::Store;
 use crate::tree::{Meta, Node};
 
@@ -37,6 +37,8 @@ impl Store {
             why: e.to_string(),
         })?;
         let mut link_groups: HashMap<Vec<Vec<u8>>, u64> = HashMap::new();
+        // Paths this tar has put in the tree; with `whiteouts`, what a whiteout must keep.
+        let mut added: HashSet<Vec<Vec<u8>>> = HashSet::new();
         for (i, ent) in entries.enumerate() {
             let mut ent = ent.map_err(|e| Error::BadTar {
                 entry: format!("#{i}"),
@@ -67,18 +69,41 @@ impl Store {
             }
             let (last, parent) = comps.split_last().expect("non-empty");
             if whiteouts {
+                // Whiteouts hide what the layers below put there, never this layer's own
+                // entries, wherever the marker falls in the tar (OCI image spec, "Whiteouts").
                 if last == b".wh..wh..opq" {
-                    if let Some(ch) = dir_at(root, parent) {
-                        ch.clear();
+                    // The marker says its directory exists in this layer.
+                    dir_at(root, parent).ok_or_else(|| bad("parent is not a directory"))?;
+                    added.insert(parent.to_vec());
+                    if let Some(MemNode::Dir { children, .. }) = node_at_mut(root, parent) {
+                        let mut path = parent.to_vec();
+                        prune_children(children, &mut path, &added);
                     }
+                    continue;
+                }
+                if last.starts_with(b".wh..wh.") {
+                    // Other reserved names (e.g. `.wh..wh..plnk`) carry nothing to apply.
                     continue;
                 }
                 if let Some(target) = last.strip_prefix(b".wh.") {
-                    if let Some(ch) = dir_at(root, parent) {
-                        ch.remove(target);
+                    if let Some(MemNode::Dir { children, .. }) = node_at_mut(root, parent) {
+                        if let Some(child) = children.get_mut(target) {
+                            let mut path = parent.to_vec();
+                            path.push(target.to_vec());
+                            if !prune_lower(child, &mut path, &added) {
+                                children.remove(target);
+                            }
+                        }
                     }
                     continue;
                 }
+            }
+            let pseudo = et.is_pax_global_extensions()
+                || et.is_pax_local_extensions()
+                || et.is_gnu_longname()
+                || et.is_gnu_longlink();
+            if whiteouts && !pseudo {
+                added.insert(comps.clone());
             }
             let node = if et.is_dir() {
                 dir_at(root, &comps).ok_or_else(|| bad("parent is not a directory"))?;
@@ -179,6 +204,33 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Strip from `node` (at `path`) what lower layers put there, keeping what the current
+/// layer `added`. Returns whether anything of `node` is left: a leaf the layer wrote, a
+/// directory the layer named, or a directory still holding some of the layer's entries.
+fn prune_lower(node: &mut MemNode, path: &mut Vec<Vec<u8>>, added: &HashSet<Vec<Vec<u8>>>) -> bool {
+    match node {
+        MemNode::Leaf { .. } => added.contains(path),
+        MemNode::Dir { children, .. } => {
+            prune_children(children, path, added);
+            added.contains(path) || !children.is_empty()
+        }
+    }
+}
+
+/// [`prune_lower`] over each child of the directory at `path`.
+fn prune_children(
+    children: &mut BTreeMap<Vec<u8>, MemNode>,
+    path: &mut Vec<Vec<u8>>,
+    added: &HashSet<Vec<Vec<u8>>>,
+) {
+    children.retain(|name, child| {
+        path.push(name.clone());
+        let keep = prune_lower(child, path, added);
+        path.pop();
+        keep
+    });
 }
 
 fn tar_meta<R: Read>(ent: &mut tar::Entry<'_, R>, h: &tar::Header) -> Result<Meta, String> {

@@ -48,6 +48,48 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
+/// An OCI layout holding one image named `test:1` made of `layers` (uncompressed tars).
+fn write_layout(dir: &Path, layers: &[Vec<u8>]) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let descs: Vec<_> = layers
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": blob(dir, l),
+                "size": l.len(),
+            })
+        })
+        .collect();
+    let config = blob(dir, br#"{"architecture":"amd64","os":"linux"}"#);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": 1},
+        "layers": descs,
+    });
+    let m = blob(dir, manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": m, "size": 1,
+            "annotations": {"org.opencontainers.image.ref.name": "test:1"}
+        }]
+    });
+    fs::write(dir.join("index.json"), index.to_string()).unwrap();
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
 fn make_layout(dir: &Path, corrupt_layer: bool) {
     fs::create_dir_all(dir).unwrap();
     fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
@@ -129,4 +171,53 @@ fn oci_corrupt_layer_is_refused() {
         env.store.import_oci(&layout, None),
         Err(Error::BadOci { .. })
     ));
+}
+
+/// Whiteouts hide lower layers only: entries of the same layer survive whether the tar lists
+/// them before or after the marker (OCI image spec, "Whiteouts").
+#[test]
+fn oci_whiteouts_hide_lower_layers_only() {
+    let env = Env::new();
+    let layout = env.path("layout");
+    let lower = layer(&[
+        ("d/", None),
+        ("d/lower", Some(b"lower")),
+        ("d/sub/", None),
+        ("d/sub/deep", Some(b"deep")),
+        ("e/", None),
+        ("e/gone", Some(b"gone")),
+        ("e/again", Some(b"again v1")),
+        ("e/also", Some(b"also")),
+        ("w/", None),
+        ("w/x", Some(b"x")),
+    ]);
+    let upper = layer(&[
+        ("d/", None),
+        ("d/before", Some(b"before")),
+        ("d/sub/", None),
+        ("d/sub/new", Some(b"new")),
+        ("d/.wh..wh..opq", Some(b"")),
+        ("d/after", Some(b"after")),
+        ("e/again", Some(b"again v2")),
+        ("e/.wh.again", Some(b"")),
+        ("e/.wh.gone", Some(b"")),
+        ("w/y", Some(b"y")),
+        (".wh.w", Some(b"")),
+    ]);
+    write_layout(&layout, &[lower, upper]);
+    let id = env.store.import_oci(&layout, None).unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    // Opaque dir: this layer's entries on both sides of the marker stay; the lower ones go,
+    // including the lower content of a subdirectory this layer also names.
+    assert_eq!(names(&out.join("d")), ["after", "before", "sub"]);
+    assert_eq!(fs::read(out.join("d/before")).unwrap(), b"before");
+    assert_eq!(fs::read(out.join("d/after")).unwrap(), b"after");
+    assert_eq!(names(&out.join("d/sub")), ["new"]);
+    // `.wh.name`: the lower file goes; a same-layer file of that name listed first stays.
+    assert_eq!(names(&out.join("e")), ["again", "also"]);
+    assert_eq!(fs::read(out.join("e/again")).unwrap(), b"again v2");
+    // A whited-out directory keeps only what this layer put in it.
+    assert_eq!(names(&out.join("w")), ["y"]);
+    assert_eq!(names(&out), ["d", "e", "w"]);
 }
