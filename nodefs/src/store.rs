@@ -688,11 +688,25 @@ impl Store {
         roots.extend_from_slice(live);
         roots.extend(self.pins.lock().keys().copied());
         let mut keep = HashSet::new();
+        // Names of the whole-file cache objects of every live file (see `fs::passthrough`).
+        let mut cache_names = HashSet::new();
         for r in &roots {
             if self.contains(r) {
-                keep.extend(self.reachable(r)?);
+                self.walk(r, &mut |id, t| {
+                    keep.insert(*id);
+                    for e in &t.entries {
+                        if let Node::File { chunks, .. } = &e.node {
+                            keep.extend(chunks.iter().map(|c| c.id));
+                            if !chunks.is_empty() {
+                                cache_names.insert(crate::fs::object_name(chunks));
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
             }
         }
+        self.add_delta_bases(&mut keep);
         let (removed, freed) = self.packs.compact(&|id| keep.contains(id))?;
         self.cache.lock().map.retain(|k, _| keep.contains(k));
         let mdir = self.dir.join("manifests");
@@ -706,7 +720,7 @@ impl Store {
                 let _ = fs::remove_file(e.path());
             }
         }
-        self.clean_cache_dir(&keep);
+        self.clean_cache_dir(&cache_names);
         Ok(GcReport {
             kept_objects: keep.len() as u64,
             removed_objects: removed,
@@ -714,12 +728,17 @@ impl Store {
         })
     }
 
-    /// Remove materialized whole-file cache entries whose chunks are gone.
-    fn clean_cache_dir(&self, keep: &HashSet<ObjectId>) {
-        let _ = keep;
+    /// Remove the whole-file cache objects no live file uses (`keep`: the names of those
+    /// that one does). Objects being written (temp names) are left to their writer.
+    fn clean_cache_dir(&self, keep: &HashSet<String>) {
         let d = self.dir.join("cache");
         if let Ok(rd) = fs::read_dir(&d) {
             for e in rd.flatten() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.contains(".tmp") || keep.contains(name.as_ref()) {
+                    continue;
+                }
                 let _ = fs::remove_file(e.path());
             }
         }

@@ -345,6 +345,58 @@ fn gc_drops_unreferenced_and_keeps_live() {
     assert!(env.store.contains(&ia) && env.store.contains(&ib));
 }
 
+/// A large file gets a whole-file object in `<store>/cache` at import (passthrough serves it
+/// from there); gc keeps the objects of live files and drops only those of collected ones.
+#[test]
+fn gc_keeps_cache_objects_of_live_files() {
+    let env = Env::new();
+    let block = random_bytes(21, 1 << 20);
+    // 64 MiB (the size that gets its object at import) of mostly repeated, dedupable content.
+    let big = |seed: u8| -> Vec<u8> {
+        (0..64u8)
+            .flat_map(|i| {
+                let mut b = block.clone();
+                b[..2].copy_from_slice(&[seed, i]);
+                b
+            })
+            .collect()
+    };
+    let cached = || -> Vec<Vec<u8>> {
+        let mut v: Vec<_> = fs::read_dir(env.store.dir().join("cache"))
+            .unwrap()
+            .map(|e| fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (env.path("a"), env.path("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    let (da, db) = (big(1), big(2));
+    fs::write(a.join("big"), &da).unwrap();
+    fs::write(b.join("big"), &db).unwrap();
+    let ia = env.store.import_dir(&a).unwrap();
+    let ib = env.store.import_dir(&b).unwrap();
+    assert_eq!(
+        cached().len(),
+        2,
+        "both large files got an object at import"
+    );
+    env.store.set_ref("a", &ia).unwrap();
+    // `b` was an image once and is deleted: nothing holds it any more.
+    env.store.set_ref("b", &ib).unwrap();
+    env.store.delete_ref("b").unwrap();
+    env.store.gc(&[]).unwrap();
+    assert!(!env.store.contains(&ib));
+    let left = cached();
+    assert!(
+        left.len() == 1 && left[0] == da,
+        "{} objects left",
+        left.len()
+    );
+    assert!(env.store.fsck().unwrap().cache_removed.is_empty());
+}
+
 #[test]
 fn stream_sends_only_missing_objects() {
     let env = Env::new();

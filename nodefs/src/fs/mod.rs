@@ -24,7 +24,7 @@ use crate::error::{io_err, Error};
 use crate::id::ManifestId;
 use crate::store::Store;
 use fuse::{Fs, Shared};
-pub(crate) use passthrough::{ObjectWriter, CONTENT_XATTR};
+pub(crate) use passthrough::{object_name, ObjectWriter, CONTENT_XATTR};
 use state::{Quota, State};
 
 /// How to mount a view.

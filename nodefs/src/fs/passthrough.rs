@@ -67,7 +67,8 @@ const SYNC_LIMIT: u64 = 16 << 20;
 
 static IN_PROGRESS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
-fn object_name(chunks: &[ChunkRef]) -> String {
+/// The cache file name of the whole-file object of a file made of `chunks`.
+pub(crate) fn object_name(chunks: &[ChunkRef]) -> String {
     let mut h = blake3::Hasher::new();
     for c in chunks {
         h.update(&c.id.0);
