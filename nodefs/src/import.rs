@@ -88,7 +88,7 @@ impl Store {
         let mut groups = HashMap::new();
         let root = self.read_dir_node(src, Path::new(""), policy, &mut groups, &pre)?;
         let id = self.store_mem_based(&root, base.filter(|b| self.contains(b)))?;
-        self.seal_manifest(&id)?;
+        self.seal_import(&id)?;
         Ok(id)
     }
 

@@ -124,7 +124,7 @@ impl Store {
             check_digest(digest, &got).map_err(bad)?;
         }
         let id = self.store_mem(&root)?;
-        self.seal_manifest(&id)?;
+        self.seal_import(&id)?;
         Ok(id)
     }
 }

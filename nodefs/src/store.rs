@@ -21,6 +21,9 @@ const CACHE_BYTES: usize = 64 << 20;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
 pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
+/// How long gc keeps a manifest that an import made and no ref names yet (see
+/// [`Store::set_fresh_grace`]).
+const FRESH_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 /// How long `Store::open` waits for another holder of the store's lock to let go.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -102,6 +105,12 @@ pub struct Store {
     gc_lock: RwLock<()>,
     refs_lock: Mutex<()>,
     pins: Mutex<HashMap<ObjectId, usize>>,
+    /// Manifests made by an import and not yet named by a ref, with when: gc keeps them for
+    /// `fresh_grace`, so one that gc runs between an import returning and the caller's
+    /// `set_ref` is not lost (the import may have come over the service, so no pin can span
+    /// it).
+    fresh: Mutex<HashMap<ManifestId, std::time::Instant>>,
+    fresh_grace: Mutex<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Store {
@@ -231,6 +240,8 @@ impl Store {
             gc_lock: RwLock::new(()),
             refs_lock: Mutex::new(()),
             pins: Mutex::new(HashMap::new()),
+            fresh: Mutex::new(HashMap::new()),
+            fresh_grace: Mutex::new(FRESH_GRACE),
         }))
     }
 
@@ -471,6 +482,26 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::seal_manifest`] for a manifest an import made: gc keeps it until a ref names
+    /// it or the grace runs out. Called with the write guard still held, so no gc comes
+    /// between.
+    pub(crate) fn seal_import(&self, id: &ManifestId) -> Result<(), StoreError> {
+        self.seal_manifest(id)?;
+        let now = std::time::Instant::now();
+        let grace = *self.fresh_grace.lock();
+        let mut fresh = self.fresh.lock();
+        fresh.retain(|_, t| now.duration_since(*t) < grace);
+        fresh.insert(*id, now);
+        Ok(())
+    }
+
+    /// How long gc keeps a manifest that an import returned and no ref names yet (default 10
+    /// minutes). Naming it (`set_ref`) ends the grace; so does its running out, after which
+    /// gc collects it like anything else that nothing holds.
+    pub fn set_fresh_grace(&self, grace: std::time::Duration) {
+        *self.fresh_grace.lock() = grace;
+    }
+
     /// Whether `id` is a manifest (root tree) held by this store.
     pub fn contains(&self, id: &ManifestId) -> bool {
         matches!(self.packs.get(id), Some(l) if l.kind == Kind::Tree)
@@ -502,6 +533,8 @@ impl Store {
         let hex = id.to_hex();
         let body = format!("{hex} {}\n", check8(&hex));
         write_durable(&self.ref_path(name), body.as_bytes())?;
+        // The ref holds it now.
+        self.fresh.lock().remove(id);
         Ok(())
     }
 
@@ -681,10 +714,20 @@ impl Store {
         }
     }
 
-    /// Drop every object not reachable from a ref, a pinned manifest or `live`.
+    /// Drop every object not reachable from a ref, a pinned manifest, `live`, or a manifest
+    /// an import made less than the fresh grace ago that no ref names yet.
     pub fn gc(&self, live: &[ManifestId]) -> Result<GcReport, Error> {
         let _g = self.gc_lock.write();
-        let mut roots: Vec<ObjectId> = self.refs()?.into_iter().map(|(_, id)| id).collect();
+        // Fresh manifests before refs: `set_ref` writes the ref before it ends the grace, so
+        // one that is named meanwhile is seen in one or the other.
+        let mut roots: Vec<ObjectId> = {
+            let grace = *self.fresh_grace.lock();
+            let now = std::time::Instant::now();
+            let mut fresh = self.fresh.lock();
+            fresh.retain(|_, t| now.duration_since(*t) < grace);
+            fresh.keys().copied().collect()
+        };
+        roots.extend(self.refs()?.into_iter().map(|(_, id)| id));
         roots.extend_from_slice(live);
         roots.extend(self.pins.lock().keys().copied());
         let mut keep = HashSet::new();

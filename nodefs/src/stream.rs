@@ -127,7 +127,7 @@ impl Store {
                 return Err(Error::Store(StoreError::Missing { id: oid }));
             }
         }
-        self.seal_manifest(&root)?;
+        self.seal_import(&root)?;
         Ok(root)
     }
 }

@@ -19,7 +19,7 @@ impl Store {
         let mut groups = 0u64;
         self.apply_tar(&mut root, r, false, &mut groups)?;
         let id = self.store_mem(&root)?;
-        self.seal_manifest(&id)?;
+        self.seal_import(&id)?;
         Ok(id)
     }
 

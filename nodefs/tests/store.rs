@@ -325,6 +325,9 @@ fn gc_drops_unreferenced_and_keeps_live() {
     let ia = env.store.import_dir(&a).unwrap();
     let ib = env.store.import_dir(&b).unwrap();
     env.store.set_ref("a", &ia).unwrap();
+    // `b` was named, then deleted: nothing holds it.
+    env.store.set_ref("b", &ib).unwrap();
+    env.store.delete_ref("b").unwrap();
     let before = env.store.stats();
     let rep = env.store.gc(&[]).unwrap();
     assert!(rep.removed_objects > 0);
@@ -397,6 +400,54 @@ fn gc_keeps_cache_objects_of_live_files() {
     assert!(env.store.fsck().unwrap().cache_removed.is_empty());
 }
 
+/// An import returns before its caller names it with `set_ref` (in groved the two are separate
+/// calls to grove-fsd): a gc in between must not take the new manifest's objects.
+#[test]
+fn gc_between_import_and_set_ref_keeps_the_import() {
+    let env = Env::new();
+    let src = env.path("src");
+    make_tree(&src, 8);
+    let from_dir = env.store.import_dir(&src).unwrap();
+    let from_tar = env.store.import_tar(&mut &tar_of(&src)[..]).unwrap();
+    let mut stream = Vec::new();
+    env.store
+        .export_stream(&from_dir, &|_| false, &mut stream)
+        .unwrap();
+    let other = Store::open(&env.path("other")).unwrap();
+    let from_stream = other.import_stream(&mut &stream[..]).unwrap();
+    env.store.gc(&[]).unwrap();
+    other.gc(&[]).unwrap();
+    env.store.set_ref("dir", &from_dir).unwrap();
+    env.store.set_ref("tar", &from_tar).unwrap();
+    other.set_ref("stream", &from_stream).unwrap();
+    // Named now: a later gc keeps them through their refs alone.
+    env.store.set_fresh_grace(std::time::Duration::ZERO);
+    other.set_fresh_grace(std::time::Duration::ZERO);
+    env.store.gc(&[]).unwrap();
+    other.gc(&[]).unwrap();
+    for (store, id, out) in [
+        (&env.store, from_dir, "out-dir"),
+        (&env.store, from_tar, "out-tar"),
+        (&other, from_stream, "out-stream"),
+    ] {
+        let out = env.path(out);
+        store.export_dir(&id, &out).unwrap();
+        diff_trees(&src, &out);
+        assert!(store.fsck().unwrap().is_clean());
+    }
+    // The grace is only for the window: an import nobody names is collected once it is over.
+    let src2 = env.path("src2");
+    make_tree(&src2, 9);
+    let unnamed = env.store.import_dir(&src2).unwrap();
+    env.store.gc(&[]).unwrap();
+    assert!(!env.store.contains(&unnamed));
+    env.store
+        .set_fresh_grace(std::time::Duration::from_secs(600));
+    let unnamed = env.store.import_dir(&src2).unwrap();
+    env.store.gc(&[]).unwrap();
+    assert!(env.store.contains(&unnamed), "still within its grace");
+}
+
 #[test]
 fn stream_sends_only_missing_objects() {
     let env = Env::new();
@@ -447,6 +498,8 @@ fn a_directory_is_stored_as_a_delta_of_its_previous_version() {
         }
     };
     let n_pages = 4096usize; // 16 MiB, a 144 KiB chunk list
+                             // The imports here are never named; only `live` holds them, from the first gc on.
+    env.store.set_fresh_grace(std::time::Duration::ZERO);
     let mut data = random_bytes(7, n_pages * 4096);
     fs::create_dir_all(src.join("sub")).unwrap();
     fs::write(src.join("sub/pages-1.img"), &data).unwrap();
