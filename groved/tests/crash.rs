@@ -411,7 +411,7 @@ fn runnable() -> bool {
     let ok =
         nix::unistd::geteuid().is_root() && PathBuf::from(BASE_IMAGE_DIR).join("bin/sh").exists();
     if !ok {
-        eprintln!("SKIPPED: needs root and the base image {BASE_IMAGE_DIR}");
+        common::capability_missing(&format!("needs root and the base image {BASE_IMAGE_DIR}"));
     }
     ok
 }

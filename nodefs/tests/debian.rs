@@ -69,7 +69,9 @@ fn debian_userland_runs_on_nodefs() {
         return;
     }
     if !Path::new(IMAGE).join("usr/bin/git").exists() {
-        eprintln!("SKIPPED: base image {IMAGE} not present (run scripts/setup)");
+        capability_missing(&format!(
+            "base image {IMAGE} not present (run scripts/setup)"
+        ));
         return;
     }
     let env = Env::new();
@@ -191,7 +193,7 @@ fn pip_installs_a_local_wheel_into_a_mount() {
         return;
     }
     if !host_python_has_venv() {
-        eprintln!("SKIPPED: host python3 lacks the venv/ensurepip modules (python3-venv)");
+        capability_missing("host python3 lacks the venv/ensurepip modules (python3-venv)");
         return;
     }
     let env = Env::new();

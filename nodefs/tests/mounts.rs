@@ -470,3 +470,43 @@ fn upper_dir_appears_with_the_first_write() {
     let again = env.mount(&id, "again", MountOptions::default());
     assert_eq!(fs::read(again.mountpoint().join("new")).unwrap(), b"data");
 }
+
+/// The skip helper every FUSE test starts with: a missing capability is reported on stderr even
+/// when the run passes, and fails the test when `GROVE_REQUIRE_CAPABILITIES=1` (as in CI).
+#[test]
+fn a_missing_capability_skips_loudly_or_fails_when_required() {
+    const NAME: &str = "a_missing_capability_skips_loudly_or_fails_when_required";
+    const WHY: &str = "a capability this check pretends is absent";
+    if std::env::var_os("NODEFS_TEST_PRETEND_MISSING").is_some() {
+        // The child run below.
+        capability_missing(WHY);
+        return;
+    }
+    let run = |require: Option<&str>| {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", NAME])
+            .env("NODEFS_TEST_PRETEND_MISSING", "1")
+            .env_remove("GROVE_REQUIRE_CAPABILITIES");
+        if let Some(v) = require {
+            c.env("GROVE_REQUIRE_CAPABILITIES", v);
+        }
+        let o = c.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text)
+    };
+    let (ok, text) = run(None);
+    assert!(ok, "{text}");
+    assert!(text.contains(&format!("SKIPPED {NAME}: {WHY}")), "{text}");
+    let (ok, text) = run(Some("1"));
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{NAME}: {WHY}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping"
+        )),
+        "{text}"
+    );
+}

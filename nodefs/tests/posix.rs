@@ -701,7 +701,7 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
+        capability_missing("setpriv (util-linux) is not installed");
         return;
     }
     let (env, id) = base_env();

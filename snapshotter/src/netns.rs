@@ -85,7 +85,17 @@ mod tests {
     #[test]
     fn fresh_namespace_is_new_and_leaves_ours_alone() {
         if !nix::unistd::geteuid().is_root() {
-            return; // needs CAP_SYS_ADMIN
+            // Needs CAP_SYS_ADMIN: skip loudly, or fail where every capability must be present.
+            assert!(
+                std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() != Ok("1"),
+                "needs root (CAP_SYS_ADMIN); GROVE_REQUIRE_CAPABILITIES=1 forbids skipping"
+            );
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED fresh_namespace_is_new_and_leaves_ours_alone: needs root (CAP_SYS_ADMIN)\n"
+            );
+            return;
         }
         let ours = inode_of(std::process::id() as i32).unwrap();
         let ns = fresh_loopback().unwrap();

@@ -10,7 +10,7 @@ use grove_snapshotter::criu::{Criu, DumpOptions, Error, RestoreOptions};
 fn setup() -> Option<(Criu, std::sync::MutexGuard<'static, ()>)> {
     let guard = tree::serial();
     if let Some(why) = tree::have_criu_prereqs() {
-        eprintln!("SKIPPED: {why}");
+        common::capability_missing(&why);
         return None;
     }
     tree::become_subreaper();
@@ -180,8 +180,8 @@ fn dump_of_a_missing_pid_is_a_typed_error() {
 
 #[test]
 fn locate_rejects_a_binary_that_fails_check() {
-    if tree::have_criu_prereqs().is_some() {
-        eprintln!("SKIPPED: not root");
+    if let Some(why) = tree::have_criu_prereqs() {
+        common::capability_missing(&why);
         return;
     }
     match Criu::locate(Some(std::path::Path::new("/bin/false"))) {

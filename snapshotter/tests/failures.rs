@@ -15,7 +15,7 @@ use grove_snapshotter::{criu, Error, ForkOptions, SnapshotOptions};
 fn failure_paths_leave_nothing_behind() {
     let _serial = common::tree::serial();
     if let Some(why) = grove::missing_prereq() {
-        eprintln!("SKIPPED: {why}");
+        common::capability_missing(&why);
         return;
     }
     common::tree::become_subreaper();

@@ -10,7 +10,7 @@ use grove_snapshotter::{Error, ForkOptions, SnapshotOptions};
 fn fork_branches_continue_from_the_snapshot_and_diverge() {
     let _serial = common::tree::serial();
     if let Some(why) = grove::missing_prereq() {
-        eprintln!("SKIPPED: {why}");
+        common::capability_missing(&why);
         return;
     }
     common::tree::become_subreaper();

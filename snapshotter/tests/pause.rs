@@ -14,7 +14,7 @@ use grove_runtime::{ExecRequest, SandboxState};
 fn pause_frees_the_sandbox_and_resume_restores_it_in_place() {
     let _serial = common::tree::serial();
     if let Some(why) = grove::missing_prereq() {
-        eprintln!("SKIPPED: {why}");
+        common::capability_missing(&why);
         return;
     }
     common::tree::become_subreaper();

@@ -15,6 +15,24 @@ use container::{Container, BASE_IMAGE, BUILD};
 /// One container at a time: nspawn's host-side cgroups (`payload`, `supervisor`) have fixed names.
 static NSPAWN: Mutex<()> = Mutex::new(());
 
+/// A capability this test needs is genuinely absent: say so on stderr (written past the test
+/// harness's output capture, so it shows in a passing run), or, when
+/// `GROVE_REQUIRE_CAPABILITIES=1` (CI, where every capability must be present), fail instead.
+fn capability_missing(why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_string();
+    if std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() == Ok("1") {
+        panic!("{test}: {why}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why} (GROVE_REQUIRE_CAPABILITIES=1 makes this a failure)\n"
+    );
+}
+
 fn build_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_groved"))
         .parent()
@@ -153,8 +171,8 @@ fn health_answers(c: &Container, within: Duration) -> bool {
 fn under_systemd_active_only_after_ready_and_the_watchdog_restarts_a_hung_daemon() {
     let _one = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
     if !Path::new("/usr/bin/systemd-nspawn").exists() {
-        eprintln!(
-            "SKIPPED: systemd-nspawn is not installed (scripts/setup installs systemd-container)"
+        capability_missing(
+            "systemd-nspawn is not installed (scripts/setup installs systemd-container)",
         );
         return;
     }
@@ -248,8 +266,8 @@ fn under_systemd_active_only_after_ready_and_the_watchdog_restarts_a_hung_daemon
 fn systemctl_restart_keeps_sandboxes_running() {
     let _one = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
     if !Path::new("/usr/bin/systemd-nspawn").exists() {
-        eprintln!(
-            "SKIPPED: systemd-nspawn is not installed (scripts/setup installs systemd-container)"
+        capability_missing(
+            "systemd-nspawn is not installed (scripts/setup installs systemd-container)",
         );
         return;
     }

@@ -83,13 +83,35 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Skip loudly when FUSE is genuinely unavailable.
+/// Whether FUSE can be used here; if not, [`capability_missing`] says why (or fails the test).
 pub fn fuse_available() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: FUSE tests need root and /dev/fuse");
+    if !is_root() {
+        capability_missing("FUSE tests need root");
+        return false;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        capability_missing("FUSE tests need /dev/fuse");
         return false;
     }
     true
+}
+
+/// A capability this test needs is genuinely absent: say so on stderr (written past the test
+/// harness's output capture, so it shows in a passing run), or, when
+/// `GROVE_REQUIRE_CAPABILITIES=1` (CI, where every capability must be present), fail instead.
+pub fn capability_missing(why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_string();
+    if std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() == Ok("1") {
+        panic!("{test}: {why}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why} (GROVE_REQUIRE_CAPABILITIES=1 makes this a failure)\n"
+    );
 }
 
 /// Deterministic pseudo-random bytes.

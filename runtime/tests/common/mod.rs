@@ -46,9 +46,29 @@ pub fn can_run() -> bool {
             .join("bin/sh")
             .exists();
     if !ok {
-        eprintln!("SKIPPED: needs root and the base image {STATE_DIR}/images/{IMAGE}");
+        capability_missing(&format!(
+            "needs root and the base image {STATE_DIR}/images/{IMAGE}"
+        ));
     }
     ok
+}
+
+/// A capability this test needs is genuinely absent: say so on stderr (written past the test
+/// harness's output capture, so it shows in a passing run), or, when
+/// `GROVE_REQUIRE_CAPABILITIES=1` (CI, where every capability must be present), fail instead.
+pub fn capability_missing(why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed>")
+        .to_string();
+    if std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() == Ok("1") {
+        panic!("{test}: {why}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** SKIPPED {test}: {why} (GROVE_REQUIRE_CAPABILITIES=1 makes this a failure)\n"
+    );
 }
 
 /// One runtime per test binary (tests in it run in parallel threads).
