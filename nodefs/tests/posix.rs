@@ -483,28 +483,70 @@ fn metadata_xattrs_statfs_special_files() {
         .is_socket());
 }
 
+/// fuser 0.18 has no FUSE_TMPFILE (opcode 51): it answers ENOSYS, which the kernel turns into
+/// EOPNOTSUPP for open(O_TMPFILE), the error on which callers (glibc's tmpfile(), ...) fall back
+/// to create + unlink while open. Both halves are checked: the refusal is exactly EOPNOTSUPP
+/// and leaves nothing behind, and the fallback works.
 #[test]
-fn o_tmpfile_where_the_kernel_allows() {
+fn o_tmpfile_is_refused_with_eopnotsupp_and_the_unlinked_file_fallback_works() {
     if !fuse_available() {
         return;
     }
     let (env, id) = base_env();
     let m = env.mount(&id, "m", MountOptions::default());
-    let r = OpenOptions::new()
+    let dir = m.mountpoint().join("a");
+    let listing = || {
+        let mut v: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing();
+    // The second try is answered by the kernel alone (it remembers the server lacks it).
+    for attempt in 0..2 {
+        let e = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(&dir)
+            .expect_err("O_TMPFILE needs FUSE_TMPFILE, which fuser 0.18 lacks");
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EOPNOTSUPP),
+            "attempt {attempt}: {e}"
+        );
+    }
+    assert_eq!(listing(), before, "a refused O_TMPFILE leaves nothing");
+    // The fallback: a fresh name, unlinked at once, used through the descriptor.
+    let p = dir.join("tmp.Xq3v9z");
+    let mut f = OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_TMPFILE)
+        .create_new(true)
         .mode(0o600)
-        .open(m.mountpoint());
-    match r {
-        Ok(mut f) => {
-            f.write_all(b"tmp").unwrap();
-        }
-        Err(e) => {
-            assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "unexpected {e}");
-            eprintln!("NOTE: O_TMPFILE is refused by this kernel's FUSE (EOPNOTSUPP)");
-        }
-    }
+        .open(&p)
+        .unwrap();
+    fs::remove_file(&p).unwrap();
+    assert!(!p.exists());
+    assert_eq!(listing(), before);
+    let data = random_bytes(3, 300_000);
+    f.write_all(&data).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == data, "an unlinked file reads back what was written");
+    let st = f.metadata().unwrap();
+    assert_eq!((st.nlink(), st.len()), (0, data.len() as u64));
+    // A commit while it is still open does not see it, nor does the tree after close.
+    let c = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert!(!out.join("a/tmp.Xq3v9z").exists());
+    drop(f);
+    assert_eq!(listing(), before);
 }
 
 #[test]
