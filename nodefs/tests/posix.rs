@@ -334,6 +334,85 @@ fn mmap_shared_writes_and_fsync() {
         &fs::read(out.join("a/b/mid.bin")).unwrap()[4106..4111],
         b"MMAP!"
     );
+
+    // fsync and fdatasync alone (no msync) push a shared mapping's dirty pages into the mount's
+    // upper storage: the bytes are then in the upper file itself (a file of 1 MiB or more has
+    // its own, `<upper_dir>/<ino>`, at the same offsets).
+    let big = m.mountpoint().join("a/big.bin");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&big)
+        .unwrap();
+    let upper = env
+        .path("upper-m")
+        .join(f.metadata().unwrap().ino().to_string());
+    let at = 2u64 << 20;
+    // SAFETY: mapping 8192 bytes of an open file, unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            at as libc::off_t,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    let upper_bytes = |off: u64| {
+        let mut b = [0u8; 5];
+        File::open(&upper)
+            .unwrap()
+            .read_exact_at(&mut b, off)
+            .unwrap();
+        b
+    };
+    // SAFETY: ptr maps 8192 writable bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"FSYNC".as_ptr(), (ptr as *mut u8).add(10), 5) };
+    f.sync_all().unwrap();
+    assert_eq!(&upper_bytes(at + 10), b"FSYNC");
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(b"FDATA".as_ptr(), (ptr as *mut u8).add(5000), 5) };
+    f.sync_data().unwrap();
+    assert_eq!(&upper_bytes(at + 5000), b"FDATA");
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(ptr, 8192) };
+}
+
+/// Programs fsync what they only read and the directories they renamed into (git, dpkg, ...):
+/// fsync and fdatasync succeed on read-only descriptors of base and upper files, and on
+/// directories (base, new, the root).
+#[test]
+fn fsync_succeeds_on_read_only_files_and_directories() {
+    if !fuse_available() {
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let mp = m.mountpoint();
+    fs::create_dir(mp.join("newdir")).unwrap();
+    fs::write(mp.join("newdir/f.tmp"), b"written").unwrap();
+    fs::rename(mp.join("newdir/f.tmp"), mp.join("newdir/f")).unwrap();
+    for p in [
+        "small.txt",
+        "a/big.bin",
+        "newdir/f",
+        "a",
+        "a/b",
+        "newdir",
+        "",
+    ] {
+        let f = File::open(mp.join(p)).unwrap();
+        f.sync_all().unwrap_or_else(|e| panic!("fsync {p:?}: {e}"));
+        f.sync_data()
+            .unwrap_or_else(|e| panic!("fdatasync {p:?}: {e}"));
+    }
+    let c = m.commit().unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&c, &out).unwrap();
+    assert_eq!(fs::read(out.join("newdir/f")).unwrap(), b"written");
+    assert!(!out.join("newdir/f.tmp").exists());
 }
 
 #[test]
