@@ -24,7 +24,11 @@ pub enum StoreError {
         offset: u64,
         why: String,
     },
-    #[error("store directory {path} has unsupported format version {version}")]
+    /// `path` is the store's `FORMAT` file; `version` what it holds.
+    #[error(
+        "store format file {path} holds {version:?}, not \"nodefs-store 1\\n\": a store of another \
+         format version, or a damaged file"
+    )]
     Version { path: PathBuf, version: String },
 }
 

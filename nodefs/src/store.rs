@@ -205,12 +205,13 @@ impl Store {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let fmt = dir.join("FORMAT");
-        match fs::read_to_string(&fmt) {
-            Ok(s) if s == FORMAT => {}
+        // Compared byte for byte: a damaged file is refused like another version.
+        match fs::read(&fmt) {
+            Ok(s) if s == FORMAT.as_bytes() => {}
             Ok(s) => {
                 return Err(StoreError::Version {
-                    path: dir.to_path_buf(),
-                    version: s.trim().to_string(),
+                    path: fmt,
+                    version: String::from_utf8_lossy(&s).into_owned(),
                 })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

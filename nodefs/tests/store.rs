@@ -448,6 +448,45 @@ fn gc_between_import_and_set_ref_keeps_the_import() {
     assert!(env.store.contains(&unnamed), "still within its grace");
 }
 
+/// `FORMAT` carries no checksum: it is compared byte for byte at open, so damage to it is
+/// refused like another version, naming the file.
+#[test]
+fn a_damaged_format_file_is_refused_naming_it() {
+    let env = Env::new();
+    let dir = env.path("other");
+    let id = {
+        let s = Store::open(&dir).unwrap();
+        let src = env.path("src");
+        make_tree(&src, 3);
+        let id = s.import_dir(&src).unwrap();
+        s.set_ref("x", &id).unwrap();
+        id
+    };
+    let fmt = dir.join("FORMAT");
+    let good = fs::read(&fmt).unwrap();
+    assert_eq!(good, b"nodefs-store 1\n");
+    let mut flipped = good.clone();
+    flipped[3] ^= 0x20;
+    for bad in [
+        flipped,
+        b"nodefs-store 1".to_vec(),
+        vec![0xff, 0xfe],
+        Vec::new(),
+    ] {
+        fs::write(&fmt, &bad).unwrap();
+        match Store::open(&dir) {
+            Err(e @ StoreError::Version { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&fmt.display().to_string()), "{msg}");
+            }
+            other => panic!("{bad:?}: expected a Version error, got {other:?}"),
+        }
+    }
+    fs::write(&fmt, &good).unwrap();
+    let s = Store::open(&dir).unwrap();
+    assert_eq!(s.get_ref("x").unwrap(), Some(id));
+}
+
 #[test]
 fn stream_sends_only_missing_objects() {
     let env = Env::new();
