@@ -103,7 +103,8 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     /// Keeps `id` through gc until [`FsService::unpin`]; a remote pin also ends with its client.
     fn pin(&self, id: &ObjectId) -> Result<(), Error>;
     fn unpin(&self, id: &ObjectId);
-    /// Collects what no ref, pin, live mount or `live` manifest reaches.
+    /// Collects what no ref, pin, live mount or `live` manifest reaches, sparing an import's
+    /// manifest that no ref names yet for a grace (see [`crate::Store::set_fresh_grace`]).
     fn gc(&self, live: &[ManifestId]) -> Result<GcReport, Error>;
     fn fsck(&self) -> Result<FsckReport, Error>;
     /// Mounts a view of `base` at `target` (see [`crate::NodeFs::mount`]).
