@@ -197,10 +197,12 @@ class AsyncSandbox:
                     raise errors.from_response(500, data)
         raise errors.ServerError("the output stream ended without an exit status")
 
-    async def snapshot(self, name: Optional[str] = None, stop: bool = False) -> "AsyncSnapshot":
+    async def snapshot(self, name: Optional[str] = None, stop: bool = False, durable: bool = False) -> "AsyncSnapshot":
         body = {"stop": stop}
         if name is not None:
             body["name"] = name
+        if durable:
+            body["durable"] = True
         return AsyncSnapshot((await self._c.request("POST", f"/v1/sandboxes/{self.id}/snapshot", json=body)).json(), self._c)
 
 
@@ -216,6 +218,11 @@ class AsyncSnapshot:
     @property
     def name(self) -> str:
         return self.info["name"]
+
+    @property
+    def durable(self) -> bool:
+        """Whether the images are in the content store (as of when this object was fetched)."""
+        return bool(self.info.get("durable", True))
 
     @classmethod
     async def get(cls, name: str, client: Optional[AsyncClient] = None) -> "AsyncSnapshot":

@@ -224,11 +224,16 @@ class Sandbox:
         raise errors.ServerError("the output stream ended without an exit status")
 
     # --- snapshots -------------------------------------------------------------------------------------------
-    def snapshot(self, name: Optional[str] = None, stop: bool = False) -> "Snapshot":
-        """Freezes files, processes and memory into a snapshot; the sandbox keeps running unless `stop`."""
+    def snapshot(self, name: Optional[str] = None, stop: bool = False, durable: bool = False) -> "Snapshot":
+        """Freezes files, processes and memory into a snapshot; the sandbox keeps running unless `stop`.
+
+        Returns as soon as the snapshot is forkable; its memory images reach the content store in the
+        background (`Snapshot.durable`). `durable=True` returns only once they are stored."""
         body = {"stop": stop}
         if name is not None:
             body["name"] = name
+        if durable:
+            body["durable"] = True
         return Snapshot(self._c.request("POST", f"/v1/sandboxes/{self.id}/snapshot", json=body).json(), self._c)
 
 
@@ -244,6 +249,11 @@ class Snapshot:
     @property
     def name(self) -> str:
         return self.info["name"]
+
+    @property
+    def durable(self) -> bool:
+        """Whether the images are in the content store (as of when this object was fetched)."""
+        return bool(self.info.get("durable", True))
 
     @classmethod
     def get(cls, name: str, client: Optional[Client] = None) -> "Snapshot":

@@ -63,6 +63,10 @@ async def test_32_concurrent_snapshot_fork_8_diverge_zero_residue(groved, aclien
     assert len({r for _, r in outcomes}) == BRANCHES, "each branch has its own random state"
     # The source is untouched by its branches.
     assert await src.files.read("/root/notes.txt") == "before the snapshot\n"
+    # A snapshot answered only once its images are stored says so, with the bytes it added.
+    stored = await src.snapshot(durable=True)
+    assert stored.durable and stored.info["size_bytes"] > 0, stored.info
+    await stored.delete()
 
     await asyncio.gather(*[s.kill() for s in sbxs + branches])
     await snap.delete()
