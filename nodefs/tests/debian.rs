@@ -124,6 +124,42 @@ fn debian_userland_runs_on_nodefs() {
         fs::read_to_string(root.join("usr/share/grove-nodefs-test/hello.txt")).unwrap(),
         "hello from a deb\n"
     );
+    // apt on top of dpkg: remove the package, then install it again from the local file (no
+    // network: the package has no dependencies).
+    in_chroot(
+        &root,
+        "apt-get remove -y -q grove-nodefs-test >/dev/null \
+         && ! test -e /usr/share/grove-nodefs-test/hello.txt \
+         && apt-get install -y -q /tmp/grove-nodefs-test.deb >/dev/null \
+         && dpkg -s grove-nodefs-test | grep -q 'Status: install ok installed'",
+    );
+    assert_eq!(
+        fs::read_to_string(root.join("usr/share/grove-nodefs-test/hello.txt")).unwrap(),
+        "hello from a deb\n"
+    );
+
+    // gcc (the host's: the base image has none) compiles a source kept on the mount into a
+    // binary on the mount (temp files, rename, mmap of the output), which then runs from it.
+    if Path::new("/usr/bin/gcc").exists() {
+        fs::write(
+            root.join("root/hello.c"),
+            "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 6 * 7); return 0; }\n",
+        )
+        .unwrap();
+        run_ok(
+            Command::new("gcc")
+                .args(["-O2", "-o"])
+                .arg(root.join("root/hello"))
+                .arg(root.join("root/hello.c"))
+                .env("TMPDIR", root.join("tmp")),
+        );
+        assert_eq!(
+            run_ok(&mut Command::new(root.join("root/hello"))).trim(),
+            "42"
+        );
+    } else {
+        capability_missing("gcc not installed on the host");
+    }
 
     let t = Instant::now();
     let c = m.commit().unwrap();
