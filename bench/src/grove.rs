@@ -223,6 +223,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 // /run is on disk on this machine kind; dumps and fork images go to a tmpfs,
                 // as they do under /run/grove on a systemd host.
                 scratch_dir: Some(rt.scratch_dir.clone()),
+                image_cache_bytes: None,
             };
             Snapshotter::new(
                 cfg,

@@ -92,6 +92,7 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         run_dir: config.run_dir.clone(),
         criu: config.criu.clone(),
         scratch_dir: None,
+        image_cache_bytes: None,
     };
     let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
         Ok(s) => Some(s),

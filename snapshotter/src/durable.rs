@@ -141,6 +141,8 @@ impl Snapshotter {
             return Ok(());
         }
         self.commit_images(&done, &images_root)?;
+        drop(_commit);
+        self.trim_cache();
         tracing::info!(
             snapshot = id,
             store_ms = done.store_ms,

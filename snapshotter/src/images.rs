@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nodefs::service::{FsService, ImportPolicy};
 use nodefs::ManifestId;
@@ -24,18 +25,71 @@ pub fn import(
 }
 
 /// Materialized image directories, one per snapshot, under `<run>/snapshots/<id>/images`.
+/// They live in scratch space (a tmpfs, i.e. memory, on a systemd host), so their total is
+/// capped: past `cap` bytes, the least recently used copies of stored snapshots go (a later
+/// fork materializes them again from the store). Copies used within `min_idle` stay, so a
+/// restore or a lazy-pages daemon never loses the files it reads.
 #[derive(Debug)]
 pub struct ImageCache {
     dir: PathBuf,
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    used: Mutex<HashMap<String, Instant>>,
+    cap: u64,
+    min_idle: Duration,
 }
 
+/// A copy used this recently is never evicted.
+pub const MIN_IDLE: Duration = Duration::from_secs(300);
+
 impl ImageCache {
-    pub fn new(dir: PathBuf) -> ImageCache {
+    pub fn new(dir: PathBuf, cap: u64, min_idle: Duration) -> ImageCache {
         ImageCache {
             dir,
             locks: Mutex::new(HashMap::new()),
+            used: Mutex::new(HashMap::new()),
+            cap,
+            min_idle,
         }
+    }
+
+    fn touch(&self, id: &str) {
+        self.used.lock().insert(id.to_string(), Instant::now());
+    }
+
+    /// Evicts least recently used copies for which `evictable` holds (their snapshot is in
+    /// the store) until the total is at most the cap; returns the ids evicted.
+    pub fn trim(&self, evictable: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut entries: Vec<(String, u64)> = rd
+            .flatten()
+            .map(|e| {
+                let id = e.file_name().to_string_lossy().into_owned();
+                (id, dir_bytes(&e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|(_, b)| b).sum();
+        if total <= self.cap {
+            return Vec::new();
+        }
+        let used = self.used.lock().clone();
+        // Never used since start: oldest of all.
+        entries.sort_by_key(|(id, _)| used.get(id).copied());
+        let mut evicted = Vec::new();
+        for (id, bytes) in entries {
+            if total <= self.cap {
+                break;
+            }
+            let recent = used.get(&id).is_some_and(|t| t.elapsed() < self.min_idle);
+            if recent || !evictable(&id) {
+                continue;
+            }
+            self.drop_snapshot(&id);
+            total = total.saturating_sub(bytes);
+            evicted.push(id);
+        }
+        evicted
     }
 
     fn lock_for(&self, id: &str) -> Arc<Mutex<()>> {
@@ -54,6 +108,7 @@ impl ImageCache {
         let _g = lock.lock();
         let base = self.dir.join(id);
         let done = base.join("images");
+        self.touch(id);
         if done.is_dir() {
             return Ok(done);
         }
@@ -74,7 +129,11 @@ impl ImageCache {
     /// The materialized images of `id`, if present.
     pub fn existing(&self, id: &str) -> Option<PathBuf> {
         let done = self.dir.join(id).join("images");
-        done.is_dir().then_some(done)
+        let there = done.is_dir();
+        if there {
+            self.touch(id);
+        }
+        there.then_some(done)
     }
 
     /// Moves `dir` (freshly dumped images, same filesystem) in as the materialized copy of
@@ -84,6 +143,7 @@ impl ImageCache {
         let _g = lock.lock();
         let base = self.dir.join(id);
         let done = base.join("images");
+        self.touch(id);
         fs::create_dir_all(&base)
             .and_then(|()| fs::rename(dir, &done))
             .map_err(|e| {
@@ -103,6 +163,7 @@ impl ImageCache {
         if done.exists() {
             return;
         }
+        self.touch(id);
         if let Err(e) = fs::create_dir_all(&base).and_then(|()| fs::rename(dir, &done)) {
             tracing::debug!(snapshot = id, error = %e, "images not adopted; materialized on first fork");
             let _ = fs::remove_dir(&base);
@@ -116,6 +177,7 @@ impl ImageCache {
         let _ = fs::remove_dir_all(self.dir.join(id));
         drop(_g);
         self.locks.lock().remove(id);
+        self.used.lock().remove(id);
     }
 
     /// Removes copies whose snapshot no longer exists (e.g. after a crash).
@@ -129,5 +191,59 @@ impl ImageCache {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
+    }
+}
+
+/// Bytes of the regular files under `dir` (image dirs are two levels deep at most).
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => n += e.metadata().map_or(0, |m| m.len()),
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(cache: &ImageCache, scratch: &Path, id: &str, bytes: usize) {
+        let d = scratch.join(format!("dump-{id}"));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("pages-1.img"), vec![7u8; bytes]).unwrap();
+        cache.take(id, &d).unwrap();
+    }
+
+    #[test]
+    fn trim_evicts_least_recently_used_stored_copies_down_to_the_cap() {
+        let t = tempfile::tempdir().unwrap();
+        let cache = ImageCache::new(t.path().join("snapshots"), 250, Duration::ZERO);
+        for id in ["a", "b", "c", "d"] {
+            put(&cache, t.path(), id, 100);
+        }
+        // "a" is used again: "b" is now the least recently used; "c" is not stored yet.
+        assert!(cache.existing("a").is_some());
+        let evicted = cache.trim(&|id| id != "c");
+        assert_eq!(evicted, vec!["b".to_string(), "d".to_string()]);
+        for (id, kept) in [("a", true), ("b", false), ("c", true), ("d", false)] {
+            assert_eq!(cache.existing(id).is_some(), kept, "{id}");
+        }
+        assert!(cache.trim(&|_| true).is_empty(), "under the cap now");
+    }
+
+    #[test]
+    fn recently_used_copies_are_never_evicted() {
+        let t = tempfile::tempdir().unwrap();
+        let cache = ImageCache::new(t.path().join("snapshots"), 10, Duration::from_secs(60));
+        put(&cache, t.path(), "a", 100);
+        assert!(cache.trim(&|_| true).is_empty());
+        assert!(cache.existing("a").is_some());
     }
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::criu::{self, Criu};
 use crate::durable::Imports;
 use crate::error::Error;
-use crate::images::ImageCache;
+use crate::images::{self, ImageCache};
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
@@ -44,6 +44,22 @@ pub struct SnapshotterConfig {
     /// be a tmpfs (as /run is on systemd hosts): a snapshot of a 256 MiB heap then never
     /// waits on the disk's page cache or writeback, and restores read from memory.
     pub scratch_dir: Option<PathBuf>,
+    /// Cap on the materialized images kept in scratch space (see `ImageCache`); None = a
+    /// quarter of the machine's memory.
+    pub image_cache_bytes: Option<u64>,
+}
+
+/// A quarter of MemTotal (1 GiB if /proc/meminfo cannot be read).
+fn default_image_cache_bytes() -> u64 {
+    let kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(4 << 20);
+    kib * 1024 / 4
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -250,7 +266,12 @@ impl Snapshotter {
             criu,
             records,
             index: RwLock::new(index),
-            cache: ImageCache::new(scratch.join("snapshots")),
+            cache: ImageCache::new(
+                scratch.join("snapshots"),
+                cfg.image_cache_bytes
+                    .unwrap_or_else(default_image_cache_bytes),
+                images::MIN_IDLE,
+            ),
             work_root,
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
@@ -613,7 +634,22 @@ impl Snapshotter {
             });
         }
         let images_root = parse_manifest(&info.images_root, "images root")?;
-        self.cache.get(&*self.store, &info.id, &images_root)
+        let dir = self.cache.get(&*self.store, &info.id, &images_root)?;
+        self.trim_cache();
+        Ok(dir)
+    }
+
+    /// Keeps the materialized images under their cap; only stored snapshots' copies go.
+    pub(crate) fn trim_cache(&self) {
+        let evicted = self
+            .cache
+            .trim(&|id| self.index.read().get(id).is_some_and(|s| s.durable));
+        if !evicted.is_empty() {
+            tracing::info!(
+                count = evicted.len(),
+                "materialized images evicted (cap reached)"
+            );
+        }
     }
 
     fn fork_one(

@@ -83,6 +83,7 @@ impl Env {
             run_dir: run_dir.clone(),
             criu: None,
             scratch_dir: None,
+            image_cache_bytes: None,
         };
         let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), svc).unwrap();
         Env {
