@@ -1,5 +1,11 @@
 //! Append-only pack files holding checksummed object records, and the in-memory index
-//! rebuilt from them at open (a torn tail from a crash is cut off).
+//! built from them at open (a torn tail from a crash is cut off).
+//!
+//! A sealed pack (and a pack written by `compact`) gets a `pack-NNNNNNNN.idx` next to it:
+//! its records sorted by id, checksummed, covering the pack's exact length. At open a valid
+//! idx is loaded (through a memory map) instead of walking the pack; anything else — missing,
+//! truncated, damaged, stale — falls back to the walk. The idx is only an acceleration: reads
+//! still check every record header and content hash, so a bad one can never yield wrong bytes.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -19,6 +25,15 @@ const REC_MAGIC: &[u8; 4] = b"GRVR";
 pub const HDR: usize = 84;
 /// Start a new pack file once the active one reaches this size.
 const ROTATE_AT: u64 = 1 << 30;
+
+const IDX_MAGIC: &[u8; 8] = b"GRVPIDX1";
+const IDX_VERSION: u32 = 1;
+/// Size of the idx header: magic, version, reserved, covered pack length, entry count.
+const IDX_HDR: usize = 32;
+/// Size of one idx entry: id, offset, stored_len, raw_len, kind, codec, depth, reserved, base.
+const IDX_ENTRY: usize = 84;
+/// Size of the idx trailer: BLAKE3 of everything before it.
+const IDX_SUM: usize = 32;
 
 /// What an object is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +91,23 @@ fn header(r: &Record<'_>) -> [u8; HDR] {
     h
 }
 
+fn kind_from(b: u8) -> Option<Kind> {
+    match b {
+        1 => Some(Kind::Chunk),
+        2 => Some(Kind::Tree),
+        _ => None,
+    }
+}
+
+fn codec_from(b: u8) -> Option<Codec> {
+    match b {
+        0 => Some(Codec::Raw),
+        1 => Some(Codec::Zstd),
+        2 => Some(Codec::Delta),
+        _ => None,
+    }
+}
+
 fn parse_header(pack: u32, offset: u64, h: &[u8]) -> Option<(ObjectId, Loc)> {
     if h.len() < HDR || &h[0..4] != REC_MAGIC {
         return None;
@@ -83,17 +115,8 @@ fn parse_header(pack: u32, offset: u64, h: &[u8]) -> Option<(ObjectId, Loc)> {
     if blake3::hash(&h[..80]).as_bytes()[..4] != h[80..84] {
         return None;
     }
-    let kind = match h[4] {
-        1 => Kind::Chunk,
-        2 => Kind::Tree,
-        _ => return None,
-    };
-    let codec = match h[5] {
-        0 => Codec::Raw,
-        1 => Codec::Zstd,
-        2 => Codec::Delta,
-        _ => return None,
-    };
+    let kind = kind_from(h[4])?;
+    let codec = codec_from(h[5])?;
     let raw_len = u32::from_le_bytes(h[8..12].try_into().ok()?);
     let stored_len = u32::from_le_bytes(h[12..16].try_into().ok()?);
     let id = ObjectId(h[16..48].try_into().ok()?);
@@ -113,10 +136,37 @@ fn parse_header(pack: u32, offset: u64, h: &[u8]) -> Option<(ObjectId, Loc)> {
     ))
 }
 
+/// Whether two locations describe the same record (everything but the `pack` number, which
+/// a header does not carry).
+fn same_record(a: &Loc, b: &Loc) -> bool {
+    a.offset == b.offset
+        && a.stored_len == b.stored_len
+        && a.raw_len == b.raw_len
+        && a.kind == b.kind
+        && a.codec == b.codec
+        && a.depth == b.depth
+        && a.base == b.base
+}
+
 struct Writer {
     pack: u32,
     file: Arc<File>,
     len: u64,
+}
+
+/// How [`PackSet::open`] indexed the packs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Packs whose `.idx` was loaded instead of walking the pack.
+    pub from_idx: usize,
+    /// Packs walked record by record.
+    pub scanned: usize,
+    /// `.idx` files found but not trusted (damaged, truncated, stale, unreadable).
+    pub idx_rejected: usize,
+    /// `.idx` files written at open for sealed packs that had no valid one.
+    pub idx_written: usize,
+    /// `.idx` files removed because their pack is gone.
+    pub idx_orphans_removed: usize,
 }
 
 /// The set of pack files in `<store>/packs`.
@@ -125,32 +175,76 @@ pub struct PackSet {
     index: RwLock<HashMap<ObjectId, Loc>>,
     files: RwLock<HashMap<u32, Arc<File>>>,
     writer: Mutex<Option<Writer>>,
+    /// Size at which the active pack is sealed and a new one started.
+    rotate_at: u64,
+    #[cfg_attr(not(test), allow(dead_code))]
+    opened: OpenReport,
 }
 
 fn pack_path(dir: &Path, n: u32) -> PathBuf {
     dir.join(format!("pack-{n:08}.pack"))
 }
 
+fn idx_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("pack-{n:08}.idx"))
+}
+
+/// The number in `pack-NNNNNNNN<suffix>`.
+fn numbered(name: &str, suffix: &str) -> Option<u32> {
+    name.strip_prefix("pack-")
+        .and_then(|s| s.strip_suffix(suffix))
+        .and_then(|s| s.parse::<u32>().ok())
+}
+
+/// Remove a file that may already be gone.
+fn remove_if_present(path: &Path) -> std::io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 impl PackSet {
-    /// Open every pack and index its records.
+    /// Open every pack and index its records, from its `.idx` where that is valid.
     pub fn open(dir: &Path) -> Result<PackSet, StoreError> {
+        PackSet::open_with(dir, ROTATE_AT)
+    }
+
+    fn open_with(dir: &Path, rotate_at: u64) -> Result<PackSet, StoreError> {
         fs::create_dir_all(dir).map_err(store_io(dir))?;
         let mut numbers = Vec::new();
+        let mut idx_numbers = Vec::new();
         for e in fs::read_dir(dir).map_err(store_io(dir))? {
             let e = e.map_err(store_io(dir))?;
             let name = e.file_name();
             let name = name.to_string_lossy();
-            if let Some(n) = name
-                .strip_prefix("pack-")
-                .and_then(|s| s.strip_suffix(".pack"))
-                .and_then(|s| s.parse::<u32>().ok())
-            {
+            if let Some(n) = numbered(&name, ".pack") {
                 numbers.push(n);
+            } else if let Some(n) = numbered(&name, ".idx") {
+                idx_numbers.push(n);
             } else if name.ends_with(".tmp") {
                 let _ = fs::remove_file(e.path());
             }
         }
         numbers.sort_unstable();
+        let mut report = OpenReport::default();
+        // An idx whose pack is gone (a crash between deleting the two in compaction) would
+        // otherwise linger, and could be mistaken for a later pack of the same number.
+        for n in idx_numbers {
+            if numbers.binary_search(&n).is_err() {
+                let p = idx_path(dir, n);
+                match remove_if_present(&p) {
+                    Ok(_) => report.idx_orphans_removed += 1,
+                    Err(e) => {
+                        tracing::warn!(idx = %p.display(), error = %e, "cannot remove orphan pack idx")
+                    }
+                }
+            }
+        }
+        if report.idx_orphans_removed > 0 {
+            sync_dir(dir)?;
+        }
         let mut index = HashMap::new();
         let mut files = HashMap::new();
         let last = numbers.last().copied();
@@ -162,10 +256,58 @@ impl PackSet {
                 .write(true)
                 .open(&path)
                 .map_err(store_io(&path))?;
-            let end = scan(&file, n, &path, &mut index)?;
+            let len = file.metadata().map_err(store_io(&path))?.len();
+            let active = Some(n) == last;
+            // Packs are indexed in order and the first record of an id wins, from an idx or
+            // from a walk alike, so both give the same index.
+            let end = match load_idx(dir, n, len) {
+                Ok(entries) => {
+                    report.from_idx += 1;
+                    for (id, loc) in entries {
+                        index.entry(id).or_insert(loc);
+                    }
+                    len
+                }
+                Err(problem) => {
+                    let ip = idx_path(dir, n);
+                    match &problem {
+                        IdxProblem::Missing if active => {}
+                        // The active pack's idx (written by compaction) goes stale with the
+                        // first append after it; that is expected.
+                        IdxProblem::Stale { .. } if active => {
+                            report.idx_rejected += 1;
+                            tracing::debug!(idx = %ip.display(), %problem, "active pack grew past its idx");
+                        }
+                        IdxProblem::Missing => {
+                            tracing::warn!(pack = %path.display(), "sealed pack has no idx; walking it");
+                        }
+                        _ => {
+                            report.idx_rejected += 1;
+                            tracing::warn!(idx = %ip.display(), %problem, "ignoring pack idx; walking the pack");
+                        }
+                    }
+                    let (mut entries, end) = scan(&file, n, &path)?;
+                    report.scanned += 1;
+                    // A sealed pack that walks cleanly to its end gets its idx back, so the
+                    // next open is fast again. The active one is indexed when it is sealed.
+                    if !active && end == len {
+                        match write_idx(dir, n, len, &mut entries) {
+                            Ok(()) => report.idx_written += 1,
+                            Err(e) => tracing::warn!(
+                                idx = %ip.display(),
+                                error = %crate::error::chain(&e),
+                                "cannot write pack idx"
+                            ),
+                        }
+                    }
+                    for (id, loc) in entries {
+                        index.entry(id).or_insert(loc);
+                    }
+                    end
+                }
+            };
             let file = Arc::new(file);
-            if Some(n) == last {
-                let len = file.metadata().map_err(store_io(&path))?.len();
+            if active {
                 if end < len {
                     tracing::warn!(pack = %path.display(), end, len, "cutting torn pack tail");
                     file.set_len(end).map_err(store_io(&path))?;
@@ -179,12 +321,21 @@ impl PackSet {
             }
             files.insert(n, file);
         }
+        tracing::debug!(dir = %dir.display(), ?report, objects = index.len(), "packs opened");
         Ok(PackSet {
             dir: dir.to_path_buf(),
             index: RwLock::new(index),
             files: RwLock::new(files),
             writer: Mutex::new(writer),
+            rotate_at,
+            opened: report,
         })
+    }
+
+    /// How `open` indexed the packs.
+    #[cfg(test)]
+    pub fn open_report(&self) -> OpenReport {
+        self.opened
     }
 
     pub fn get(&self, id: &ObjectId) -> Option<Loc> {
@@ -219,8 +370,20 @@ impl PackSet {
                     pack_path(&self.dir, loc.pack).display()
                 ),
             })?;
+        // The header must name this id and agree with the index entry in full: an entry
+        // loaded from a (checksummed, but possibly wrong) idx is never taken on trust.
         match parse_header(loc.pack, loc.offset, &buf[..HDR]) {
-            Some((hid, _)) if hid == *id => {}
+            Some((hid, hloc)) if hid == *id && same_record(&hloc, loc) => {}
+            Some((hid, _)) if hid == *id => {
+                return Err(StoreError::Corrupt {
+                    id: *id,
+                    why: format!(
+                        "record header at {} of {} does not match the index",
+                        loc.offset,
+                        pack_path(&self.dir, loc.pack).display()
+                    ),
+                })
+            }
             _ => {
                 return Err(StoreError::Corrupt {
                     id: *id,
@@ -250,13 +413,14 @@ impl PackSet {
         let mut w = self.writer.lock();
         let needs_new = match &*w {
             None => true,
-            Some(w) => w.len >= ROTATE_AT,
+            Some(w) => w.len >= self.rotate_at,
         };
         if needs_new {
             if let Some(old) = w.as_ref() {
                 old.file
                     .sync_all()
                     .map_err(store_io(pack_path(&self.dir, old.pack)))?;
+                self.seal(old);
             }
             let n = w.as_ref().map(|w| w.pack + 1).unwrap_or(1);
             let n = n.max(self.files.read().keys().max().map(|m| m + 1).unwrap_or(1));
@@ -302,8 +466,38 @@ impl PackSet {
         Ok(n)
     }
 
+    /// Write the idx of a pack that is full and synced and will not be appended to again.
+    /// A failure only costs a walk of the pack at the next open, so it is logged, not
+    /// returned.
+    fn seal(&self, w: &Writer) {
+        let path = pack_path(&self.dir, w.pack);
+        // The idx holds exactly what a walk of the pack finds, taken from the pack itself
+        // rather than from the index (which has no per-pack view and may hold a record of
+        // the same id from an earlier pack).
+        let res = scan(&w.file, w.pack, &path).and_then(|(mut entries, end)| {
+            if end != w.len {
+                return Err(StoreError::CorruptPack {
+                    path: path.clone(),
+                    offset: end,
+                    why: format!("records end at {end}, not at {} as written", w.len),
+                });
+            }
+            write_idx(&self.dir, w.pack, w.len, &mut entries)
+        });
+        if let Err(e) = res {
+            tracing::warn!(
+                pack = %path.display(),
+                error = %crate::error::chain(&e),
+                "cannot write the idx of a sealed pack; it will be walked at open"
+            );
+        }
+    }
+
     fn create_pack(&self, n: u32) -> Result<Writer, StoreError> {
         let path = pack_path(&self.dir, n);
+        // A leftover idx of an earlier pack with this number must not describe the new one.
+        let ip = idx_path(&self.dir, n);
+        remove_if_present(&ip).map_err(store_io(&ip))?;
         let tmp = path.with_extension("tmp");
         let mut f = File::create(&tmp).map_err(store_io(&tmp))?;
         f.write_all(PACK_MAGIC).map_err(store_io(&tmp))?;
@@ -379,11 +573,25 @@ impl PackSet {
         nw.file
             .sync_all()
             .map_err(store_io(pack_path(&self.dir, nw.pack)))?;
+        // The new pack holds each kept id once, so the new index is exactly its idx. It
+        // stays valid until the next append (then the pack is walked at open until sealed).
+        let mut entries: Vec<(ObjectId, Loc)> = new_index.iter().map(|(k, v)| (*k, *v)).collect();
+        if let Err(e) = write_idx(&self.dir, nw.pack, nw.len, &mut entries) {
+            tracing::warn!(
+                pack = %pack_path(&self.dir, nw.pack).display(),
+                error = %crate::error::chain(&e),
+                "cannot write the idx of a compacted pack; it will be walked at open"
+            );
+        }
         *self.index.write() = new_index;
         {
             let mut files = self.files.write();
             for n in &old {
                 files.remove(n);
+                // The idx goes first: a crash in between leaves a pack without an idx
+                // (walked at open) rather than an idx without a pack (removed at open anyway).
+                let ip = idx_path(&self.dir, *n);
+                remove_if_present(&ip).map_err(store_io(&ip))?;
                 let p = pack_path(&self.dir, *n);
                 fs::remove_file(&p).map_err(store_io(&p))?;
             }
@@ -404,16 +612,12 @@ impl PackSet {
     }
 }
 
-/// Index one pack; returns the offset where valid records end.
-fn scan(
-    file: &File,
-    n: u32,
-    path: &Path,
-    index: &mut HashMap<ObjectId, Loc>,
-) -> Result<u64, StoreError> {
+/// Walk one pack's records. Returns each id's first valid record in the pack and the offset
+/// where valid records end.
+fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64), StoreError> {
     let len = file.metadata().map_err(store_io(path))?.len();
     if len < PACK_MAGIC.len() as u64 {
-        return Ok(0);
+        return Ok((Vec::new(), 0));
     }
     // SAFETY: the pack is only appended to by this process under the writer lock and is
     // not truncated while mapped; we only read the mapping within its length.
@@ -425,6 +629,8 @@ fn scan(
             why: "bad pack magic".into(),
         });
     }
+    let mut entries = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut off = PACK_MAGIC.len();
     while off + HDR <= map.len() {
         let rec = parse_header(n, off as u64, &map[off..off + HDR])
@@ -441,10 +647,148 @@ fn scan(
                 None => break,
             }
         };
-        index.entry(id).or_insert(loc);
+        if seen.insert(id) {
+            entries.push((id, loc));
+        }
         off += HDR + loc.stored_len as usize;
     }
-    Ok(off as u64)
+    Ok((entries, off as u64))
+}
+
+/// Why a pack's idx was not used.
+#[derive(Debug, thiserror::Error)]
+enum IdxProblem {
+    #[error("no idx")]
+    Missing,
+    #[error("cannot read the idx: {0}")]
+    Unreadable(std::io::Error),
+    #[error("idx is damaged: {0}")]
+    Damaged(String),
+    #[error("idx covers {covered} bytes of the pack, which has {len}")]
+    Stale { covered: u64, len: u64 },
+}
+
+/// Load pack `n`'s idx if it is intact and covers exactly the pack's current `pack_len`.
+fn load_idx(dir: &Path, n: u32, pack_len: u64) -> Result<Vec<(ObjectId, Loc)>, IdxProblem> {
+    let path = idx_path(dir, n);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(IdxProblem::Missing),
+        Err(e) => return Err(IdxProblem::Unreadable(e)),
+    };
+    let len = file.metadata().map_err(IdxProblem::Unreadable)?.len();
+    let damaged = |why: String| IdxProblem::Damaged(why);
+    if len < (IDX_HDR + IDX_SUM) as u64 {
+        return Err(damaged(format!(
+            "{len} bytes is shorter than header and checksum"
+        )));
+    }
+    // SAFETY: an idx is written whole under a temp name and renamed into place, never
+    // modified in place, and the store's LOCK keeps other nodefs processes out; every read
+    // below is bounds-checked against the mapping's length and entries are copied out
+    // before it is dropped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(IdxProblem::Unreadable)?;
+    let m: &[u8] = &map;
+    if &m[0..8] != IDX_MAGIC {
+        return Err(damaged("bad magic".into()));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(m[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32_at(8);
+    if version != IDX_VERSION {
+        return Err(damaged(format!("unknown version {version}")));
+    }
+    let covered = u64_at(16);
+    let count = u64_at(24);
+    let want = count
+        .checked_mul(IDX_ENTRY as u64)
+        .and_then(|b| b.checked_add((IDX_HDR + IDX_SUM) as u64));
+    if want != Some(len) {
+        return Err(damaged(format!(
+            "{len} bytes, but {count} entries need {}",
+            want.map_or("more than 2^64".into(), |w| w.to_string())
+        )));
+    }
+    let body = m.len() - IDX_SUM;
+    if blake3::hash(&m[..body]).as_bytes() != &m[body..] {
+        return Err(damaged("checksum mismatch".into()));
+    }
+    if covered != pack_len {
+        return Err(IdxProblem::Stale {
+            covered,
+            len: pack_len,
+        });
+    }
+    let mut entries = Vec::with_capacity(count as usize);
+    let mut prev: Option<ObjectId> = None;
+    for e in m[IDX_HDR..body].chunks_exact(IDX_ENTRY) {
+        let id = ObjectId(e[0..32].try_into().expect("32 bytes"));
+        if prev.is_some_and(|p| p >= id) {
+            return Err(damaged(format!("entries out of order at {id}")));
+        }
+        prev = Some(id);
+        let offset = u64::from_le_bytes(e[32..40].try_into().expect("8 bytes"));
+        let stored_len = u32::from_le_bytes(e[40..44].try_into().expect("4 bytes"));
+        let raw_len = u32::from_le_bytes(e[44..48].try_into().expect("4 bytes"));
+        let (Some(kind), Some(codec)) = (kind_from(e[48]), codec_from(e[49])) else {
+            return Err(damaged(format!("bad kind or codec for {id}")));
+        };
+        let fits =
+            offset >= PACK_MAGIC.len() as u64 && offset + HDR as u64 + stored_len as u64 <= covered;
+        if !fits {
+            return Err(damaged(format!("record of {id} lies outside the pack")));
+        }
+        entries.push((
+            id,
+            Loc {
+                pack: n,
+                offset,
+                stored_len,
+                raw_len,
+                kind,
+                codec,
+                depth: e[50],
+                base: ObjectId(e[52..84].try_into().expect("32 bytes")),
+            },
+        ));
+    }
+    Ok(entries)
+}
+
+/// Write pack `n`'s idx for its first `pack_len` bytes (temp file, fsync, rename, fsync dir).
+/// Sorts `entries` by id.
+fn write_idx(
+    dir: &Path,
+    n: u32,
+    pack_len: u64,
+    entries: &mut [(ObjectId, Loc)],
+) -> Result<(), StoreError> {
+    entries.sort_unstable_by_key(|(id, _)| *id);
+    let mut buf = Vec::with_capacity(IDX_HDR + entries.len() * IDX_ENTRY + IDX_SUM);
+    buf.extend_from_slice(IDX_MAGIC);
+    buf.extend_from_slice(&IDX_VERSION.to_le_bytes());
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    buf.extend_from_slice(&pack_len.to_le_bytes());
+    buf.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (id, l) in entries.iter() {
+        debug_assert_eq!(l.pack, n, "idx entry from another pack");
+        buf.extend_from_slice(&id.0);
+        buf.extend_from_slice(&l.offset.to_le_bytes());
+        buf.extend_from_slice(&l.stored_len.to_le_bytes());
+        buf.extend_from_slice(&l.raw_len.to_le_bytes());
+        buf.extend_from_slice(&[l.kind as u8, l.codec as u8, l.depth, 0]);
+        buf.extend_from_slice(&l.base.0);
+    }
+    let sum = blake3::hash(&buf);
+    buf.extend_from_slice(sum.as_bytes());
+    let path = idx_path(dir, n);
+    let tmp = dir.join(format!("pack-{n:08}.idx.tmp"));
+    let mut f = File::create(&tmp).map_err(store_io(&tmp))?;
+    f.write_all(&buf).map_err(store_io(&tmp))?;
+    f.sync_all().map_err(store_io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(store_io(&path))?;
+    sync_dir(dir)
 }
 
 /// Offset of the next valid, complete record at or after `from`.
@@ -471,4 +815,401 @@ pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(store_io(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Deterministic, incompressible-looking bytes.
+    fn bytes(seed: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        blake3::Hasher::new()
+            .update(&seed.to_le_bytes())
+            .finalize_xof()
+            .fill(&mut out);
+        out
+    }
+
+    /// Append `count` raw chunks of `size` bytes one by one (so the pack rotates between
+    /// them); returns them.
+    fn fill(ps: &PackSet, first_seed: u64, count: u64, size: usize) -> Vec<(ObjectId, Vec<u8>)> {
+        let mut out = Vec::new();
+        for seed in first_seed..first_seed + count {
+            let data = bytes(seed, size);
+            let id = ObjectId::hash(&data);
+            let rec = Record {
+                id,
+                kind: Kind::Chunk,
+                codec: Codec::Raw,
+                depth: 0,
+                raw_len: data.len() as u32,
+                base: ObjectId([0; 32]),
+                payload: &data,
+            };
+            assert!(ps.append(&rec).unwrap());
+            out.push((id, data));
+        }
+        ps.sync().unwrap();
+        out
+    }
+
+    fn read_all(ps: &PackSet, objs: &[(ObjectId, Vec<u8>)]) {
+        for (id, data) in objs {
+            let loc = ps.get(id).unwrap_or_else(|| panic!("{id} not indexed"));
+            assert_eq!(&ps.read_payload(id, &loc).unwrap(), data, "{id}");
+        }
+    }
+
+    /// Every field of a `Loc`, comparable.
+    type LocKey = (u32, u64, u32, u32, u8, u8, u8, ObjectId);
+
+    /// The whole index, comparable.
+    fn lookups(ps: &PackSet) -> Vec<(ObjectId, LocKey)> {
+        let mut v: Vec<_> = ps
+            .all()
+            .into_iter()
+            .map(|(id, l)| {
+                let key = (
+                    l.pack,
+                    l.offset,
+                    l.stored_len,
+                    l.raw_len,
+                    l.kind as u8,
+                    l.codec as u8,
+                    l.depth,
+                    l.base,
+                );
+                (id, key)
+            })
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
+    fn files_with(dir: &Path, suffix: &str) -> Vec<u32> {
+        let mut v: Vec<u32> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| numbered(&e.file_name().to_string_lossy(), suffix))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    const ROT: u64 = 4096;
+
+    /// A store of several sealed packs (1000-byte chunks, sealed past 4 KiB).
+    fn sealed_store(dir: &Path) -> Vec<(ObjectId, Vec<u8>)> {
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let objs = fill(&ps, 0, 40, 1000);
+        let packs = files_with(dir, ".pack");
+        assert!(packs.len() >= 5, "{packs:?}");
+        // Every pack but the active (last) one is sealed and has its idx.
+        assert_eq!(files_with(dir, ".idx"), packs[..packs.len() - 1]);
+        objs
+    }
+
+    #[test]
+    fn sealed_packs_reopen_from_their_idx() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let objs = sealed_store(dir);
+        let sealed = files_with(dir, ".pack").len() - 1;
+        let before = {
+            let ps = PackSet::open_with(dir, ROT).unwrap();
+            lookups(&ps)
+        };
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let rep = ps.open_report();
+        assert_eq!(rep.from_idx, sealed, "{rep:?}");
+        assert_eq!(rep.scanned, 1, "only the active pack is walked: {rep:?}");
+        assert_eq!(rep.idx_rejected + rep.idx_written, 0, "{rep:?}");
+        read_all(&ps, &objs);
+        // Same objects in, same lookups out: the idx gives exactly what a walk gives.
+        assert_eq!(lookups(&ps), before);
+        assert_eq!(ps.all().len(), objs.len());
+        drop(ps);
+        for n in files_with(dir, ".idx") {
+            fs::remove_file(idx_path(dir, n)).unwrap();
+        }
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let rep = ps.open_report();
+        assert_eq!((rep.from_idx, rep.scanned), (0, sealed + 1), "{rep:?}");
+        assert_eq!(
+            lookups(&ps),
+            before,
+            "walking every pack gives the same index"
+        );
+        // Missing idx files of sealed packs are written back at open.
+        assert_eq!(rep.idx_written, sealed, "{rep:?}");
+        drop(ps);
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        assert_eq!(ps.open_report().from_idx, sealed);
+        assert_eq!(lookups(&ps), before);
+        // Appending after reopen continues in the active pack and seals it in turn.
+        let more = fill(&ps, 1000, 10, 1000);
+        drop(ps);
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        assert_eq!(ps.open_report().scanned, 1);
+        read_all(&ps, &objs);
+        read_all(&ps, &more);
+    }
+
+    /// Rewrite an idx's header field and fix up its checksum, as a writer with a bug would.
+    fn rewrite_idx(path: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
+        let mut b = fs::read(path).unwrap();
+        edit(&mut b);
+        let body = b.len() - IDX_SUM;
+        let sum = *blake3::hash(&b[..body]).as_bytes();
+        b[body..].copy_from_slice(&sum);
+        fs::write(path, &b).unwrap();
+    }
+
+    #[test]
+    fn bad_idx_is_ignored_and_the_pack_walked() {
+        type Damage = fn(&Path);
+        let cases: [(&str, Damage); 6] = [
+            ("flipped byte", |p| {
+                let mut b = fs::read(p).unwrap();
+                let mid = b.len() / 2;
+                b[mid] ^= 0x01;
+                fs::write(p, &b).unwrap();
+            }),
+            ("truncated", |p| {
+                let len = fs::metadata(p).unwrap().len();
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_len(len - 50)
+                    .unwrap();
+            }),
+            ("empty", |p| fs::write(p, b"").unwrap()),
+            ("covers another length", |p| {
+                rewrite_idx(p, |b| {
+                    let covered = u64::from_le_bytes(b[16..24].try_into().unwrap());
+                    b[16..24].copy_from_slice(&(covered - 1).to_le_bytes());
+                })
+            }),
+            ("unknown version", |p| {
+                rewrite_idx(p, |b| b[8..12].copy_from_slice(&2u32.to_le_bytes()))
+            }),
+            ("entry outside the pack", |p| {
+                rewrite_idx(p, |b| {
+                    let o = IDX_HDR + 32;
+                    b[o..o + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                })
+            }),
+        ];
+        for (what, damage) in cases {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path();
+            let objs = sealed_store(dir);
+            let sealed = files_with(dir, ".pack").len() - 1;
+            let before = lookups(&PackSet::open_with(dir, ROT).unwrap());
+            damage(&idx_path(dir, 2));
+            let ps = PackSet::open_with(dir, ROT).unwrap();
+            let rep = ps.open_report();
+            assert_eq!(rep.idx_rejected, 1, "{what}: {rep:?}");
+            assert_eq!(rep.from_idx, sealed - 1, "{what}: {rep:?}");
+            assert_eq!(
+                rep.scanned, 2,
+                "{what}: the bad one and the active one: {rep:?}"
+            );
+            assert_eq!(
+                rep.idx_written, 1,
+                "{what}: the bad idx is rebuilt: {rep:?}"
+            );
+            read_all(&ps, &objs);
+            assert_eq!(lookups(&ps), before, "{what}");
+            drop(ps);
+            let ps = PackSet::open_with(dir, ROT).unwrap();
+            assert_eq!(
+                ps.open_report().from_idx,
+                sealed,
+                "{what}: rebuilt idx is used"
+            );
+            assert_eq!(lookups(&ps), before, "{what}");
+        }
+    }
+
+    #[test]
+    fn pack_that_changed_length_is_walked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let objs = sealed_store(dir);
+        // Garbage appended to a sealed pack: its idx no longer covers the whole pack.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(pack_path(dir, 1))
+            .unwrap();
+        f.write_all(b"GRVRtorn").unwrap();
+        drop(f);
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let rep = ps.open_report();
+        assert_eq!((rep.idx_rejected, rep.scanned), (1, 2), "{rep:?}");
+        read_all(&ps, &objs);
+    }
+
+    /// An idx that passes its checksum but lies is still caught when reading, never
+    /// returning another object's bytes.
+    #[test]
+    fn lying_idx_never_yields_wrong_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let objs = sealed_store(dir);
+        let p = idx_path(dir, 1);
+        // Swap the offsets of the first two entries; shorten the third's stored length.
+        rewrite_idx(&p, |b| {
+            let (e0, e1, e2) = (IDX_HDR, IDX_HDR + IDX_ENTRY, IDX_HDR + 2 * IDX_ENTRY);
+            let o0: [u8; 8] = b[e0 + 32..e0 + 40].try_into().unwrap();
+            let o1: [u8; 8] = b[e1 + 32..e1 + 40].try_into().unwrap();
+            b[e0 + 32..e0 + 40].copy_from_slice(&o1);
+            b[e1 + 32..e1 + 40].copy_from_slice(&o0);
+            let sl = u32::from_le_bytes(b[e2 + 40..e2 + 44].try_into().unwrap());
+            b[e2 + 40..e2 + 44].copy_from_slice(&(sl - 1).to_le_bytes());
+        });
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        assert_eq!(ps.open_report().idx_rejected, 0, "the checksum is right");
+        let mut bad = 0;
+        for (id, data) in &objs {
+            let loc = ps.get(id).unwrap();
+            match ps.read_payload(id, &loc) {
+                Ok(got) => assert_eq!(&got, data, "{id}"),
+                Err(StoreError::Corrupt { id: eid, .. }) => {
+                    assert_eq!(eid, *id);
+                    bad += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(bad, 3, "the three lied-about objects fail to read");
+    }
+
+    #[test]
+    fn compaction_leaves_no_idx_without_its_pack() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let objs = sealed_store(dir);
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let old = files_with(dir, ".pack");
+        let (keep, drop_): (Vec<_>, Vec<_>) =
+            objs.iter().cloned().partition(|(id, _)| id.0[0] % 2 == 0);
+        assert!(!keep.is_empty() && !drop_.is_empty());
+        let kept: std::collections::HashSet<ObjectId> = keep.iter().map(|(id, _)| *id).collect();
+        let (removed, _) = ps.compact(&|id| kept.contains(id)).unwrap();
+        assert_eq!(removed as usize, drop_.len());
+        let packs = files_with(dir, ".pack");
+        assert_eq!(packs.len(), 1);
+        assert!(packs[0] > *old.last().unwrap());
+        assert_eq!(
+            files_with(dir, ".idx"),
+            packs,
+            "only the compacted pack has an idx"
+        );
+        read_all(&ps, &keep);
+        let after = lookups(&ps);
+        drop(ps);
+        // The compacted pack's idx is valid, so nothing is walked.
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let rep = ps.open_report();
+        assert_eq!((rep.from_idx, rep.scanned), (1, 0), "{rep:?}");
+        assert_eq!(lookups(&ps), after);
+        read_all(&ps, &keep);
+        for (id, _) in &drop_ {
+            assert!(!ps.contains(id));
+        }
+        // Appending makes the active pack outgrow that idx: it is walked, not trusted.
+        let more = fill(&ps, 5000, 12, 1000);
+        drop(ps);
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        read_all(&ps, &keep);
+        read_all(&ps, &more);
+        let packs = files_with(dir, ".pack");
+        assert_eq!(files_with(dir, ".idx"), packs[..packs.len() - 1]);
+        // Compacting everything away leaves one empty pack and its idx, nothing else.
+        ps.compact(&|_| false).unwrap();
+        drop(ps);
+        let packs = files_with(dir, ".pack");
+        assert_eq!(files_with(dir, ".idx"), packs);
+        assert_eq!(packs.len(), 1);
+        let names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // An idx left without its pack (a crash inside compaction) is removed at open.
+        fs::write(idx_path(dir, 77), b"stale").unwrap();
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        assert_eq!(ps.open_report().idx_orphans_removed, 1);
+        assert!(!idx_path(dir, 77).exists());
+        assert!(ps.all().is_empty());
+    }
+
+    /// Open time of a store with many packs, walking every pack (as before the idx) versus
+    /// loading idx files. Run with `--ignored --nocapture`.
+    #[test]
+    #[ignore = "timing printout, not a check"]
+    fn open_time_many_packs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (rot, size, count) = (4u64 << 20, 4096usize, 65_536u64);
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        fill(&ps, 0, count, size);
+        drop(ps);
+        let packs = files_with(dir, ".pack");
+        let drop_cache = || {
+            for e in fs::read_dir(dir).unwrap().flatten() {
+                let f = File::open(e.path()).unwrap();
+                f.sync_all().unwrap();
+                // SAFETY: plain syscall on a valid fd.
+                let rc = unsafe {
+                    libc::posix_fadvise(
+                        std::os::fd::AsRawFd::as_raw_fd(&f),
+                        0,
+                        0,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
+                };
+                assert_eq!(rc, 0);
+            }
+        };
+        let walk_all = || {
+            let t = Instant::now();
+            let mut index = HashMap::new();
+            for &n in &packs {
+                let path = pack_path(dir, n);
+                let f = File::open(&path).unwrap();
+                for (id, loc) in scan(&f, n, &path).unwrap().0 {
+                    index.entry(id).or_insert(loc);
+                }
+            }
+            assert_eq!(index.len(), count as usize);
+            t.elapsed()
+        };
+        let open = || {
+            let t = Instant::now();
+            let ps = PackSet::open_with(dir, rot).unwrap();
+            let e = t.elapsed();
+            assert_eq!(ps.all().len(), count as usize);
+            assert_eq!(ps.open_report().from_idx, packs.len() - 1);
+            e
+        };
+        for _ in 0..2 {
+            drop_cache();
+            let cold_walk = walk_all();
+            let warm_walk = walk_all();
+            drop_cache();
+            let cold_open = open();
+            let warm_open = open();
+            println!(
+                "{} packs, {count} objects: walk every pack cold {cold_walk:?} warm {warm_walk:?}; \
+                 open with idx cold {cold_open:?} warm {warm_open:?}",
+                packs.len()
+            );
+        }
+    }
 }
