@@ -343,9 +343,25 @@ fn gc_drops_unreferenced_and_keeps_live() {
     let ib = env.store.import_dir(&b).unwrap();
     env.store.gc(&[ib]).unwrap();
     assert!(env.store.contains(&ib));
+    // gc's pack gets an idx (derived data: `<pack>.idx`); no idx outlives its pack.
+    let names = |dir: &std::path::Path, ext: &str| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter_map(|n| n.strip_suffix(ext).map(str::to_owned))
+            .collect();
+        v.sort();
+        v
+    };
+    let packs_dir = env.path("store/packs");
+    let (packs, idx) = (names(&packs_dir, ".pack"), names(&packs_dir, ".idx"));
+    assert_eq!(packs.len(), 1, "{packs:?}");
+    assert_eq!(idx, packs, "one idx, for the one compacted pack");
     // A reopened store sees the compacted packs.
     env.reopen();
     assert!(env.store.contains(&ia) && env.store.contains(&ib));
+    assert!(env.store.fsck().unwrap().is_clean());
 }
 
 /// A large file gets a whole-file object in `<store>/cache` at import (passthrough serves it
