@@ -15,23 +15,7 @@ use container::{Container, BASE_IMAGE, BUILD};
 /// One container at a time: nspawn's host-side cgroups (`payload`, `supervisor`) have fixed names.
 static NSPAWN: Mutex<()> = Mutex::new(());
 
-/// A capability this test needs is genuinely absent: say so on stderr (written past the test
-/// harness's output capture, so it shows in a passing run), or, when
-/// `GROVE_REQUIRE_CAPABILITIES=1` (CI, where every capability must be present), fail instead.
-fn capability_missing(why: &str) {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed>")
-        .to_string();
-    if std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() == Ok("1") {
-        panic!("{test}: {why}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping");
-    }
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n*** SKIPPED {test}: {why} (GROVE_REQUIRE_CAPABILITIES=1 makes this a failure)\n"
-    );
-}
+use grove_testkit::capability_missing;
 
 fn build_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_groved"))

@@ -96,23 +96,8 @@ pub fn fuse_available() -> bool {
     true
 }
 
-/// A capability this test needs is genuinely absent: say so on stderr (written past the test
-/// harness's output capture, so it shows in a passing run), or, when
-/// `GROVE_REQUIRE_CAPABILITIES=1` (CI, where every capability must be present), fail instead.
-pub fn capability_missing(why: &str) {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed>")
-        .to_string();
-    if std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() == Ok("1") {
-        panic!("{test}: {why}; GROVE_REQUIRE_CAPABILITIES=1 forbids skipping");
-    }
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n*** SKIPPED {test}: {why} (GROVE_REQUIRE_CAPABILITIES=1 makes this a failure)\n"
-    );
-}
+#[allow(unused_imports)] // not every test binary skips
+pub use grove_testkit::capability_missing;
 
 /// Deterministic pseudo-random bytes.
 pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
