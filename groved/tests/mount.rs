@@ -90,6 +90,7 @@ fn mount_write_commit() {
         quota_inodes: None,
         upper_dir: tmp.path().join("view-upper"),
         read_only: true,
+        passthrough: true,
     };
     let m = fs.mount(&committed, &view, opts).unwrap();
     let got = std::fs::read_to_string(view.join("new.txt"));

@@ -80,6 +80,7 @@ fn main() {
             quota_inodes: None,
             upper_dir: base.join(format!("{name}.upper")),
             read_only: false,
+            passthrough: true,
         };
         (
             root.clone(),

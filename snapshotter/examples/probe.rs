@@ -17,6 +17,7 @@ fn main() {
         quota_inodes: None,
         upper_dir: base.join("upper"),
         read_only: false,
+        passthrough: true,
     };
     let m = nfs.mount(&image, &base.join("root"), opts).unwrap();
     for cmd in std::env::args().skip(1) {

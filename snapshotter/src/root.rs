@@ -52,6 +52,7 @@ impl RootProvider for NodefsRoot {
             quota_inodes: disk.inodes,
             upper_dir: Self::upper_dir(target),
             read_only: false,
+            passthrough: true,
         };
         let info = self.svc.mount(&base, target, &opts).map_err(|e| {
             RootError::with_source(

@@ -53,6 +53,7 @@ pub async fn run(a: MountArgs) -> CliResult {
             quota_inodes: None,
             upper_dir: upper,
             read_only: false,
+            passthrough: true,
         };
         let m = fs.mount(&base, &dir, opts).map_err(other)?;
         Ok((store, fs, m))

@@ -30,6 +30,9 @@ pub struct Shared {
     pub state: Mutex<State>,
     pub store: Arc<Store>,
     pub read_only: bool,
+    /// Whether this mount asked for passthrough (its option and the environment).
+    want_passthrough: bool,
+    /// Whether opens pass through: asked for and granted by the kernel at INIT.
     pub passthrough: std::sync::atomic::AtomicBool,
     next_fh: AtomicU64,
     /// Open files per inode by I/O mode, with the backing file passthrough opens share.
@@ -40,11 +43,12 @@ pub struct Shared {
 const RELEASE_WAIT: Duration = Duration::from_millis(200);
 
 impl Shared {
-    pub fn new(state: State, store: Arc<Store>, read_only: bool) -> Shared {
+    pub fn new(state: State, store: Arc<Store>, read_only: bool, want_passthrough: bool) -> Shared {
         Shared {
             state: Mutex::new(state),
             store,
             read_only,
+            want_passthrough,
             passthrough: std::sync::atomic::AtomicBool::new(false),
             next_fh: AtomicU64::new(1),
             modes: OpenModes::default(),
@@ -291,12 +295,11 @@ impl Filesystem for Fs {
         // A symlink's target never changes (replacing it makes a new inode): the kernel may
         // keep it instead of asking on every path walk through it (/lib, /bin, python3).
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
-        if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        if self.0.want_passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
         {
-            self.0
-                .passthrough
-                .store(passthrough::enabled(), Ordering::Relaxed);
+            self.0.passthrough.store(true, Ordering::Relaxed);
         }
         Ok(())
     }

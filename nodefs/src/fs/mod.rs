@@ -28,7 +28,7 @@ pub(crate) use passthrough::{object_name, ObjectWriter, CONTENT_XATTR};
 use state::{Quota, State};
 
 /// How to mount a view.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MountOptions {
     /// Byte limit for data this mount writes (ENOSPC beyond it).
     pub quota_bytes: Option<u64>,
@@ -38,6 +38,29 @@ pub struct MountOptions {
     /// unmount.
     pub upper_dir: PathBuf,
     pub read_only: bool,
+    /// Let the kernel read eligible files (executables, shared libraries, large files)
+    /// straight from their whole-file objects through FUSE passthrough (default on; off
+    /// serves every read from the server, for before/after measurements).
+    /// `NODEFS_NO_PASSTHROUGH` in the server's environment turns it off for every mount.
+    /// Absent in a request from an older client: on.
+    #[serde(default = "passthrough_default")]
+    pub passthrough: bool,
+}
+
+fn passthrough_default() -> bool {
+    true
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            quota_bytes: None,
+            quota_inodes: None,
+            upper_dir: PathBuf::new(),
+            read_only: false,
+            passthrough: passthrough_default(),
+        }
+    }
 }
 
 /// What a mount uses against its quota.
@@ -148,7 +171,12 @@ impl NodeFs {
             ..Default::default()
         };
         let state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
-        let shared = Arc::new(Shared::new(state, self.store.clone(), opts.read_only));
+        let shared = Arc::new(Shared::new(
+            state,
+            self.store.clone(),
+            opts.read_only,
+            opts.passthrough && passthrough::enabled(),
+        ));
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName("nodefs".into()),

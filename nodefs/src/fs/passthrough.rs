@@ -27,7 +27,9 @@ use super::file::Base;
 use crate::store::Store;
 use crate::tree::ChunkRef;
 
-/// Passthrough is on unless `NODEFS_NO_PASSTHROUGH` is set (for before/after measurements).
+/// Passthrough is allowed unless `NODEFS_NO_PASSTHROUGH` is set: that turns it off for every
+/// mount of the process and for import's whole-file objects. One mount can also go without
+/// it through [`super::MountOptions::passthrough`] (for before/after measurements).
 pub fn enabled() -> bool {
     std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none()
 }

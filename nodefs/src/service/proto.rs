@@ -245,3 +245,37 @@ pub(crate) fn recv<T: DeserializeOwned>(
     let msg = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
     Ok(Some((msg, owned.pop())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mount request from a client older than `MountOptions::passthrough` (no such field)
+    /// still decodes, with passthrough on as before; an explicit `false` is kept.
+    #[test]
+    fn mount_options_passthrough_is_backward_compatible() {
+        let base = "ab".repeat(32);
+        let old = format!(
+            r#"{{"op":"mount","base":"{base}","target":"/m","opts":{{"quota_bytes":null,"quota_inodes":7,"upper_dir":"/u","read_only":false}}}}"#
+        );
+        let Request::Mount { opts, .. } = serde_json::from_str(&old).unwrap() else {
+            panic!("not a mount request");
+        };
+        assert!(opts.passthrough);
+        assert_eq!(opts.quota_inodes, Some(7));
+        let off = Request::Mount {
+            base: ObjectId([0xab; 32]),
+            target: "/m".into(),
+            opts: MountOptions {
+                passthrough: false,
+                ..Default::default()
+            },
+        };
+        let text = serde_json::to_string(&off).unwrap();
+        let Request::Mount { opts, .. } = serde_json::from_str(&text).unwrap() else {
+            panic!("not a mount request");
+        };
+        assert!(!opts.passthrough);
+        assert!(MountOptions::default().passthrough);
+    }
+}
