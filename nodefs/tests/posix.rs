@@ -725,6 +725,120 @@ fn passthrough_reads_then_writes() {
     assert!(first[..] == fs::read(env.path("src/a/libbig.so.1")).unwrap()[..4096]);
 }
 
+/// Pages of `path` in the page cache: mincore over a read-only mapping (mapping faults nothing in).
+fn resident_pages(path: &Path) -> usize {
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    assert!(len > 0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: a read-only shared mapping of the whole open file, never dereferenced, unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: ptr maps len bytes; vec holds one byte per page of them.
+    let r = unsafe { libc::mincore(ptr, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(ptr, len) };
+    assert_eq!(r, 0, "mincore {}: {err}", path.display());
+    vec.iter().filter(|b| **b & 1 == 1).count()
+}
+
+/// Drop `path`'s pages from the page cache (synced first, so they are clean and go).
+fn evict(path: &Path) {
+    let f = File::open(path).unwrap();
+    f.sync_all().unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: an advice call on an open descriptor; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
+    assert_eq!(resident_pages(path), 0, "{} evicted", path.display());
+}
+
+#[test]
+fn passthrough_off_mount_serves_reads_without_a_backing_file() {
+    if !fuse_available() {
+        return;
+    }
+    // A large file (64 MiB or more) passes through on a default mount whatever its mode.
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let want = random_bytes(11, (64 << 20) + 12_345);
+    fs::write(src.join("big.img"), &want).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
+    let on = env.mount(&id, "on", MountOptions::default());
+    let off = env.mount(
+        &id,
+        "off",
+        MountOptions {
+            passthrough: false,
+            ..Default::default()
+        },
+    );
+    // Its whole-file object is made at import, or in the background by a first open.
+    drop(File::open(on.mountpoint().join("big.img")).unwrap());
+    let cache = env.path("store/cache");
+    let t = std::time::Instant::now();
+    let obj = loop {
+        let done = fs::read_dir(&cache).ok().and_then(|d| {
+            d.flatten()
+                .find(|e| !e.file_name().to_string_lossy().contains(".tmp"))
+        });
+        if let Some(e) = done {
+            break e.path();
+        }
+        assert!(t.elapsed().as_secs() < 20, "whole-file object made");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(fs::read(&obj).unwrap() == want);
+    // A passthrough read goes through the backing file, so the object's pages come into the
+    // page cache; a read the server serves comes from the store's chunks and leaves them out.
+    // A reader holding a backing file also keeps writers out (ETXTBSY); a served one does not.
+    let check = |mp: &Path, passthrough: bool| {
+        let p = mp.join("big.img");
+        evict(&obj);
+        let mut r = File::open(&p).unwrap();
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert!(got == want, "{}: the file's bytes", p.display());
+        let resident = resident_pages(&obj);
+        let w = OpenOptions::new().append(true).open(&p);
+        if passthrough {
+            assert!(
+                resident > 0,
+                "{}: read through the backing file",
+                p.display()
+            );
+            assert_eq!(
+                w.unwrap_err().raw_os_error(),
+                Some(libc::ETXTBSY),
+                "{}: a passthrough reader keeps writers out",
+                p.display()
+            );
+        } else {
+            assert_eq!(resident, 0, "{}: no backing file read", p.display());
+            drop(w.expect("a served reader lets a writer in"));
+        }
+        drop(r);
+    };
+    check(off.mountpoint(), false);
+    check(on.mountpoint(), true);
+    // The option is the mount's own: the other mount of the same store still serves.
+    check(off.mountpoint(), false);
+}
+
 #[test]
 fn changing_one_hard_link_updates_unvisited_directories_on_commit() {
     if !fuse_available() {
