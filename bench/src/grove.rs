@@ -19,6 +19,9 @@ use nodefs::{MountOptions, NodeFs, Store};
 use crate::cleanup::Guard;
 use crate::scenarios::filesystem::View;
 
+/// The peer row of the filesystem scenario: the same nodefs mount with FUSE passthrough off.
+pub const NODEFS_PT_OFF: &str = "nodefs, passthrough off";
+
 /// Lazily opened Grove pieces shared by the scenarios of one run.
 pub struct GroveEnv {
     image: PathBuf,
@@ -71,47 +74,72 @@ impl GroveEnv {
         }
     }
 
-    /// A writable nodefs view of `tree` (imported into the run's store), or why not.
-    pub fn nodefs_view(&self, tree: &Path, work: &Path) -> Result<View, String> {
+    /// Two writable nodefs views of `tree` (imported once into the run's store): Grove as it
+    /// runs (FUSE passthrough on), then the same tree with passthrough off ([`NODEFS_PT_OFF`]),
+    /// the "before" peer. Or why not.
+    pub fn nodefs_views(&self, tree: &Path, work: &Path) -> Result<Vec<View>, String> {
         let st = self.stack()?;
         let fs = st
             .nodefs
             .clone()
             .ok_or_else(|| st.nodefs_error.clone().unwrap_or_default())?;
-        let dir = tempfile::Builder::new()
-            .prefix("fs-nodefs-")
-            .tempdir_in(work)
-            .map_err(|e| e.to_string())?
-            .keep();
-        let mnt = dir.join("mnt");
-        std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
         let t = Instant::now();
         let id = fs
             .store()
             .import_dir(tree)
             .map_err(|e| format!("nodefs import of the tree: {e}"))?;
         let import_ms = t.elapsed().as_secs_f64() * 1e3;
-        let opts = MountOptions {
-            upper_dir: dir.join("upper"),
-            ..Default::default()
-        };
-        let m = fs
-            .mount(&id, &mnt, opts)
-            .map_err(|e| format!("nodefs mount: {e}"))?;
-        let guard = Guard::new(format!("nodefs mount {}", mnt.display()), move || {
-            m.unmount().map_err(|e| e.to_string())
-        });
-        Ok(View {
-            name: "nodefs".into(),
-            is_grove: true,
-            root: mnt.clone(),
-            write_dir: mnt,
-            _guard: Some(guard),
-            note: Some(format!(
-                "nodefs: the tree imported into the store in {:.1} s, then mounted writable",
-                import_ms / 1e3
-            )),
-        })
+        let env_off = std::env::var_os("NODEFS_NO_PASSTHROUGH").is_some();
+        let mut views = Vec::new();
+        for passthrough in [true, false] {
+            let dir = tempfile::Builder::new()
+                .prefix("fs-nodefs-")
+                .tempdir_in(work)
+                .map_err(|e| e.to_string())?
+                .keep();
+            let mnt = dir.join("mnt");
+            std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
+            let opts = MountOptions {
+                upper_dir: dir.join("upper"),
+                passthrough,
+                ..Default::default()
+            };
+            let m = fs
+                .mount(&id, &mnt, opts)
+                .map_err(|e| format!("nodefs mount (passthrough {passthrough}): {e}"))?;
+            let guard = Guard::new(format!("nodefs mount {}", mnt.display()), move || {
+                m.unmount().map_err(|e| e.to_string())
+            });
+            let note = if passthrough {
+                Some(format!(
+                    "nodefs: the tree imported into the store in {:.1} s, then mounted writable \
+                     twice: \"nodefs\" (FUSE passthrough for executables, shared libraries and \
+                     files of 64 MiB or more) and \"{NODEFS_PT_OFF}\" (every read served by the \
+                     server: the before of passthrough){}",
+                    import_ms / 1e3,
+                    if env_off {
+                        "; NODEFS_NO_PASSTHROUGH is set, so both run without passthrough"
+                    } else {
+                        ""
+                    }
+                ))
+            } else {
+                None
+            };
+            views.push(View {
+                name: if passthrough {
+                    "nodefs".into()
+                } else {
+                    NODEFS_PT_OFF.into()
+                },
+                is_grove: passthrough,
+                root: mnt.clone(),
+                write_dir: mnt,
+                _guard: Some(guard),
+                note,
+            });
+        }
+        Ok(views)
     }
 
     /// Grove's snapshot/fork path, or why it is not usable.
