@@ -128,6 +128,8 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     // stopped here): the snapshot waits for the memory to be complete, so a branch of that
     // snapshot holds the whole heap (a dump of the holes would read zeros). Busy CPUs keep
     // the daemon (nice 19) from finishing before it is stopped.
+    // Daemons of earlier lazy branches may still be copying: only the new one is this branch's.
+    let earlier = common::tree::children_named("lazy-pages");
     let busy = common::tree::BusyCpus::start(2);
     let lazy = env
         .snap
@@ -135,7 +137,10 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         .unwrap()
         .remove(0)
         .expect("lazy branch");
-    let daemons = common::tree::children_named("lazy-pages");
+    let daemons: Vec<i32> = common::tree::children_named("lazy-pages")
+        .into_iter()
+        .filter(|p| !earlier.contains(p))
+        .collect();
     assert_eq!(daemons.len(), 1, "one lazy-pages daemon per lazy branch");
     common::tree::signal_all(&daemons, libc::SIGSTOP);
     drop(busy);
