@@ -21,7 +21,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::Error;
 use crate::images;
 use crate::record::{self, SnapshotInfo};
-use crate::snapshotter::{parse_manifest, Pin, Snapshotter};
+use crate::snapshotter::{Pin, Snapshotter};
 
 /// The background import queue and who waits on it.
 #[derive(Default)]
@@ -120,7 +120,7 @@ impl Snapshotter {
         };
         let t = Instant::now();
         let before = self.store().stored_bytes()?;
-        let base = self.images_base_of(&info);
+        let base = self.images_base(&info.source, &info.spec, info.created_at_ms, Some(&info.id));
         let images_root = match images::import(&**self.store(), &dir, base.as_ref()) {
             Ok(r) => r,
             Err(_) if !self.index.read().contains_key(id) => return Ok(()),
@@ -150,26 +150,6 @@ impl Snapshotter {
             "snapshot durable"
         );
         Ok(())
-    }
-
-    /// The images of the latest durable checkpoint of the same sandbox taken before `info`,
-    /// else of the snapshot that sandbox was forked from: the delta base of its images.
-    fn images_base_of(&self, info: &SnapshotInfo) -> Option<nodefs::ManifestId> {
-        let index = self.index.read();
-        let own = index
-            .values()
-            .filter(|s| s.source == info.source && s.durable && s.id != info.id)
-            .filter(|s| s.created_at_ms <= info.created_at_ms)
-            .max_by_key(|s| s.created_at_ms)
-            .map(|s| s.images_root.clone());
-        let hex = own.or_else(|| {
-            let from = info.spec.labels.get("grove.snapshot")?;
-            index
-                .get(from)
-                .filter(|s| s.durable)
-                .map(|s| s.images_root.clone())
-        })?;
-        parse_manifest(&hex, "images root").ok()
     }
 
     /// Waits (up to `limit`) until `snapshot`'s images are in the content store.

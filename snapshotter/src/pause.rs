@@ -42,7 +42,7 @@ impl Snapshotter {
         }
         let mut cap = self.capture(sandbox, true)?;
         let t_store = Instant::now();
-        let base = self.images_base(sandbox);
+        let base = self.images_base(sandbox.as_str(), &cap.spec, now_ms(), None);
         let images_root = images::import(&**self.store(), &cap.images_dir, base.as_ref())?;
         let _pins = [
             Pin::new(&**self.store(), images_root)?,

@@ -136,26 +136,30 @@ pub(crate) fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error>
 }
 
 impl Snapshotter {
-    /// The images of the latest checkpoint (snapshot or pause) of `sandbox`, else of the snapshot
-    /// it was forked from: the delta base for its next images (see `images::import`).
-    pub(crate) fn images_base(&self, sandbox: &SandboxId) -> Option<ManifestId> {
-        let own = self
-            .index
-            .read()
+    /// The delta base for the images of a checkpoint of `source` (spec `spec`) taken at
+    /// `at_ms`: the images of its latest earlier stored checkpoint (snapshot or pause), else of
+    /// the snapshot it was forked from (see `images::import`). `except`: the checkpoint itself.
+    pub(crate) fn images_base(
+        &self,
+        source: &str,
+        spec: &grove_runtime::SandboxSpec,
+        at_ms: u64,
+        except: Option<&str>,
+    ) -> Option<ManifestId> {
+        let index = self.index.read();
+        let own = index
             .values()
-            .filter(|s| s.source == sandbox.as_str() && s.durable)
+            .filter(|s| s.source == source && s.durable && Some(s.id.as_str()) != except)
+            .filter(|s| s.created_at_ms <= at_ms)
             .max_by_key(|s| s.created_at_ms)
             .map(|s| s.images_root.clone());
-        let hex = match own {
-            Some(hex) => hex,
-            None => {
-                let spec = self.runtime.get(sandbox).ok()?.spec;
-                let from = spec.labels.get("grove.snapshot")?;
-                let index = self.index.read();
-                let s = index.get(from).filter(|s| s.durable)?;
-                s.images_root.clone()
-            }
-        };
+        let hex = own.or_else(|| {
+            let from = spec.labels.get("grove.snapshot")?;
+            index
+                .get(from)
+                .filter(|s| s.durable)
+                .map(|s| s.images_root.clone())
+        })?;
         parse_manifest(&hex, "images root").ok()
     }
 }
