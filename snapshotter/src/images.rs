@@ -153,20 +153,11 @@ impl ImageCache {
         Ok(done)
     }
 
-    /// Takes `dir` (freshly dumped images, same filesystem) as the materialized copy of `id`,
-    /// unless one exists; on failure the copy is simply made on first use.
+    /// [`ImageCache::take`] where the images are stored already: on failure the copy is
+    /// simply materialized again on first use.
     pub fn adopt(&self, id: &str, dir: &Path) {
-        let lock = self.lock_for(id);
-        let _g = lock.lock();
-        let base = self.dir.join(id);
-        let done = base.join("images");
-        if done.exists() {
-            return;
-        }
-        self.touch(id);
-        if let Err(e) = fs::create_dir_all(&base).and_then(|()| fs::rename(dir, &done)) {
-            tracing::debug!(snapshot = id, error = %e, "images not adopted; materialized on first fork");
-            let _ = fs::remove_dir(&base);
+        if let Err(e) = self.take(id, dir) {
+            tracing::debug!(snapshot = id, error = %e, "images not adopted; materialized on first use");
         }
     }
 
