@@ -64,23 +64,8 @@ pub fn capture_id(fs_root: &str, spec: &SandboxSpec, source: &str, at_ms: u64) -
         h.update(b"\0");
     }
     h.update(&serde_json::to_vec(spec).unwrap_or_default());
-    h.update(&rand_bytes());
+    h.update(&rand::random::<[u8; 16]>());
     h.finalize().to_hex().to_string()
-}
-
-fn rand_bytes() -> [u8; 16] {
-    let mut b = [0u8; 16];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        // Never short for 16 bytes in practice; fall back to the clock's nanoseconds.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = t.to_le_bytes();
-    }
-    b
 }
 
 /// The content root hash of a snapshot.
