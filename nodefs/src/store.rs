@@ -675,17 +675,29 @@ impl Store {
     /// Every object id (trees and chunks, plus delta bases) a manifest reaches.
     pub fn reachable(&self, root: &ManifestId) -> Result<HashSet<ObjectId>, Error> {
         let mut out = HashSet::new();
+        self.reach(root, &mut out, &mut |_| {})?;
+        self.add_delta_bases(&mut out);
+        Ok(out)
+    }
+
+    /// Adds the trees and chunks `root` reaches to `out` (not their delta bases), calling
+    /// `on_file` with each file's chunk list.
+    fn reach(
+        &self,
+        root: &ManifestId,
+        out: &mut HashSet<ObjectId>,
+        on_file: &mut dyn FnMut(&[crate::ChunkRef]),
+    ) -> Result<(), Error> {
         self.walk(root, &mut |id, t| {
             out.insert(*id);
             for e in &t.entries {
                 if let Node::File { chunks, .. } = &e.node {
                     out.extend(chunks.iter().map(|c| c.id));
+                    on_file(chunks);
                 }
             }
             Ok(())
-        })?;
-        self.add_delta_bases(&mut out);
-        Ok(out)
+        })
     }
 
     fn add_delta_bases(&self, set: &mut HashSet<ObjectId>) {
@@ -736,17 +748,10 @@ impl Store {
         let mut cache_names = HashSet::new();
         for r in &roots {
             if self.contains(r) {
-                self.walk(r, &mut |id, t| {
-                    keep.insert(*id);
-                    for e in &t.entries {
-                        if let Node::File { chunks, .. } = &e.node {
-                            keep.extend(chunks.iter().map(|c| c.id));
-                            if !chunks.is_empty() {
-                                cache_names.insert(crate::fs::object_name(chunks));
-                            }
-                        }
+                self.reach(r, &mut keep, &mut |chunks| {
+                    if !chunks.is_empty() {
+                        cache_names.insert(crate::fs::object_name(chunks));
                     }
-                    Ok(())
                 })?;
             }
         }
