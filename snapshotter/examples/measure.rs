@@ -201,7 +201,7 @@ fn main() {
                     s.spawn(move || {
                         let w = base.join(format!("restore-{n}-{i}"));
                         let lazy =
-                            lazy.then(|| criu.lazy_pages(imgs, &w, 0).expect("lazy-pages daemon"));
+                            lazy.then(|| criu.lazy_pages(imgs, &w).expect("lazy-pages daemon"));
                         let (pid, _) = criu
                             .restore(&RestoreOptions {
                                 images_dir: imgs.clone(),

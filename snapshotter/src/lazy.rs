@@ -15,9 +15,11 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
 
-/// Niceness of the daemons' background copy: eight branches restoring at once finish sooner
-/// when the daemons yield the CPU to the restores (8 × 256 MiB forks: 642 ms at nice 0, 547 ms
-/// at nice 19 on 2 vCPUs). A snapshot that waits on a daemon raises it back to 0.
+/// Niceness of the daemons' background copy, set once their restore is done (start-up and the
+/// restore's own exchanges with the daemon run at normal priority, so a loaded machine cannot
+/// starve a restore): eight branches restoring at once finish sooner when the daemons yield the
+/// CPU to the restores (8 × 256 MiB forks: 642 ms at nice 0, 547 ms at nice 19 on 2 vCPUs).
+/// A snapshot that waits on a daemon raises it back to 0.
 pub const DAEMON_NICE: i32 = 19;
 
 /// How a daemon ended.

@@ -722,10 +722,7 @@ impl Snapshotter {
     fn restore_one(&self, id: &SandboxId, opts: &criu::RestoreOptions) -> Result<i32, criu::Error> {
         let work = opts.work_dir.clone();
         let daemon = if opts.lazy_pages {
-            match self
-                .criu
-                .lazy_pages(&opts.images_dir, &work, lazy::DAEMON_NICE)
-            {
+            match self.criu.lazy_pages(&opts.images_dir, &work) {
                 Ok(d) => Some(d),
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&work);
@@ -753,6 +750,7 @@ impl Snapshotter {
         drop(ns);
         match (daemon, &r) {
             (Some(d), Ok(_)) => {
+                d.set_nice(lazy::DAEMON_NICE);
                 let ended = self.lazy.start(id, d.pid());
                 let (runtime, id) = (self.runtime.clone(), id.clone());
                 d.reap_later(move |ok| {

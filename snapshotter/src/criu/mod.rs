@@ -238,13 +238,7 @@ impl Criu {
     /// uses the same `work_dir`; returns once it listens. The daemon exits by itself once every
     /// page has been copied into the restored tree (or the tree is gone); `LazyPages::reap_later`
     /// waits for it on a thread so it never lingers as a zombie.
-    /// `nice`: the daemon's niceness (its background copy competes with everything else).
-    pub fn lazy_pages(
-        &self,
-        images_dir: &Path,
-        work_dir: &Path,
-        nice: i32,
-    ) -> Result<LazyPages, Error> {
+    pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
         let mut child = self
             .command()
@@ -256,8 +250,6 @@ impl Criu {
                 binary: self.binary.clone(),
                 source,
             })?;
-        // SAFETY: setpriority on our own child's pid, a plain syscall.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, child.id(), nice) };
         let socket = work_dir.join("lazy-pages.socket");
         let deadline = Instant::now() + Duration::from_secs(5);
         while !socket.exists() {
@@ -322,6 +314,13 @@ impl LazyPages {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sets the daemon's niceness: its background copy then competes less with everything else.
+    /// Meant for after the restore, which needs the daemon's answers at full priority.
+    pub fn set_nice(&self, nice: i32) {
+        // SAFETY: setpriority on our own child's pid, a plain syscall.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.child.id(), nice) };
     }
 
     /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` with whether
