@@ -14,6 +14,8 @@ pub const SOCKET_PATH: &str = "/run/grove/init.sock";
 pub const INIT_PATH: &str = "/run/grove/init";
 /// Directory for background exec logs inside the sandbox.
 pub const LOG_DIR: &str = "/run/grove/logs";
+/// An empty directory, bound read-only over the host directories a sandbox must not see.
+pub const MASK_DIR: &str = "/run/grove/masked";
 
 /// Arguments after `--setup` that name the runtime instance (its cgroup root) and the sandbox a
 /// setup process works for; grove-init ignores them, residue scans read them from

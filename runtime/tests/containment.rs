@@ -185,6 +185,11 @@ fn refused_syscalls_caps_and_masks() {
         ),
         ("touch /sys/x 2>/dev/null && echo writable || echo ro", "ro"),
         ("ls /sys/firmware | wc -l", "0"),
+        ("ls /proc/acpi 2>/dev/null | wc -l", "0"),
+        (
+            "touch /sys/firmware/x 2>/dev/null && echo writable || echo ro",
+            "ro",
+        ),
         (
             "stat -f -c %T /tmp /dev/shm /dev | tr '\\n' ' '",
             "tmpfs tmpfs tmpfs",

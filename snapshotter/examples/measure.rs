@@ -216,6 +216,7 @@ fn main() {
                                 tcp_established: true,
                                 lazy_pages: lazy.is_some(),
                                 inherit_netns: false,
+                                cgroup_yard: None,
                             })
                             .expect("restore");
                         match lazy {

@@ -1,6 +1,7 @@
 //! Grove snapshotter: CRIU checkpoint/restore of whole sandboxes into the content-addressed
 //! store, forks of snapshots into independent branches, and snapshot transfer between nodes.
 
+mod cgroups;
 pub mod criu;
 mod durable;
 mod error;

@@ -21,7 +21,7 @@ use crate::images::{self, ImageCache};
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::root::NodefsRootMount;
-use crate::{netns, plan};
+use crate::{cgroups, netns, plan};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
@@ -95,6 +95,8 @@ pub struct Snapshotter {
     pub(crate) cache: ImageCache,
     /// Scratch space of dumps and restores in progress (emptied at start).
     work_root: PathBuf,
+    /// CRIU's cgroup yard (symlinks, remade at each start).
+    cgroup_yard: Option<cgroups::CgroupYard>,
     /// Sandboxes with a snapshot in progress.
     busy: Mutex<HashSet<SandboxId>>,
     lazy_pages: AtomicBool,
@@ -260,6 +262,7 @@ impl Snapshotter {
         let work_root = scratch.join("snapshot-work");
         reset_work_root(&work_root);
         std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
+        let cgroup_yard = cgroups::CgroupYard::make(&scratch.join("criu-cgroup-yard"));
         let mut index = BTreeMap::new();
         for info in records.load_all()? {
             index.insert(info.id.clone(), info);
@@ -277,6 +280,7 @@ impl Snapshotter {
                 images::MIN_IDLE,
             ),
             work_root,
+            cgroup_yard,
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
             lazy: Arc::default(),
@@ -389,6 +393,7 @@ impl Snapshotter {
         self.lazy.wait(sandbox, LAZY_WAIT)?;
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
         let images_dir = scratch.0.join(plan::IMAGES);
+        let controllers = cgroups::own_controllers(view.init_pid, &view.cgroups);
         let base = criu::DumpOptions {
             pid: view.init_pid,
             images_dir: images_dir.clone(),
@@ -400,6 +405,11 @@ impl Snapshotter {
                 .map(|e| (e.sandbox_path.clone(), e.key.clone()))
                 .collect(),
             freeze_cgroup: None,
+            cgroup_yard: self
+                .cgroup_yard
+                .as_ref()
+                .and_then(|y| y.covering(&controllers)),
+            cgroup_controllers: controllers,
             tcp_established: true,
             track_mem: false,
             prev_images_dir: None,
@@ -439,7 +449,7 @@ impl Snapshotter {
                 self.runtime.freeze(sandbox)?;
             }
             let opts = criu::DumpOptions {
-                freeze_cgroup: frozen_cgroup(&view.cgroups),
+                freeze_cgroup: cgroups::frozen(&view.cgroups),
                 ..plan::dump(base.clone(), pre.as_ref())
             };
             let frozen = self.dump_and_commit(&opts, mount, pre.as_ref());
@@ -490,6 +500,10 @@ impl Snapshotter {
         pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
         self.criu.dump(opts)?;
+        if !opts.cgroup_controllers.is_empty() {
+            cgroups::write_dumped_list(&opts.images_dir, &opts.cgroup_controllers)
+                .map_err(|e| Error::io(&opts.images_dir, e))?;
+        }
         if let Some(p) = pre {
             plan::nest_parent(&opts.images_dir, &p.images_dir)
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
@@ -694,6 +708,7 @@ impl Snapshotter {
                 tcp_established: true,
                 lazy_pages: lazy,
                 inherit_netns,
+                cgroup_yard: self.cgroup_yard.as_ref().and_then(|y| y.for_images(images)),
             };
             self.restore_one(&t.id, &opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
@@ -887,34 +902,6 @@ impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         self.set.lock().remove(&self.id);
     }
-}
-
-/// The freezer CRIU should use: the one the runtime froze the sandbox with (v1 freezer or the
-/// cgroup2 `cgroup.freeze`). CRIU then seizes the frozen tasks and leaves the cgroup frozen.
-fn frozen_cgroup(cgroups: &[(String, PathBuf)]) -> Option<PathBuf> {
-    let rel = |p: &PathBuf| p.strip_prefix("/").unwrap_or(p).to_path_buf();
-    for (ctrl, path) in cgroups {
-        if ctrl == "freezer" {
-            let dir = Path::new("/sys/fs/cgroup/freezer").join(rel(path));
-            let state = std::fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
-            if state.trim() == "FROZEN" {
-                return Some(dir);
-            }
-        }
-    }
-    for (ctrl, path) in cgroups {
-        if ctrl == "unified" {
-            let dir = Path::new("/sys/fs/cgroup/unified").join(rel(path));
-            if std::fs::read_to_string(dir.join("cgroup.freeze"))
-                .unwrap_or_default()
-                .trim()
-                == "1"
-            {
-                return Some(dir);
-            }
-        }
-    }
-    None
 }
 
 /// A lazy-pages daemon exited with an error. If its branch is still running, pages it never

@@ -51,6 +51,13 @@ pub struct DumpOptions {
     pub prev_images_dir: Option<PathBuf>,
     /// Inode of the tree's network namespace, to dump as external ([`NETNS_KEY`]).
     pub external_net: Option<u64>,
+    /// The cgroup hierarchies to dump, named as in `/proc/<pid>/cgroup` (`""` for cgroup2):
+    /// the sandbox's own. Empty: all. CRIU otherwise walks and dumps every hierarchy the tree
+    /// sits at the root of, i.e. the whole host's cgroup tree (tens of ms, growing with it).
+    pub cgroup_controllers: Vec<String>,
+    /// A directory naming every cgroup hierarchy (see `--cgroup-yard`); None: CRIU mounts
+    /// and unmounts each one itself.
+    pub cgroup_yard: Option<PathBuf>,
 }
 
 /// `criu pre-dump`: copies the tree's memory while it keeps running and arms soft-dirty
@@ -111,6 +118,8 @@ pub struct RestoreOptions {
     pub lazy_pages: bool,
     /// The images name an external network namespace: join the one passed at [`NETNS_FD`].
     pub inherit_netns: bool,
+    /// As [`DumpOptions::cgroup_yard`].
+    pub cgroup_yard: Option<PathBuf>,
 }
 
 fn common(args: &mut Vec<OsString>, images: &PathBuf, work: &PathBuf, log: &str) {
@@ -119,6 +128,13 @@ fn common(args: &mut Vec<OsString>, images: &PathBuf, work: &PathBuf, log: &str)
     args.push("-W".into());
     args.push(work.into());
     args.extend(["-v4", "-o", log, "--network-lock", "nftables"].map(OsString::from));
+}
+
+fn yard(args: &mut Vec<OsString>, yard: &Option<PathBuf>) {
+    if let Some(y) = yard {
+        args.push("--cgroup-yard".into());
+        args.push(y.into());
+    }
 }
 
 impl DumpOptions {
@@ -140,6 +156,11 @@ impl DumpOptions {
             a.push("--external".into());
             a.push(format!("net[{ino}]:{NETNS_KEY}").into());
         }
+        for c in &self.cgroup_controllers {
+            a.push("--cgroup-dump-controller".into());
+            a.push(c.into());
+        }
+        yard(&mut a, &self.cgroup_yard);
         if self.tcp_established {
             a.push("--tcp-established".into());
         }
@@ -165,6 +186,7 @@ impl RestoreOptions {
         a.push((&self.pidfile).into());
         if !self.cgroup_roots.is_empty() {
             a.push("--manage-cgroups=soft".into());
+            yard(&mut a, &self.cgroup_yard);
         }
         for (ctrl, path) in &self.cgroup_roots {
             a.push("--cgroup-root".into());
@@ -220,6 +242,32 @@ mod tests {
             "dump -t 42 -D /i -W /w -v4 -o dump.log --network-lock nftables --leave-running \
              --freeze-cgroup /sys/fs/cgroup/freezer/grove/sb-1 --external mnt[/data]:grove-data \
              --tcp-established"
+        );
+    }
+
+    #[test]
+    fn dump_names_only_the_sandbox_cgroups() {
+        let o = DumpOptions {
+            pid: 1,
+            cgroup_controllers: vec!["cpu".into(), "".into()],
+            cgroup_yard: Some("/y".into()),
+            ..Default::default()
+        };
+        let a = strs(o.to_args());
+        let at = a
+            .iter()
+            .position(|x| x == "--cgroup-dump-controller")
+            .unwrap();
+        assert_eq!(
+            a[at..at + 6],
+            [
+                "--cgroup-dump-controller",
+                "cpu",
+                "--cgroup-dump-controller",
+                "",
+                "--cgroup-yard",
+                "/y"
+            ]
         );
     }
 
@@ -305,12 +353,13 @@ mod tests {
             tcp_established: false,
             lazy_pages: true,
             inherit_netns: false,
+            cgroup_yard: Some("/y".into()),
         };
         let a = strs(o.to_args()).join(" ");
         assert_eq!(
             a,
             "restore -D /i -W /w -v4 -o restore.log --network-lock nftables -d \
-             --root /run/grove/sb/root --pidfile /w/pid --manage-cgroups=soft \
+             --root /run/grove/sb/root --pidfile /w/pid --manage-cgroups=soft --cgroup-yard /y \
              --cgroup-root memory:/grove/sb-2 --cgroup-root cpuset:/grove/sb-2 --cgroup-root :/grove/sb-2 \
              --external mnt[grove-data]:/srv/data --lazy-pages"
         );
