@@ -292,6 +292,8 @@ pub struct GroveRuntime {
     /// The snapshotter's tmpfs scratch (dumps, fork images), removed with the runtime.
     pub scratch_dir: PathBuf,
     cgroup_root: String,
+    /// How grove-init is linked, for the report (a static one starts sandboxes faster).
+    init_linking: String,
 }
 
 impl GroveRuntime {
@@ -325,6 +327,13 @@ impl GroveRuntime {
             ..Default::default()
         };
         let cgroup_root = cfg.cgroup_root.clone();
+        let init_linking = match crate::util::elf_interpreter(&cfg.init_binary) {
+            Ok(None) => "statically linked".to_string(),
+            Ok(Some(ld)) => format!(
+                "dynamically linked ({ld}; scripts/build-init makes the static build nodes run)"
+            ),
+            Err(e) => format!("linking unknown ({e})"),
+        };
         let rt = Runtime::new(cfg, roots).map_err(|e| anyhow!("Runtime::new: {e}"))?;
         let g = GroveRuntime {
             rt,
@@ -333,6 +342,7 @@ impl GroveRuntime {
             run_dir: run_dir.into(),
             scratch_dir: format!("/dev/shm/grove-bench-{}", std::process::id()).into(),
             cgroup_root,
+            init_linking,
         };
         g.cycle_true()
             .context("probe create → exec true → destroy")?;
@@ -346,8 +356,8 @@ impl GroveRuntime {
 
     pub fn describe(&self) -> String {
         format!(
-            "sandbox roots on {} (image {:?})",
-            self.root_kind, self.image
+            "sandbox roots on {} (image {:?}), grove-init {}",
+            self.root_kind, self.image, self.init_linking
         )
     }
 

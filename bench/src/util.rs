@@ -238,3 +238,50 @@ mod tests {
         assert_eq!(tail(b"xy", 10), "xy");
     }
 }
+
+/// The ELF interpreter (dynamic loader) `binary` names, None for a static executable.
+pub fn elf_interpreter(binary: &Path) -> std::io::Result<Option<String>> {
+    let data = std::fs::read(binary)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not a 64-bit ELF file");
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+        return Err(bad());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let u64_at = |o: usize| {
+        data.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
+    };
+    let (phoff, phentsize, phnum) = (u64_at(0x20).ok_or_else(bad)?, u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let p_type = data.get(ph..ph + 4).ok_or_else(bad)?;
+        if p_type == 3u32.to_le_bytes() {
+            let (off, size) = (
+                u64_at(ph + 8).ok_or_else(bad)?,
+                u64_at(ph + 32).ok_or_else(bad)?,
+            );
+            let name = data.get(off..off + size).ok_or_else(bad)?;
+            return Ok(Some(
+                String::from_utf8_lossy(name)
+                    .trim_end_matches('\0')
+                    .to_string(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod elf_tests {
+    use super::*;
+
+    #[test]
+    fn tells_dynamic_from_static_executables() {
+        let ld = elf_interpreter(Path::new("/bin/true")).unwrap();
+        assert!(
+            ld.is_some_and(|l| l.contains("ld-linux")),
+            "/bin/true is dynamic"
+        );
+        assert!(elf_interpreter(Path::new("/etc/hostname")).is_err());
+    }
+}

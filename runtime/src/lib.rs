@@ -23,7 +23,7 @@ mod residue;
 pub mod root;
 pub mod runtime;
 mod sandbox;
-mod spawner;
+pub mod spawner;
 pub mod types;
 mod validate;
 

@@ -1,9 +1,10 @@
-//! `grove-init --setup`: joins the cgroups, unshares the namespaces, forks sandbox pid 1, which builds
-//! the sandbox's mount table, pivots into the root, hardens itself and re-execs the init server from
-//! inside the sandbox (so its exe is visible to CRIU).
+//! `grove-init --setup`: started by the runtime as pid 1 of fresh mount, pid, net, uts and ipc
+//! namespaces (see `spawner`), it joins the sandbox's cgroups, enters a cgroup namespace rooted
+//! there, builds the sandbox's mount table, pivots into the root, hardens itself and re-execs the
+//! init server from inside the sandbox (so its exe is visible to CRIU).
 //!
-//! Protocol on stdout (to the runtime): `pid <host pid>` from the intermediate process, then either
-//! `ready` (from the server, once its socket listens) or `error <message>` from pid 1.
+//! Protocol on stdout (to the runtime): `ready` (from the server, once its socket listens) or
+//! `error <message>`.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -13,61 +14,43 @@ use std::path::Path;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
-use nix::unistd::{chdir, fork, pivot_root, sethostname, setsid, ForkResult};
+use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 
 use super::harden;
 use crate::proto::{SetupConfig, INIT_PATH, LOG_DIR, MASK_DIR};
 
 type R<T> = Result<T, String>;
 
-/// Entry point of the intermediate (host-side) process.
+/// Entry point of sandbox pid 1 before it execs the server; returns only by exiting.
 pub fn main() -> ! {
-    let code = match stage1() {
-        Ok(()) => 0,
-        Err(e) => {
-            println!("error {e}");
-            1
-        }
+    let e = match setup() {
+        Ok(never) => match never {},
+        Err(e) => e,
     };
+    println!("error {e}");
     let _ = std::io::stdout().flush();
-    std::process::exit(code)
+    std::process::exit(1)
 }
 
-fn stage1() -> R<()> {
+fn setup() -> R<std::convert::Infallible> {
+    close_fds_from(3);
     let mut raw = Vec::new();
     std::io::stdin()
         .read_to_end(&mut raw)
         .map_err(|e| format!("read config: {e}"))?;
     let cfg: SetupConfig =
         serde_json::from_slice(&raw).map_err(|e| format!("parse config: {e}"))?;
-    close_fds_from(3);
-    let me = std::process::id().to_string();
+    if std::process::id() != 1 {
+        return Err(
+            "not pid 1 of a new pid namespace (the runtime starts grove-init --setup)".into(),
+        );
+    }
+    // "0" is the writer itself (a pid here would be read in this pid namespace).
     for procs in &cfg.cgroup_procs {
-        std::fs::write(procs, &me).map_err(|e| format!("join cgroup {procs}: {e}"))?;
+        std::fs::write(procs, "0").map_err(|e| format!("join cgroup {procs}: {e}"))?;
     }
-    let mut flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWCGROUP;
-    if cfg.new_netns {
-        flags |= CloneFlags::CLONE_NEWNET;
-    }
-    unshare(flags).map_err(|e| format!("unshare: {e}"))?;
-    // SAFETY: this process is single-threaded (grove-init uses no threads), so fork is sound.
-    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
-        ForkResult::Parent { child } => {
-            println!("pid {child}");
-            Ok(())
-        }
-        ForkResult::Child => {
-            let e = stage2(&cfg).unwrap_err();
-            println!("error {e}");
-            let _ = std::io::stdout().flush();
-            // SAFETY: _exit is always safe; skips atexit handlers of the forked copy.
-            unsafe { libc::_exit(1) }
-        }
-    }
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("unshare cgroup namespace: {e}"))?;
+    stage2(&cfg)
 }
 
 /// Closes every fd >= `from`.

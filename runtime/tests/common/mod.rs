@@ -114,7 +114,6 @@ pub fn start_init_into(
     t: &grove_runtime::RestoreTarget,
     hostname: &str,
 ) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
-    use std::io::{BufRead, Write};
     let procs: Vec<String> = t
         .cgroups
         .iter()
@@ -130,26 +129,11 @@ pub fn start_init_into(
         open_files: 1024,
         new_netns: true,
     };
-    let mut child = std::process::Command::new(&t.externals[0].host_path)
-        .arg("--setup")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or("stdin")?
-        .write_all(&serde_json::to_vec(&cfg)?)?;
-    let mut lines = std::io::BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
-    let pid: i32 = lines
-        .next()
-        .ok_or("no pid line")??
-        .trim_start_matches("pid ")
-        .parse()?;
-    let ready = lines.next().ok_or("no ready line")??;
-    child.wait()?;
-    if ready != "ready" {
-        return Err(format!("init: {ready}").into());
-    }
-    Ok(pid)
+    let init = &t.externals[0].host_path;
+    Ok(grove_runtime::spawner::spawn_init(
+        init,
+        &cfg,
+        "test-restore",
+        t.id.as_str(),
+    )?)
 }
