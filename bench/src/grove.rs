@@ -305,9 +305,7 @@ impl GroveRuntime {
         state_dir: &Path,
     ) -> Result<GroveRuntime> {
         let mut cfg = RuntimeConfig::default_paths();
-        if let Some(p) = std::env::var_os("GROVE_INIT_BINARY") {
-            cfg.init_binary = p.into();
-        }
+        cfg.init_binary = crate::util::grove_init();
         if !cfg.init_binary.is_file() {
             bail!(
                 "grove-init not found at {} (cargo build -p grove-runtime, or set GROVE_INIT_BINARY)",

@@ -23,9 +23,7 @@ impl Daemon {
         let groved = std::env::var_os("GROVED_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| exe.with_file_name("groved"));
-        let init = std::env::var_os("GROVE_INIT_BINARY")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| exe.with_file_name("grove-init"));
+        let init = crate::util::grove_init();
         if !groved.is_file() || !init.is_file() {
             bail!(
                 "{} and {} must exist (build groved and grove-runtime next to grove-bench, or set \

@@ -239,6 +239,20 @@ mod tests {
     }
 }
 
+/// The grove-init the sandboxes run: `$GROVE_INIT_BINARY`, else the static build beside
+/// grove-bench (`scripts/build-init release`, what nodes install), else the plain one beside it.
+pub fn grove_init() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("GROVE_INIT_BINARY") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let static_init = exe.with_file_name("grove-init-static");
+    match static_init.exists() {
+        true => static_init,
+        false => exe.with_file_name("grove-init"),
+    }
+}
+
 /// The ELF interpreter (dynamic loader) `binary` names, None for a static executable.
 pub fn elf_interpreter(binary: &Path) -> std::io::Result<Option<String>> {
     let data = std::fs::read(binary)?;
