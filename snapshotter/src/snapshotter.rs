@@ -242,6 +242,10 @@ impl Drop for Capture {
     }
 }
 
+/// Where in the run dir the snapshotter keeps CRIU's cgroup yard (symlinks, remade at each start;
+/// the daemon removes it at stop).
+pub const CGROUP_YARD_DIR: &str = "criu-cgroup-yard";
+
 /// Removes a scratch directory when dropped (success or failure).
 struct Scratch(PathBuf);
 impl Drop for Scratch {
@@ -262,7 +266,7 @@ impl Snapshotter {
         let work_root = scratch.join("snapshot-work");
         reset_work_root(&work_root);
         std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
-        let cgroup_yard = cgroups::CgroupYard::make(&scratch.join("criu-cgroup-yard"));
+        let cgroup_yard = cgroups::CgroupYard::make(&cfg.run_dir.join(CGROUP_YARD_DIR));
         let mut index = BTreeMap::new();
         for info in records.load_all()? {
             index.insert(info.id.clone(), info);

@@ -515,7 +515,12 @@ purpose = "groved-tests"
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let leftovers = leftovers(&self.dir, &self.cgroup_root);
+        let mut leftovers = leftovers(&self.dir, &self.cgroup_root);
+        // A clean stop empties and removes the run dir (socket, grove-init copy, CRIU's yard...).
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("run")) {
+            let names: Vec<_> = rd.flatten().map(|e| e.file_name()).collect();
+            leftovers.push(format!("run dir still there, holding {names:?}"));
+        }
         if status.is_some_and(|s| s.success()) && leftovers.is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
