@@ -325,20 +325,7 @@ fn mask_paths(root: &Path) -> R<()> {
     ] {
         let p = root.join(d);
         if p.is_dir() {
-            mnt(
-                Some(empty.to_str().unwrap_or_default()),
-                &p,
-                None,
-                MsFlags::MS_BIND,
-                None,
-            )?;
-            mnt(
-                None,
-                &p,
-                None,
-                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV_NOEXEC,
-                None,
-            )?;
+            bind_read_only(&empty, &p, MsFlags::empty())?;
         }
     }
     for ro in [
@@ -350,23 +337,24 @@ fn mask_paths(root: &Path) -> R<()> {
     ] {
         let p = root.join(ro);
         if p.exists() {
-            mnt(
-                Some(p.to_str().unwrap_or_default()),
-                &p,
-                None,
-                MsFlags::MS_BIND | MsFlags::MS_REC,
-                None,
-            )?;
-            mnt(
-                None,
-                &p,
-                None,
-                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV_NOEXEC,
-                None,
-            )?;
+            bind_read_only(&p, &p, MsFlags::MS_REC)?;
         }
     }
     Ok(())
+}
+
+/// Binds `src` on `target` (with `extra` flags, e.g. MS_REC), then makes the bind read-only,
+/// nosuid, nodev and noexec: a bind mount takes those flags only on a remount.
+fn bind_read_only(src: &Path, target: &Path, extra: MsFlags) -> R<()> {
+    let src = src.to_str().ok_or("mount source is not UTF-8")?;
+    mnt(Some(src), target, None, MsFlags::MS_BIND | extra, None)?;
+    mnt(
+        None,
+        target,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV_NOEXEC,
+        None,
+    )
 }
 
 /// Brings `lo` up in the new network namespace (the kernel adds 127.0.0.1 with it).
