@@ -55,6 +55,8 @@ pub trait Snapshots: Send + Sync {
     fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
     /// Whether `id` is paused to the store (rather than frozen).
     fn is_paused(&self, id: &SandboxId) -> bool;
+    /// At an orderly stop with no sandbox left: removes the snapshotter's scratch it can.
+    fn close(&self);
 }
 
 /// Names of images and snapshots: what a ref may be called.

@@ -343,4 +343,8 @@ impl Snapshots for NodefsSnapshots {
     fn is_paused(&self, id: &SandboxId) -> bool {
         self.s.is_paused(id)
     }
+
+    fn close(&self) {
+        self.s.close();
+    }
 }

@@ -123,12 +123,10 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(app.config.run_dir.join("fsd.log"));
     let _ = std::fs::remove_file(app.config.run_dir.join("grove-init"));
-    // The snapshotter's (empty) scratch root and CRIU's cgroup yard (symlinks), then the run dir
-    // itself: nothing of ours stays in it.
-    let _ = std::fs::remove_dir(app.config.run_dir.join("snapshot-work"));
-    // The image cache, if empty (it holds what pending imports still need otherwise).
-    let _ = std::fs::remove_dir(app.config.run_dir.join("snapshots"));
-    let _ = std::fs::remove_dir_all(app.config.run_dir.join(grove_snapshotter::CGROUP_YARD_DIR));
+    // The snapshotter's scratch, then the run dir itself: nothing of ours stays in it.
+    if let Some(s) = &app.snapshots {
+        s.close();
+    }
     let _ = std::fs::remove_dir(&app.config.run_dir);
     tracing::info!("groved stopped");
     Ok(())

@@ -360,7 +360,7 @@ impl Runtime {
                     id.as_str(),
                 )
                 .map_err(|e| {
-                    if let SpawnError::Failed { pid: Some(p), .. } = &e {
+                    if let SpawnError::Failed { pid: p, .. } = &e {
                         parts.init_pid = Some(*p);
                     }
                     Error::Init {

@@ -19,9 +19,9 @@ pub enum SpawnError {
         #[source]
         source: std::io::Error,
     },
-    /// The sandbox init reported a failure (pid set when pid 1 existed).
+    /// Pid 1 (killed since) reported a failure, exited or timed out during setup.
     #[error("{message}")]
-    Failed { pid: Option<i32>, message: String },
+    Failed { pid: i32, message: String },
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,10 +70,7 @@ pub fn spawn_init(
         // Our child and its namespace's init: killing it ends everything it started.
         // SAFETY: kill(2) with plain integers on our own child.
         unsafe { libc::kill(pid, libc::SIGKILL) };
-        SpawnError::Failed {
-            pid: Some(pid),
-            message,
-        }
+        SpawnError::Failed { pid, message }
     })
 }
 

@@ -114,6 +114,11 @@ impl CgroupYard {
         covered.then(|| self.dir.clone())
     }
 
+    /// Removes the yard (its links only; what they point at stays).
+    pub(crate) fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
     /// The yard for restoring the dump in `images`, per the list the dump left there.
     pub(crate) fn for_images(&self, images: &Path) -> Option<PathBuf> {
         let list = std::fs::read_to_string(images.join(DUMPED_LIST)).ok()?;

@@ -52,6 +52,11 @@ impl ImageCache {
         }
     }
 
+    /// The directory holding the materialized images.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn touch(&self, id: &str) {
         self.used.lock().insert(id.to_string(), Instant::now());
     }

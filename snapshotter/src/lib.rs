@@ -19,6 +19,4 @@ pub use error::Error;
 pub use pause::PauseTiming;
 pub use record::SnapshotInfo;
 pub use root::{NodefsRoot, NodefsRootMount};
-pub use snapshotter::{
-    ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, CGROUP_YARD_DIR, MAX_FORK,
-};
+pub use snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, MAX_FORK};

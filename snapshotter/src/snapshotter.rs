@@ -242,9 +242,9 @@ impl Drop for Capture {
     }
 }
 
-/// Where in the run dir the snapshotter keeps CRIU's cgroup yard (symlinks, remade at each start;
-/// the daemon removes it at stop).
-pub const CGROUP_YARD_DIR: &str = "criu-cgroup-yard";
+/// Where in the run dir the snapshotter keeps CRIU's cgroup yard (symlinks, remade at each start,
+/// removed by [`Snapshotter::close`]).
+const CGROUP_YARD_DIR: &str = "criu-cgroup-yard";
 
 /// Removes a scratch directory when dropped (success or failure).
 struct Scratch(PathBuf);
@@ -296,6 +296,16 @@ impl Snapshotter {
         s.watch_parked();
         s.start_imports();
         Ok(s)
+    }
+
+    /// At an orderly stop: removes CRIU's cgroup yard, and the scratch and image-cache dirs when
+    /// empty (the cache holds what pending imports still need otherwise).
+    pub fn close(&self) {
+        if let Some(y) = &self.cgroup_yard {
+            y.remove();
+        }
+        let _ = std::fs::remove_dir(&self.work_root);
+        let _ = std::fs::remove_dir(self.cache.dir());
     }
 
     /// After a crash: refs of snapshots never recorded, and materialized images of deleted ones.

@@ -364,28 +364,20 @@ impl PackSet {
             })?;
         // The header must name this id and agree with the index entry in full: an entry
         // loaded from a (checksummed, but possibly wrong) idx is never taken on trust.
-        match parse_header(loc.pack, loc.offset, &buf[..HDR]) {
-            Some((hid, hloc)) if hid == *id && same_record(&hloc, loc) => {}
-            Some((hid, _)) if hid == *id => {
-                return Err(StoreError::Corrupt {
-                    id: *id,
-                    why: format!(
-                        "record header at {} of {} does not match the index",
-                        loc.offset,
-                        pack_path(&self.dir, loc.pack).display()
-                    ),
-                })
-            }
-            _ => {
-                return Err(StoreError::Corrupt {
-                    id: *id,
-                    why: format!(
-                        "record header at {} of {} is damaged",
-                        loc.offset,
-                        pack_path(&self.dir, loc.pack).display()
-                    ),
-                })
-            }
+        let wrong = match parse_header(loc.pack, loc.offset, &buf[..HDR]) {
+            Some((hid, hloc)) if hid == *id && same_record(&hloc, loc) => None,
+            Some((hid, _)) if hid == *id => Some("does not match the index"),
+            _ => Some("is damaged"),
+        };
+        if let Some(wrong) = wrong {
+            return Err(StoreError::Corrupt {
+                id: *id,
+                why: format!(
+                    "record header at {} of {} {wrong}",
+                    loc.offset,
+                    pack_path(&self.dir, loc.pack).display()
+                ),
+            });
         }
         buf.drain(..HDR);
         Ok(buf)
