@@ -4,7 +4,9 @@
 //! Run as root: `cargo run --release -p grove-snapshotter --example cycles -- [nodefs|overlay] [SECS] [C...]`
 //! `... -- nodefs SECS burst N` instead makes N idle sandboxes and tears them down four at a time,
 //! then lists the cgroup dirs left (the density teardown of issue 4). The image is imported into a
-//! store under /var/tmp that is removed at the end.
+//! store under /var/tmp that is removed at the end. `GROVE_INIT_BINARY` picks the grove-init
+//! (default: the one beside the example's directory); `CYCLES_RUN_DIR` the run dir (default
+//! /run/grove-cycles-ex).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -60,7 +62,11 @@ fn main() {
         clients
     };
     let mut cfg = RuntimeConfig::default_paths();
-    cfg.run_dir = "/run/grove-cycles-ex".into();
+    if let Some(init) = std::env::var_os("GROVE_INIT_BINARY") {
+        cfg.init_binary = init.into();
+    }
+    cfg.run_dir =
+        std::env::var_os("CYCLES_RUN_DIR").map_or("/run/grove-cycles-ex".into(), Into::into);
     cfg.cgroup_root = "grove-cycles-ex".into();
     cfg.net_pool = "10.232.0.0/16".into();
     let rt = Runtime::new(cfg, roots(&kind)).expect("runtime");

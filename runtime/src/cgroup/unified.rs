@@ -5,28 +5,21 @@ use std::time::{Duration, Instant};
 
 use super::{CgroupError, CgroupFs, Result};
 
-fn events_has(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<bool> {
-    let p = dir.join("cgroup.events");
-    let text = fs.read(&p).map_err(|e| CgroupError::new("read", &p, e))?;
-    Ok(text.lines().any(|l| l.split_once(' ') == Some((key, want))))
-}
-
-/// Polls `cgroup.events` until `key` reads `want` (fast at first, then backing off) or 5 s pass.
+/// Waits until `cgroup.events` reads `key want`, for up to 5 s.
 fn wait_for(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<()> {
-    let start = Instant::now();
-    let mut nap = Duration::from_micros(50);
-    while !events_has(fs, dir, key, want)? {
-        if start.elapsed() > Duration::from_secs(5) {
+    let p = dir.join("cgroup.events");
+    let done = |text: &str| text.lines().any(|l| l.split_once(' ') == Some((key, want)));
+    match fs.wait_until(&p, &done, Duration::from_secs(5)) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
             let err = std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("{key} never became {want}"),
             );
-            return Err(CgroupError::new("wait", dir, err));
+            Err(CgroupError::new("wait", dir, err))
         }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(Duration::from_millis(5));
+        Err(e) => Err(CgroupError::new("read", &p, e)),
     }
-    Ok(())
 }
 
 pub fn freeze(fs: &dyn CgroupFs, dir: &Path, on: bool) -> Result<()> {

@@ -373,7 +373,7 @@ fn loopback_up() -> R<()> {
         *d = *s as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS reads into a properly sized ifreq.
-    if unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+    if unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS as libc::Ioctl, &mut req) } < 0 {
         return Err(format!(
             "SIOCGIFFLAGS lo: {}",
             std::io::Error::last_os_error()
@@ -382,7 +382,7 @@ fn loopback_up() -> R<()> {
     // SAFETY: the union field ifru_flags is the one SIOCGIFFLAGS filled.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads a properly sized ifreq.
-    if unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS, &req) } < 0 {
+    if unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS as libc::Ioctl, &req) } < 0 {
         return Err(format!(
             "SIOCSIFFLAGS lo: {}",
             std::io::Error::last_os_error()
