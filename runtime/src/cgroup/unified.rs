@@ -5,21 +5,28 @@ use std::time::{Duration, Instant};
 
 use super::{CgroupError, CgroupFs, Result};
 
-/// Waits until `cgroup.events` reads `key want`, for up to 5 s.
-fn wait_for(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<()> {
+fn events_has(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<bool> {
     let p = dir.join("cgroup.events");
-    let done = |text: &str| text.lines().any(|l| l.split_once(' ') == Some((key, want)));
-    match fs.wait_until(&p, &done, Duration::from_secs(5)) {
-        Ok(true) => Ok(()),
-        Ok(false) => {
+    let text = fs.read(&p).map_err(|e| CgroupError::new("read", &p, e))?;
+    Ok(text.lines().any(|l| l.split_once(' ') == Some((key, want))))
+}
+
+/// Polls `cgroup.events` until `key` reads `want` (fast at first, then backing off) or 5 s pass.
+fn wait_for(fs: &dyn CgroupFs, dir: &Path, key: &str, want: &str) -> Result<()> {
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(50);
+    while !events_has(fs, dir, key, want)? {
+        if start.elapsed() > Duration::from_secs(5) {
             let err = std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("{key} never became {want}"),
             );
-            Err(CgroupError::new("wait", dir, err))
+            return Err(CgroupError::new("wait", dir, err));
         }
-        Err(e) => Err(CgroupError::new("read", &p, e)),
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(5));
     }
+    Ok(())
 }
 
 pub fn freeze(fs: &dyn CgroupFs, dir: &Path, on: bool) -> Result<()> {
