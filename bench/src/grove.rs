@@ -197,7 +197,10 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         .context("image dir has no name")?
         .to_string();
     let pid = std::process::id();
-    let run_dir = PathBuf::from(format!("/run/grove-bench-{pid}"));
+    // Records and mountpoints: on a systemd node the run dir is /run/grove, a tmpfs; this machine
+    // kind's /run is on disk, so the bench keeps it on a tmpfs as well. What sandboxes write (their
+    // upper layers) stays on disk, under the state dir.
+    let run_dir = crate::util::tmpfs_dir(&format!("grove-bench-{pid}-run"));
     let state_dir = work.join("grove-state");
     std::fs::create_dir_all(&state_dir)?;
     crate::progress::step(
@@ -222,7 +225,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
     let mut rt = None;
     if let Some(fs) = &nodefs {
         let svc = Arc::new(nodefs::service::Local::new(fs.clone()));
-        let roots: Arc<dyn RootProvider> = Arc::new(NodefsRoot::new(svc));
+        let roots: Arc<dyn RootProvider> = Arc::new(NodefsRoot::new(svc, state_dir.join("uppers")));
         match GroveRuntime::open(roots, &name, "nodefs", &run_dir, &state_dir) {
             Ok(r) => rt = Some(r),
             Err(e) => nodefs_error = Some(format!("runtime on nodefs roots: {e:#}")),
@@ -354,8 +357,12 @@ impl GroveRuntime {
 
     pub fn describe(&self) -> String {
         format!(
-            "sandbox roots on {} (image {:?}), grove-init {}",
-            self.root_kind, self.image, self.init_linking
+            "sandbox roots on {} (image {:?}), grove-init {}, run dir {} (a tmpfs, as /run/grove is \
+             on a systemd node), upper layers on disk",
+            self.root_kind,
+            self.image,
+            self.init_linking,
+            self.run_dir.display()
         )
     }
 

@@ -239,6 +239,13 @@ mod tests {
     }
 }
 
+/// `/run/<name>` where /run is a tmpfs (systemd hosts), else `/dev/shm/<name>`.
+pub fn tmpfs_dir(name: &str) -> std::path::PathBuf {
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    let run_is_tmpfs = statfs("/run").is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC);
+    std::path::Path::new(if run_is_tmpfs { "/run" } else { "/dev/shm" }).join(name)
+}
+
 /// The grove-init the sandboxes run: `$GROVE_INIT_BINARY`, else the static build beside
 /// grove-bench (`scripts/build-init release`, what nodes install), else the plain one beside it.
 pub fn grove_init() -> std::path::PathBuf {

@@ -73,7 +73,10 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         let fsd = connect_fsd(config)?;
         (fsd.clone(), Some(fsd))
     };
-    let roots = Arc::new(NodefsRoot::new(store.clone()));
+    let roots = Arc::new(NodefsRoot::new(
+        store.clone(),
+        config.state_dir.join("uppers"),
+    ));
     let runtime = match Runtime::new(config.runtime_config(), roots) {
         Ok(r) => r,
         Err(e) => {

@@ -41,8 +41,10 @@ fn mem_total_mb() -> u64 {
         .unwrap_or(0)
 }
 
+/// Free space of the filesystem that holds (or will hold) `dir`: its nearest existing ancestor's.
 fn disk_free_mb(dir: &Path) -> u64 {
-    nix::sys::statvfs::statvfs(dir)
+    dir.ancestors()
+        .find_map(|d| nix::sys::statvfs::statvfs(d).ok())
         .map(|s| (s.blocks_available() * s.fragment_size()) >> 20)
         .unwrap_or(0)
 }
@@ -205,5 +207,15 @@ mod tests {
         a.release(&l);
         a.reserve(&l).unwrap();
         assert_eq!(a.capacity().allocated.memory_mb, 800);
+    }
+
+    #[test]
+    fn disk_of_a_dir_not_made_yet_is_its_filesystems() {
+        let tmp = tempfile::tempdir().unwrap();
+        let made = disk_free_mb(tmp.path());
+        let later = disk_free_mb(&tmp.path().join("state/not/yet"));
+        assert!(made > 0, "a tempdir has free space");
+        // Same filesystem; other writers may move it a little between the two calls.
+        assert!(later.abs_diff(made) <= made / 100 + 16, "{later} vs {made}");
     }
 }

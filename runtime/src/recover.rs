@@ -69,6 +69,25 @@ impl Runtime {
         for id in &leftovers {
             self.clean_leftover(id);
         }
+        // Upper layers on disk outlive a reboot that emptied the run dir: keep only the adopted.
+        let adopted: HashSet<String> = self
+            .sandboxes
+            .lock()
+            .keys()
+            .map(|id| id.to_string())
+            .collect();
+        for (id, dir) in self.roots.upper_dirs() {
+            if !adopted.contains(&id) {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {
+                        tracing::info!(sandbox = %id, dir = %dir.display(), "removed a leftover upper layer")
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, dir = %dir.display(), error = %e, "removing a leftover upper layer")
+                    }
+                }
+            }
+        }
         if let Err(e) = self.net.restore(&leases) {
             // The adopted egress sandboxes have no rules now: their traffic is dropped by nothing
             // and allowed by nothing; report them so an operator sees it.

@@ -137,6 +137,11 @@ impl Runtime {
         for (pid, what) in self.stray_inits(owned) {
             items.push(item("process", format!("{pid} {what}")));
         }
+        for (id, dir) in self.roots.upper_dirs() {
+            if !id.parse::<SandboxId>().is_ok_and(|id| owned.contains(&id)) {
+                items.push(item("upper", dir.display().to_string()));
+            }
+        }
         for name in dir_names(&self.sandboxes_dir()) {
             if !name
                 .parse::<SandboxId>()

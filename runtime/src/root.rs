@@ -26,6 +26,12 @@ pub trait RootProvider: Send + Sync {
         let _ = (id, image, target);
         None
     }
+    /// The per-sandbox dirs this provider keeps outside the sandbox's run dir (nodefs upper layers
+    /// on disk), by sandbox id. An unmount removes a sandbox's; one whose sandbox is not owned is
+    /// residue, and recovery removes those of sandboxes it does not adopt.
+    fn upper_dirs(&self) -> Vec<(String, PathBuf)> {
+        Vec::new()
+    }
 }
 
 /// A mounted sandbox root.

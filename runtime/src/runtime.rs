@@ -143,7 +143,8 @@ impl Runtime {
         let table = config.cgroup_root.replace('-', "_");
         let net =
             Network::new(&table, &config.net_pool).map_err(|e| Error::invalid("net_pool", e))?;
-        let total = admission::detect(&config.capacity, &[&config.state_dir, &config.run_dir]);
+        // Disk for sandbox writes: root providers keep upper layers under the state dir.
+        let total = admission::detect(&config.capacity, &[&config.state_dir]);
         let rt = Arc::new(Runtime {
             config,
             roots,

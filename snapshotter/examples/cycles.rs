@@ -30,9 +30,8 @@ fn roots(kind: &str) -> Arc<dyn RootProvider> {
     let store = Store::open(&store_dir()).expect("store");
     let id = store.import_dir(Path::new(IMAGE)).expect("import");
     store.set_ref("debian12", &id).expect("set_ref");
-    Arc::new(NodefsRoot::new(Arc::new(nodefs::service::Local::new(
-        NodeFs::new(store),
-    ))))
+    let svc = Arc::new(nodefs::service::Local::new(NodeFs::new(store)));
+    Arc::new(NodefsRoot::new(svc, store_dir().join("uppers")))
 }
 
 fn cycle(rt: &Runtime) -> [f64; 3] {

@@ -54,12 +54,15 @@ impl LazyCopies {
         self.live.lock().insert(sandbox.clone(), copy.clone());
         let (me, id) = (self.clone(), sandbox.clone());
         move |ok| {
+            // Unlisted before the waiters wake: once `wait` returns, the copy is gone.
+            {
+                let mut live = me.live.lock();
+                if live.get(&id).is_some_and(|c| Arc::ptr_eq(c, &copy)) {
+                    live.remove(&id);
+                }
+            }
             *copy.outcome.lock() = if ok { Outcome::Done } else { Outcome::Failed };
             copy.ended.notify_all();
-            let mut live = me.live.lock();
-            if live.get(&id).is_some_and(|c| Arc::ptr_eq(c, &copy)) {
-                live.remove(&id);
-            }
         }
     }
 

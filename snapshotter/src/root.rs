@@ -14,24 +14,26 @@ use nodefs::{ManifestId, MountOptions};
 #[derive(Debug, Clone)]
 pub struct NodefsRoot {
     svc: Arc<dyn FsService>,
+    upper_root: PathBuf,
 }
 
 impl NodefsRoot {
-    pub fn new(svc: Arc<dyn FsService>) -> NodefsRoot {
-        NodefsRoot { svc }
+    /// Sandbox `id` writes to `<upper_root>/<id>`, made at its first write. The upper root belongs
+    /// on disk (`<state_dir>/uppers`): what a sandbox writes is bounded by its disk quota, not by
+    /// memory, and the run dir, a tmpfs on a systemd node, keeps only records and mountpoints.
+    pub fn new(svc: Arc<dyn FsService>, upper_root: impl Into<PathBuf>) -> NodefsRoot {
+        NodefsRoot {
+            svc,
+            upper_root: upper_root.into(),
+        }
     }
 
     pub fn service(&self) -> &Arc<dyn FsService> {
         &self.svc
     }
 
-    /// The upper (scratch) layer lives next to the mountpoint, in the sandbox's run dir.
-    fn upper_dir(target: &Path) -> PathBuf {
-        let name = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "root".into());
-        target.with_file_name(format!("{name}.nodefs-upper"))
+    fn upper_dir(&self, id: &SandboxId) -> PathBuf {
+        self.upper_root.join(id.as_str())
     }
 }
 
@@ -50,7 +52,7 @@ impl RootProvider for NodefsRoot {
         let opts = MountOptions {
             quota_bytes: disk.bytes,
             quota_inodes: disk.inodes,
-            upper_dir: Self::upper_dir(target),
+            upper_dir: self.upper_dir(id),
             read_only: false,
             passthrough: true,
         };
@@ -84,6 +86,15 @@ impl RootProvider for NodefsRoot {
             svc: self.svc.clone(),
             info,
         }))
+    }
+
+    fn upper_dirs(&self) -> Vec<(String, PathBuf)> {
+        let Ok(rd) = std::fs::read_dir(&self.upper_root) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+            .collect()
     }
 }
 
@@ -138,10 +149,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn upper_dir_is_a_sibling_of_the_mountpoint() {
+    fn upper_dirs_are_named_by_sandbox_in_the_upper_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let svc = Arc::new(nodefs::service::Local::open(&tmp.path().join("store")).unwrap());
+        let roots = NodefsRoot::new(svc, tmp.path().join("uppers"));
+        let id: SandboxId = "sb-0123456789ab".parse().unwrap();
         assert_eq!(
-            NodefsRoot::upper_dir(Path::new("/run/grove/sandboxes/sb-1/root")),
-            PathBuf::from("/run/grove/sandboxes/sb-1/root.nodefs-upper")
+            roots.upper_dir(&id),
+            tmp.path().join("uppers/sb-0123456789ab")
+        );
+        assert!(
+            roots.upper_dirs().is_empty(),
+            "no upper root yet: nothing listed"
+        );
+        std::fs::create_dir_all(roots.upper_dir(&id)).unwrap();
+        assert_eq!(
+            roots.upper_dirs(),
+            vec![("sb-0123456789ab".to_string(), roots.upper_dir(&id))]
         );
     }
 }

@@ -266,3 +266,48 @@ fn failure_paths_leave_nothing_behind() {
     assert_eq!(ask(&env, &b.id, "state", 6)["counter"], before["counter"]);
     env.finish();
 }
+
+/// What a sandbox writes lives on disk in `<state_dir>/uppers/<id>`, made at its first write
+/// and removed by destroy; a leftover one (a reboot emptied the run dir) is residue, and a
+/// restarted runtime removes it.
+#[test]
+fn upper_layers_live_under_the_state_dir_and_leave_nothing() {
+    let _serial = common::tree::serial();
+    if let Some(why) = grove::missing_prereq() {
+        common::capability_missing(&why);
+        return;
+    }
+    let instance = "grove-stest-uppers";
+    let env = Env::new(instance);
+    let uppers = env.dir.join("state/uppers");
+    let id = env.rt.create(env.spec()).unwrap().id;
+    let upper = uppers.join(id.as_str());
+    assert!(
+        !upper.exists(),
+        "a sandbox that wrote nothing has no upper layer"
+    );
+    env.sh(&id, "echo written > /root/f");
+    assert!(upper.is_dir(), "the first write made {}", upper.display());
+
+    let stray = uppers.join("sb-00000000beef");
+    std::fs::create_dir_all(stray.join("slots")).unwrap();
+    let items = env.residue();
+    assert!(
+        items
+            .iter()
+            .any(|i| i.kind == "upper" && i.what == stray.display().to_string()),
+        "the stray upper layer is residue: {items:#?}"
+    );
+    assert!(
+        !items.iter().any(|i| i.what.contains(id.as_str())),
+        "the live sandbox's is not: {items:#?}"
+    );
+    env.rt.destroy(&id).unwrap();
+    assert!(!upper.exists(), "destroy removed {}", upper.display());
+
+    // A runtime starting over the same state dir (a daemon restart) removes the stray.
+    let restarted = env.restarted_runtime(instance);
+    assert!(!stray.exists(), "recovery removed {}", stray.display());
+    restarted.shutdown();
+    env.finish();
+}

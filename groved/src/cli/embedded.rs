@@ -62,7 +62,7 @@ pub fn residue() -> CliResult {
 }
 
 /// Everything Grove-named on the host: mounts, cgroups, netns, links, nft tables, grove-init and grove-fsd
-/// processes, shm.
+/// processes, shm, sandbox upper layers under the default state dir.
 pub fn scan_host() -> Vec<ResidueItem> {
     let mut items = Vec::new();
     let mut add = |kind: &str, what: String| {
@@ -92,6 +92,7 @@ pub fn scan_host() -> Vec<ResidueItem> {
         ("/run/netns", "netns", "grove"),
         ("/sys/class/net", "link", "grove"),
         ("/dev/shm", "file", "grove"),
+        ("/var/lib/grove/uppers", "upper", "sb-"),
     ] {
         if let Ok(rd) = std::fs::read_dir(dir) {
             for e in rd.flatten() {

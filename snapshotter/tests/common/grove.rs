@@ -61,7 +61,26 @@ pub struct Env {
     pub snap_cfg: SnapshotterConfig,
 }
 
+/// A runtime of `instance` on nodefs roots, its state under `dir`; upper layers in
+/// `<dir>/state/uppers`.
+fn runtime(instance: &str, dir: &Path, run_dir: &Path, svc: &Arc<dyn FsService>) -> Arc<Runtime> {
+    let mut cfg = RuntimeConfig::default_paths();
+    cfg.state_dir = dir.join("state");
+    cfg.run_dir = run_dir.to_path_buf();
+    cfg.cgroup_root = instance.to_string();
+    cfg.init_binary = init_binary();
+    cfg.net_pool = "10.213.0.0/16".into();
+    let roots = NodefsRoot::new(svc.clone(), dir.join("state/uppers"));
+    Runtime::new(cfg, Arc::new(roots)).unwrap()
+}
+
 impl Env {
+    /// A second runtime over this one's dirs, as a restarted daemon makes (its start-up recovery
+    /// runs); the caller shuts it down.
+    pub fn restarted_runtime(&self, instance: &str) -> Arc<Runtime> {
+        runtime(instance, &self.dir, &self.run_dir, &self.service())
+    }
+
     pub fn new(instance: &str) -> Env {
         let dir = PathBuf::from(format!("/var/tmp/{instance}-{}", std::process::id()));
         let run_dir = PathBuf::from(format!("/run/{instance}"));
@@ -70,14 +89,8 @@ impl Env {
         let image = store.import_dir(Path::new(IMAGE_DIR)).unwrap();
         store.set_ref(IMAGE, &image).unwrap();
         let nodefs = NodeFs::new(store.clone());
-        let mut cfg = RuntimeConfig::default_paths();
-        cfg.state_dir = dir.join("state");
-        cfg.run_dir = run_dir.clone();
-        cfg.cgroup_root = instance.to_string();
-        cfg.init_binary = init_binary();
-        cfg.net_pool = "10.213.0.0/16".into();
         let svc: Arc<dyn FsService> = Arc::new(Local::new(nodefs.clone()));
-        let rt = Runtime::new(cfg, Arc::new(NodefsRoot::new(svc.clone()))).unwrap();
+        let rt = runtime(instance, &dir, &run_dir, &svc);
         let snap_cfg = SnapshotterConfig {
             state_dir: dir.join("state"),
             run_dir: run_dir.clone(),
