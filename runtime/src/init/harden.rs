@@ -126,6 +126,44 @@ pub fn clone3_filter() -> Result<BpfProgram, String> {
     .map_err(|e: seccompiler::BackendError| e.to_string())
 }
 
+/// x32 calls (number | 0x4000_0000) carry the x86_64 audit arch, so the filters above, keyed by
+/// x86_64 numbers, would let `mount` or `unshare` through under their x32 numbers on a kernel
+/// that enables the x32 ABI. Every x32 call gets EPERM; other arches are the deny filter's.
+pub fn x32_filter() -> BpfProgram {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let op = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    // seccomp_data: nr at offset 0, arch at 4.
+    vec![
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            AUDIT_ARCH_X86_64,
+            0,
+            3,
+        ),
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(
+            libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
+            X32_SYSCALL_BIT,
+            0,
+            1,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            0,
+            0,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW, 0, 0),
+    ]
+}
+
 /// Drops every capability outside KEEP_CAPS from the bounding set. After exec (as uid 0) the
 /// process's permitted/effective sets equal the bounding set.
 pub fn drop_bounding_caps() -> Result<(), String> {
@@ -164,7 +202,7 @@ pub fn set_rlimits(open_files: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// no_new_privs, then both seccomp filters.
+/// no_new_privs, then the seccomp filters.
 pub fn lock_down() -> Result<(), String> {
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
@@ -174,6 +212,7 @@ pub fn lock_down() -> Result<(), String> {
     let c3 = clone3_filter().map_err(|e| format!("build clone3 filter: {e}"))?;
     seccompiler::apply_filter(&c3).map_err(|e| format!("install clone3 filter: {e}"))?;
     seccompiler::apply_filter(&deny).map_err(|e| format!("install seccomp filter: {e}"))?;
+    seccompiler::apply_filter(&x32_filter()).map_err(|e| format!("install x32 filter: {e}"))?;
     Ok(())
 }
 
@@ -185,5 +224,6 @@ mod tests {
     fn filters_build() {
         assert!(!deny_filter().unwrap().is_empty());
         assert!(!clone3_filter().unwrap().is_empty());
+        assert_eq!(x32_filter().len(), 6);
     }
 }
