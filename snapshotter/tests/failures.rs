@@ -13,11 +13,9 @@ use grove_snapshotter::{criu, Error, ForkOptions, SnapshotOptions};
 
 #[test]
 fn failure_paths_leave_nothing_behind() {
-    let _serial = common::tree::serial();
-    if let Some(why) = grove::missing_prereq() {
-        common::capability_missing(&why);
+    let Some(_serial) = grove::serial_with_prereqs() else {
         return;
-    }
+    };
     common::tree::become_subreaper();
     let env = Env::new("grove-stest-fail");
     let src = env.rt.create(env.spec()).unwrap();
@@ -272,11 +270,9 @@ fn failure_paths_leave_nothing_behind() {
 /// restarted runtime removes it.
 #[test]
 fn upper_layers_live_under_the_state_dir_and_leave_nothing() {
-    let _serial = common::tree::serial();
-    if let Some(why) = grove::missing_prereq() {
-        common::capability_missing(&why);
+    let Some(_serial) = grove::serial_with_prereqs() else {
         return;
-    }
+    };
     let instance = "grove-stest-uppers";
     let env = Env::new(instance);
     let uppers = env.dir.join("state/uppers");

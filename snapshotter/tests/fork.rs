@@ -8,11 +8,9 @@ use grove_snapshotter::{Error, ForkOptions, SnapshotOptions};
 
 #[test]
 fn fork_branches_continue_from_the_snapshot_and_diverge() {
-    let _serial = common::tree::serial();
-    if let Some(why) = grove::missing_prereq() {
-        common::capability_missing(&why);
+    let Some(_serial) = grove::serial_with_prereqs() else {
         return;
-    }
+    };
     common::tree::become_subreaper();
     let env = Env::new("grove-stest-fork");
     let src = env.rt.create(env.spec()).unwrap();

@@ -12,11 +12,9 @@ use grove_runtime::{ExecRequest, SandboxState};
 
 #[test]
 fn pause_frees_the_sandbox_and_resume_restores_it_in_place() {
-    let _serial = common::tree::serial();
-    if let Some(why) = grove::missing_prereq() {
-        common::capability_missing(&why);
+    let Some(_serial) = grove::serial_with_prereqs() else {
         return;
-    }
+    };
     common::tree::become_subreaper();
     let instance = "grove-stest-pause";
     let env = Env::new(instance);

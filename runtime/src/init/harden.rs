@@ -112,24 +112,15 @@ pub fn deny_filter() -> Result<BpfProgram, String> {
     .map_err(|e: seccompiler::BackendError| e.to_string())
 }
 
-/// clone3 gets ENOSYS (its flags live in memory, out of the filter's reach), so libc falls back to clone.
-pub fn clone3_filter() -> Result<BpfProgram, String> {
-    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
-    SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        TargetArch::x86_64,
-    )
-    .map_err(|e| e.to_string())?
-    .try_into()
-    .map_err(|e: seccompiler::BackendError| e.to_string())
-}
-
-/// x32 calls (number | 0x4000_0000) carry the x86_64 audit arch, so the filters above, keyed by
-/// x86_64 numbers, would let `mount` or `unshare` through under their x32 numbers on a kernel
-/// that enables the x32 ABI. Every x32 call gets EPERM; other arches are the deny filter's.
-pub fn x32_filter() -> BpfProgram {
+/// What the number-keyed deny filter cannot say, in one small hand-written filter:
+/// - clone3 gets ENOSYS: its flags live in memory, out of a filter's reach, so libc falls back to
+///   clone, whose flags the deny filter checks.
+/// - every x32 call (number | 0x4000_0000) gets EPERM: x32 calls carry the x86_64 audit arch, so
+///   rules keyed by x86_64 numbers would let `mount` or `unshare` through under their x32 numbers
+///   on a kernel that enables the x32 ABI.
+///
+/// Other arches are the deny filter's to refuse.
+pub fn abi_filter() -> BpfProgram {
     const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     let op = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter {
@@ -138,29 +129,20 @@ pub fn x32_filter() -> BpfProgram {
         jf,
         k,
     };
-    // seccomp_data: nr at offset 0, arch at 4.
+    let load = |offset: u32| op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, offset, 0, 0);
+    let ret = |k: u32| op(libc::BPF_RET | libc::BPF_K, k, 0, 0);
+    let jump =
+        |test: u32, k: u32, jt: u8, jf: u8| op(libc::BPF_JMP | test | libc::BPF_K, k, jt, jf);
+    // seccomp_data: nr at offset 0, arch at 4. Jump offsets count from the next instruction.
     vec![
-        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4, 0, 0),
-        op(
-            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-            AUDIT_ARCH_X86_64,
-            0,
-            3,
-        ),
-        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
-        op(
-            libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
-            X32_SYSCALL_BIT,
-            0,
-            1,
-        ),
-        op(
-            libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-            0,
-            0,
-        ),
-        op(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW, 0, 0),
+        load(4),
+        jump(libc::BPF_JEQ, AUDIT_ARCH_X86_64, 0, 3), // other arch: 5
+        load(0),
+        jump(libc::BPF_JGE, X32_SYSCALL_BIT, 2, 0), // x32: 6
+        jump(libc::BPF_JEQ, libc::SYS_clone3 as u32, 2, 0), // clone3: 7
+        ret(libc::SECCOMP_RET_ALLOW),
+        ret(libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
     ]
 }
 
@@ -209,10 +191,8 @@ pub fn lock_down() -> Result<(), String> {
         return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
     }
     let deny = deny_filter().map_err(|e| format!("build seccomp filter: {e}"))?;
-    let c3 = clone3_filter().map_err(|e| format!("build clone3 filter: {e}"))?;
-    seccompiler::apply_filter(&c3).map_err(|e| format!("install clone3 filter: {e}"))?;
+    seccompiler::apply_filter(&abi_filter()).map_err(|e| format!("install abi filter: {e}"))?;
     seccompiler::apply_filter(&deny).map_err(|e| format!("install seccomp filter: {e}"))?;
-    seccompiler::apply_filter(&x32_filter()).map_err(|e| format!("install x32 filter: {e}"))?;
     Ok(())
 }
 
@@ -223,7 +203,6 @@ mod tests {
     #[test]
     fn filters_build() {
         assert!(!deny_filter().unwrap().is_empty());
-        assert!(!clone3_filter().unwrap().is_empty());
-        assert_eq!(x32_filter().len(), 6);
+        assert_eq!(abi_filter().len(), 8);
     }
 }

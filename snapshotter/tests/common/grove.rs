@@ -28,6 +28,17 @@ pub fn missing_prereq() -> Option<String> {
     None
 }
 
+/// The test binary's serial lock, or None (having said why) when a prerequisite is missing.
+/// Hold the guard for the whole test.
+pub fn serial_with_prereqs() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let serial = super::tree::serial();
+    if let Some(why) = missing_prereq() {
+        super::capability_missing(&why);
+        return None;
+    }
+    Some(serial)
+}
+
 /// grove-init from this workspace's target dir, built on demand (cargo builds only this crate's
 /// own binaries for its tests).
 pub fn init_binary() -> PathBuf {
