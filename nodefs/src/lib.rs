@@ -5,6 +5,7 @@
 //! [`NodeFs`] serves writable copy-on-write views of manifests over FUSE; [`Mount::commit`]
 //! turns a view back into a manifest.
 
+mod cache;
 mod chunker;
 mod error;
 mod export;

@@ -1,6 +1,6 @@
 //! The node's content store: chunks and tree objects in packs, manifests, refs.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 
+use crate::cache::Cache;
 use crate::error::{io_err, store_io, Error, StoreError};
 use crate::id::{ManifestId, ObjectId};
 use crate::pack::{sync_dir, Codec, Kind, PackSet, Record};
@@ -18,6 +19,9 @@ const FORMAT: &str = "nodefs-store 1\n";
 /// Longest delta chain; deeper would make reads slow.
 pub(crate) const MAX_DELTA_DEPTH: u8 = 4;
 const CACHE_BYTES: usize = 64 << 20;
+/// Decoded trees kept, counted in entries: a mount loads a directory from here, so every
+/// sandbox on an image shares one decoded copy of each directory it opens.
+const TREE_CACHE_ENTRIES: usize = 1 << 17;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
 pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
@@ -63,34 +67,6 @@ impl FsckReport {
     }
 }
 
-struct Cache {
-    map: HashMap<ObjectId, Arc<Vec<u8>>>,
-    order: VecDeque<ObjectId>,
-    bytes: usize,
-}
-
-impl Cache {
-    fn get(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
-        self.map.get(id).cloned()
-    }
-    fn put(&mut self, id: ObjectId, data: Arc<Vec<u8>>) {
-        if self.map.contains_key(&id) {
-            return;
-        }
-        self.bytes += data.len();
-        self.map.insert(id, data);
-        self.order.push_back(id);
-        while self.bytes > CACHE_BYTES {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(d) = self.map.remove(&old) {
-                self.bytes -= d.len();
-            }
-        }
-    }
-}
-
 static OPEN_STORES: Mutex<Option<HashMap<PathBuf, std::sync::Weak<Store>>>> = Mutex::new(None);
 
 /// The node's content store in a directory.
@@ -99,7 +75,8 @@ pub struct Store {
     _lock: fs::File,
     dir: PathBuf,
     packs: PackSet,
-    cache: Mutex<Cache>,
+    cache: Mutex<Cache<Vec<u8>>>,
+    trees: Mutex<Cache<Tree>>,
     /// Writers (imports, commits) hold it shared; gc holds it exclusively, so chunks of a
     /// manifest being built are never collected.
     gc_lock: RwLock<()>,
@@ -233,11 +210,8 @@ impl Store {
             _lock: lock,
             dir: dir.to_path_buf(),
             packs,
-            cache: Mutex::new(Cache {
-                map: HashMap::new(),
-                order: VecDeque::new(),
-                bytes: 0,
-            }),
+            cache: Mutex::new(Cache::new(CACHE_BYTES)),
+            trees: Mutex::new(Cache::new(TREE_CACHE_ENTRIES)),
             gc_lock: RwLock::new(()),
             refs_lock: Mutex::new(()),
             pins: Mutex::new(HashMap::new()),
@@ -455,13 +429,25 @@ impl Store {
             return Err(corrupt("content does not match its hash".into()));
         }
         let raw = Arc::new(raw);
-        self.cache.lock().put(*id, raw.clone());
+        let len = raw.len();
+        self.cache.lock().put(*id, raw.clone(), len);
         Ok(raw)
     }
 
     /// A chunk's bytes.
     pub fn get_chunk(&self, id: &ObjectId) -> Result<Arc<Vec<u8>>, StoreError> {
         self.get_object(id)
+    }
+
+    /// A tree, decoded once and shared: what mounts load directories from.
+    pub fn get_tree_shared(&self, id: &ObjectId) -> Result<Arc<Tree>, StoreError> {
+        if let Some(t) = self.trees.lock().get(id) {
+            return Ok(t);
+        }
+        let t = Arc::new(self.get_tree(id)?);
+        let weight = t.entries.len() + 1;
+        self.trees.lock().put(*id, t.clone(), weight);
+        Ok(t)
     }
 
     /// A decoded tree object.
@@ -757,7 +743,8 @@ impl Store {
         }
         self.add_delta_bases(&mut keep);
         let (removed, freed) = self.packs.compact(&|id| keep.contains(id))?;
-        self.cache.lock().map.retain(|k, _| keep.contains(k));
+        self.cache.lock().retain(|k| keep.contains(k));
+        self.trees.lock().retain(|k| keep.contains(k));
         let mdir = self.dir.join("manifests");
         for e in fs::read_dir(&mdir).map_err(io_err(&mdir))?.flatten() {
             let keep_it = e
@@ -812,7 +799,8 @@ impl Store {
                     continue;
                 }
                 rep.objects_checked += 1;
-                self.cache.lock().map.remove(&id);
+                self.cache.lock().remove(&id);
+                self.trees.lock().remove(&id);
                 match self.get_tree(&id) {
                     Ok(t) => {
                         for e in &t.entries {
@@ -824,7 +812,7 @@ impl Store {
                                             continue;
                                         }
                                         rep.objects_checked += 1;
-                                        self.cache.lock().map.remove(&c.id);
+                                        self.cache.lock().remove(&c.id);
                                         match self.get_chunk(&c.id) {
                                             Ok(d) if d.len() == c.len as usize => {}
                                             Ok(_) => rep.bad.push((c.id, "length mismatch".into())),

@@ -6,7 +6,9 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{
+    DirEntryExt, FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt,
+};
 use std::path::Path;
 
 use common::*;
@@ -892,6 +894,57 @@ fn missing_names_appear_once_created() {
     assert!(fs::metadata(mp.join("f")).is_err());
     fs::write(mp.join("f"), b"again").unwrap();
     assert_eq!(fs::read(mp.join("f")).unwrap(), b"again");
+}
+
+/// A directory's tree entries become inodes one at a time (on lookup), so a mount that only
+/// looked up, changed, removed and added a few names of a large directory must still list
+/// and commit all of them, each once, in name order.
+#[test]
+fn a_partly_looked_up_directory_lists_and_commits_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(src.join("big")).unwrap();
+    for i in 0..300 {
+        fs::write(src.join(format!("big/f{i:03}")), format!("{i}")).unwrap();
+    }
+    let id = env.store.import_dir(&src).unwrap();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let big = m.mountpoint().join("big");
+    assert_eq!(fs::read(big.join("f007")).unwrap(), b"7");
+    fs::write(big.join("f150"), b"changed").unwrap();
+    fs::remove_file(big.join("f299")).unwrap();
+    fs::write(big.join("g000"), b"new").unwrap();
+    let mut want: Vec<String> = (0..299).map(|i| format!("f{i:03}")).collect();
+    want.push("g000".into());
+    // readdir order, not sorted by the test: tree entries in name order, new names after.
+    let listed: Vec<String> = fs::read_dir(&big)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(listed, want);
+    assert_eq!(
+        fs::metadata(big.join("f007")).unwrap().ino(),
+        fs::read_dir(&big)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.file_name() == "f007")
+            .unwrap()
+            .ino(),
+        "a name looked up before the listing keeps its inode number"
+    );
+    let out = env.path("out");
+    env.store.export_dir(&m.commit().unwrap(), &out).unwrap();
+    let mut committed: Vec<String> = fs::read_dir(out.join("big"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    committed.sort();
+    assert_eq!(committed, want);
+    assert_eq!(fs::read(out.join("big/f150")).unwrap(), b"changed");
+    assert_eq!(fs::read(out.join("big/f298")).unwrap(), b"298");
 }
 
 /// Set a valid file capability (v2: cap_net_bind_service permitted).

@@ -77,7 +77,7 @@ fn load_linked(
             return Ok(());
         }
     }
-    st.load_dir(ino)
+    st.load_all(ino)
         .map_err(|e| eio(std::io::Error::from_raw_os_error(e)))?;
     let kids: Vec<u64> = match &st.inodes[&ino].content {
         Content::Dir(d) => d
@@ -94,6 +94,10 @@ fn load_linked(
 }
 
 fn dir_tree(st: &mut State, store: &Store, ino: u64) -> Result<ObjectId, Error> {
+    if matches!(&st.inodes[&ino].content, Content::Dir(d) if d.children.is_some()) {
+        st.load_all(ino)
+            .map_err(|e| eio(std::io::Error::from_raw_os_error(e)))?;
+    }
     let (children, tree) = match &st.inodes[&ino].content {
         Content::Dir(d) => (
             d.children

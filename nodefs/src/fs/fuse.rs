@@ -99,7 +99,7 @@ fn e(errno: i32) -> Errno {
 /// Directory `ino`'s entries after cookie `offset`: ".", "..", then the children in the
 /// order they were added, each with its cookie (what the kernel hands back to continue).
 /// Nothing is copied: the caller stops taking entries when the kernel's buffer is full.
-/// The directory must be loaded ([`State::load_dir`]).
+/// Every entry of the directory must be an inode ([`State::load_all`]).
 fn listing(st: &State, ino: u64, offset: u64) -> R<impl Iterator<Item = (u64, u64, &[u8])>> {
     let Content::Dir(d) = &st.get(ino)?.content else {
         return Err(libc::ENOTDIR);
@@ -701,7 +701,7 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectory,
     ) {
         let mut st = self.s().state.lock();
-        tryr!(reply, st.load_dir(ino.0));
+        tryr!(reply, st.load_all(ino.0));
         let st: &State = &st;
         for (cino, pos, name) in tryr!(reply, listing(st, ino.0, offset)) {
             let kind = st
@@ -725,7 +725,7 @@ impl Filesystem for Fs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let mut st = self.s().state.lock();
-        tryr!(reply, st.load_dir(ino.0));
+        tryr!(reply, st.load_all(ino.0));
         let st: &State = &st;
         for (cino, pos, name) in tryr!(reply, listing(st, ino.0, offset)) {
             let Ok(a) = st.attr(cino) else { continue };

@@ -13,7 +13,7 @@ use super::file::{FileData, BLOCK};
 use super::upper::Uppers;
 use crate::id::ObjectId;
 use crate::store::Store;
-use crate::tree::{Meta, Node};
+use crate::tree::{Meta, Node, Tree};
 
 pub type Errno = i32;
 pub type R<T> = Result<T, Errno>;
@@ -202,91 +202,126 @@ impl State {
         FileData::new(size, chunks, self.uppers.clone(), ino)
     }
 
-    /// Load a directory's entries from its tree object on first use.
+    /// Load a directory's entries from its (shared, decoded) tree object on first use. No
+    /// entry becomes an inode here: [`State::entry`] makes one when its name is looked up,
+    /// [`State::load_all`] all of them.
     pub fn load_dir(&mut self, ino: u64) -> R<()> {
         let tree = match &self.get(ino)?.content {
             Content::Dir(d) if d.children.is_some() => return Ok(()),
             Content::Dir(d) => d.tree,
             _ => return Err(libc::ENOTDIR),
         };
-        let mut children = Children::default();
-        let mut subdirs = 0;
-        if let Some(tid) = tree {
-            let t = self.store.get_tree(&tid).map_err(|e| {
-                tracing::error!(error = %e, "loading directory failed");
-                libc::EIO
-            })?;
-            let t0 = now();
-            for e in t.entries {
-                if e.link != 0 {
-                    if let Some(&existing) = self.links.get(&e.link) {
-                        children.insert(&e.name, existing);
-                        continue;
-                    }
-                }
-                let cino = self.alloc_ino();
-                let content = match e.node {
-                    Node::Dir(c) => {
-                        subdirs += 1;
-                        Content::Dir(DirData {
-                            children: None,
-                            tree: Some(c),
-                            parent: ino,
-                        })
-                    }
-                    Node::File { size, chunks } => {
-                        let mut f = self.new_file(size, chunks, cino);
-                        f.lib_name = super::passthrough::is_lib_name(&e.name);
-                        Content::File(f)
-                    }
-                    Node::Symlink(t) => Content::Symlink(t),
-                    Node::Fifo => Content::Special {
-                        kind: FileType::NamedPipe,
-                        rdev: 0,
-                    },
-                    Node::Socket => Content::Special {
-                        kind: FileType::Socket,
-                        rdev: 0,
-                    },
-                    Node::CharDev(r) => Content::Special {
-                        kind: FileType::CharDevice,
-                        rdev: r,
-                    },
-                    Node::BlockDev(r) => Content::Special {
-                        kind: FileType::BlockDevice,
-                        rdev: r,
-                    },
-                };
-                let is_dir = matches!(content, Content::Dir(_));
-                let mtime = (e.meta.mtime_sec, e.meta.mtime_nsec);
-                let _ = t0;
-                self.inodes.insert(
-                    cino,
-                    Inode {
-                        meta: e.meta,
-                        atime: mtime,
-                        ctime: mtime,
-                        nlink: if is_dir { 2 } else { e.nlink.max(1) },
-                        link: e.link,
-                        content,
-                        open: 0,
-                        charged: false,
-                        charged_blocks: 0,
-                        touched: false,
-                    },
-                );
-                if e.link != 0 {
-                    self.links.insert(e.link, cino);
-                }
-                children.insert(&e.name, cino);
+        let (children, subdirs) = match tree {
+            Some(tid) => {
+                let t = self.store.get_tree_shared(&tid).map_err(|e| {
+                    tracing::error!(error = %e, "loading directory failed");
+                    libc::EIO
+                })?;
+                let subdirs = t
+                    .entries
+                    .iter()
+                    .filter(|e| matches!(e.node, Node::Dir(_)))
+                    .count() as u32;
+                (Children::from_tree(t), subdirs)
             }
-        }
+            None => (Children::default(), 0),
+        };
         let i = self.get_mut(ino)?;
         i.nlink = 2 + subdirs;
         if let Content::Dir(d) = &mut i.content {
             d.children = Some(children);
         }
         Ok(())
+    }
+
+    /// Load directory `ino` with every entry an inode: for listings and commits.
+    pub fn load_all(&mut self, ino: u64) -> R<()> {
+        self.load_dir(ino)?;
+        let pending = self.children(ino)?.pending_indexes();
+        if let Some(tree) = self.children(ino)?.base_tree().cloned() {
+            for i in pending {
+                self.materialize(ino, &tree, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The inode `name` in directory `parent` names, made from the tree entry if it is not
+    /// one yet.
+    pub fn entry(&mut self, parent: u64, name: &[u8]) -> R<Option<u64>> {
+        let kids = self.children(parent)?;
+        if let Some(ino) = kids.get(name) {
+            return Ok(Some(ino));
+        }
+        let Some((i, _)) = kids.pending(name) else {
+            return Ok(None);
+        };
+        let tree = kids.base_tree().cloned().ok_or(libc::EIO)?;
+        self.materialize(parent, &tree, i).map(Some)
+    }
+
+    /// Makes entry `i` of directory `dir`'s tree an inode (or the inode of its hard-link
+    /// group, where another name made that already).
+    fn materialize(&mut self, dir: u64, tree: &Tree, i: usize) -> R<u64> {
+        let e = &tree.entries[i];
+        if e.link != 0 {
+            if let Some(&existing) = self.links.get(&e.link) {
+                self.children(dir)?.take(i, existing);
+                return Ok(existing);
+            }
+        }
+        let cino = self.alloc_ino();
+        let content = match &e.node {
+            Node::Dir(c) => Content::Dir(DirData {
+                children: None,
+                tree: Some(*c),
+                parent: dir,
+            }),
+            Node::File { size, chunks } => {
+                let mut f = self.new_file(*size, chunks.clone(), cino);
+                f.lib_name = super::passthrough::is_lib_name(&e.name);
+                Content::File(f)
+            }
+            Node::Symlink(t) => Content::Symlink(t.clone()),
+            Node::Fifo => Content::Special {
+                kind: FileType::NamedPipe,
+                rdev: 0,
+            },
+            Node::Socket => Content::Special {
+                kind: FileType::Socket,
+                rdev: 0,
+            },
+            Node::CharDev(r) => Content::Special {
+                kind: FileType::CharDevice,
+                rdev: *r,
+            },
+            Node::BlockDev(r) => Content::Special {
+                kind: FileType::BlockDevice,
+                rdev: *r,
+            },
+        };
+        let is_dir = matches!(content, Content::Dir(_));
+        let mtime = (e.meta.mtime_sec, e.meta.mtime_nsec);
+        self.inodes.insert(
+            cino,
+            Inode {
+                meta: e.meta.clone(),
+                atime: mtime,
+                ctime: mtime,
+                nlink: if is_dir { 2 } else { e.nlink.max(1) },
+                link: e.link,
+                content,
+                open: 0,
+                charged: false,
+                charged_blocks: 0,
+                touched: false,
+            },
+        );
+        if e.link != 0 {
+            self.links.insert(e.link, cino);
+        }
+        self.children(dir)?.take(i, cino);
+        Ok(cino)
     }
 
     pub fn children(&mut self, ino: u64) -> R<&mut Children> {
@@ -301,7 +336,7 @@ impl State {
         if name.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
-        self.children(parent)?.get(name).ok_or(libc::ENOENT)
+        self.entry(parent, name)?.ok_or(libc::ENOENT)
     }
 
     fn touch_dir(&mut self, ino: u64) {
@@ -470,7 +505,7 @@ impl State {
         if src_dir && self.is_ancestor(src, np) {
             return Err(libc::EINVAL);
         }
-        let dst = self.children(np)?.get(nn);
+        let dst = self.entry(np, nn)?;
         if flags & EXCHANGE != 0 {
             let dst = dst.ok_or(libc::ENOENT)?;
             let dst_dir = matches!(self.get(dst)?.content, Content::Dir(_));
