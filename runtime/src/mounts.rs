@@ -50,16 +50,87 @@ pub fn unmount_if_mounted(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes `dir` (a sandbox's run dir) without ever walking into a mount. Its entries are
+/// removed one level deep: rmdir refuses a directory something is mounted on (EBUSY) rather
+/// than reading through it, and costs nothing like a read of the host's whole mount table.
+/// Only a directory with content of its own (nothing Grove leaves there) falls back to that
+/// table and a recursive removal.
+pub fn remove_dir_unless_mounted(dir: &Path) -> Result<(), String> {
+    let shallow = || -> io::Result<()> {
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                std::fs::remove_dir(e.path())?;
+            } else {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+        std::fs::remove_dir(dir)
+    };
+    match shallow() {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(format!("{} still has mounts; left in place", dir.display()))
+        }
+        Err(_) => {
+            let mounted = mount_points()
+                .map(|m| m.iter().any(|p| p.starts_with(dir)))
+                .unwrap_or(true);
+            if mounted {
+                return Err(format!("{} still has mounts; left in place", dir.display()));
+            }
+            std::fs::remove_dir_all(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::ffi::OsStrExt;
 
-    use super::unescape;
+    use super::{remove_dir_unless_mounted, unescape};
 
     #[test]
     fn unescape_decodes_octal_and_keeps_non_utf8_bytes() {
         assert_eq!(unescape(r"/run/a\040b"), std::path::Path::new("/run/a b"));
         let p = unescape(r"/x\377y");
         assert_eq!(p.as_os_str().as_bytes(), b"/x\xffy");
+    }
+
+    #[test]
+    fn a_run_dir_is_removed_but_never_through_a_mount() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("sb");
+        std::fs::create_dir_all(dir.join("root")).unwrap();
+        std::fs::write(dir.join("record"), b"x").unwrap();
+        remove_dir_unless_mounted(&dir).unwrap();
+        assert!(!dir.exists());
+        // Content below the first level (not Grove's) takes the careful path, and goes.
+        std::fs::create_dir_all(dir.join("root/deeper")).unwrap();
+        remove_dir_unless_mounted(&dir).unwrap();
+        assert!(!dir.exists());
+        remove_dir_unless_mounted(&dir).expect("an absent dir is removed already");
+        if !nix::unistd::Uid::effective().is_root() {
+            grove_testkit::capability_missing("the mounted half needs root to mount a tmpfs");
+            return;
+        }
+        std::fs::create_dir_all(dir.join("root")).unwrap();
+        let root = dir.join("root");
+        nix::mount::mount(
+            Some("tmpfs"),
+            &root,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        std::fs::write(root.join("precious"), b"keep").unwrap();
+        let err = remove_dir_unless_mounted(&dir).unwrap_err();
+        assert!(err.contains("still has mounts"), "{err}");
+        assert_eq!(std::fs::read(root.join("precious")).unwrap(), b"keep");
+        nix::mount::umount2(&root, nix::mount::MntFlags::empty()).unwrap();
+        remove_dir_unless_mounted(&dir).unwrap();
+        assert!(!dir.exists());
     }
 }

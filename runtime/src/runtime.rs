@@ -489,13 +489,8 @@ impl Runtime {
             }
         }
         if let Some(dir) = &parts.dir {
-            let mounted = crate::mounts::mount_points()
-                .map(|m| m.iter().any(|p| p.starts_with(dir)))
-                .unwrap_or(true);
-            if mounted {
-                errors.push(format!("{} still has mounts; left in place", dir.display()));
-            } else if let Err(e) = std::fs::remove_dir_all(dir) {
-                errors.push(format!("remove {}: {e}", dir.display()));
+            if let Err(e) = crate::mounts::remove_dir_unless_mounted(dir) {
+                errors.push(e);
             }
         }
         if errors.is_empty() {

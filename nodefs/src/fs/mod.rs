@@ -11,7 +11,6 @@ mod state;
 mod upper;
 
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -348,18 +347,34 @@ impl Drop for NodeFs {
 /// Unmount; if busy, detach lazily and abort the FUSE connection so that the session
 /// threads exit and processes still inside get ENOTCONN. Returns whether it was aborted.
 fn detach(mountpoint: &Path) -> bool {
-    let dev = std::fs::metadata(mountpoint).map(|m| m.dev()).ok();
     let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
     // SAFETY: c is a valid NUL-terminated path.
     if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
         return true;
     }
+    // Still mounted: its device names the connection to abort.
+    let minor = cached_dev_minor(&c);
     // SAFETY: as above.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    match dev {
-        Some(dev) => abort_connection(libc::minor(dev)),
-        None => false,
-    }
+    minor.is_some_and(abort_connection)
+}
+
+/// The device minor of the filesystem at `path`, from what the kernel has cached: a stat that
+/// asked the server (a plain one) would hang on a server that no longer answers.
+fn cached_dev_minor(path: &std::ffi::CStr) -> Option<u32> {
+    // SAFETY: statx is plain old data; all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated; stx is a valid, writable statx.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
+        )
+    };
+    (r == 0).then_some(stx.stx_dev_minor)
 }
 
 /// Write `1` to the connection's fusectl `abort` file. fusectl is mounted, if the host has
