@@ -8,6 +8,9 @@
 //! the machine, so the sandboxes' own memory-cgroup charge and the kernel's slab/percpu/stack
 //! growth are reported next to it.
 
+#[path = "common/host_mem.rs"]
+mod host_mem;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,12 +42,13 @@ fn meminfo(keys: &[&str]) -> Vec<u64> {
         .collect()
 }
 
-/// Median of a few MemAvailable reads, to damp other jobs' swings.
+/// Median of a few MemAvailable reads (free pages on per-CPU lists counted in), to damp other
+/// jobs' swings.
 fn mem_available_kb() -> u64 {
     let mut v: Vec<u64> = (0..5)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(200));
-            meminfo(&["MemAvailable"])[0]
+            meminfo(&["MemAvailable"])[0] + host_mem::per_cpu_free_kb()
         })
         .collect();
     v.sort_unstable();

@@ -8,6 +8,11 @@
 //!
 //! Host-wide figures (MemAvailable, /proc/sys/fs/file-nr) move with whatever else runs on the
 //! machine, hence the tolerances; the process's own fds and the mounts are compared exactly.
+//! MemAvailable is read with the free pages on the kernel's per-CPU lists added back (see
+//! `common/host_mem.rs`): without them a run "lost" 200–500 MiB that no meminfo field held.
+
+#[path = "common/host_mem.rs"]
+mod host_mem;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,7 +131,7 @@ fn sample() -> Sample {
     let cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     Sample {
-        mem_available_kb: meminfo_field(&mem, "MemAvailable:"),
+        mem_available_kb: meminfo_field(&mem, "MemAvailable:") + host_mem::per_cpu_free_kb(),
         kernel_kb: meminfo_field(&mem, "SUnreclaim:") + meminfo_field(&mem, "Percpu:"),
         charged_kb: [
             "/sys/fs/cgroup/memory/grove-soak/memory.usage_in_bytes",
@@ -368,7 +373,7 @@ fn main() {
     }
     let d = |a: u64, b: u64| b as i64 - a as i64;
     println!(
-        "before → after: MemAvailable {} → {} KiB ({:+} KiB); own RSS {} → {} KiB; own fds {} → {}; \
+        "before → after: MemAvailable (per-CPU free lists counted in) {} → {} KiB ({:+} KiB); own RSS {} → {} KiB; own fds {} → {}; \
          host open files {} → {} ({:+}); host mounts {} → {}, under {RUN_DIR} {} → {}; \
          memory cgroups (host, incl. dying) {} → {}; kernel SUnreclaim+Percpu {} → {} KiB; \
          still charged to grove-soak's memory cgroup {} → {} KiB",

@@ -133,7 +133,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         }
     }
     res.note("Grove's admission capacity (cpu, memory, pids, sandbox count) is overridden for the bench so 2,000 small idle sandboxes (16 MiB, 16 pids each) are admitted: this measures memory, not admission.");
-    res.note("MemAvailable is host-wide: other work on the machine moves it, so small counts are noisy; the largest count is the figure to quote.");
+    res.note("MemAvailable is host-wide: other work on the machine moves it, so small counts are noisy; the largest count is the figure to quote. It is read with the free pages on the kernel's per-CPU lists counted in (MemFree leaves them out, and this kernel grows those lists to hundreds of MiB under churn).");
     let mut series = Vec::new();
     let n_sys = systems.len().max(1) as f64;
     for (si, sys) in systems.iter().enumerate() {
