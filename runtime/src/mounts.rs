@@ -125,11 +125,19 @@ mod tests {
             None::<&str>,
         )
         .unwrap();
+        /// Unmounts even when an assertion fails, so a failed run leaves no mount behind.
+        struct Unmount<'a>(&'a std::path::Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let mounted = Unmount(&root);
         std::fs::write(root.join("precious"), b"keep").unwrap();
         let err = remove_dir_unless_mounted(&dir).unwrap_err();
         assert!(err.contains("still has mounts"), "{err}");
         assert_eq!(std::fs::read(root.join("precious")).unwrap(), b"keep");
-        nix::mount::umount2(&root, nix::mount::MntFlags::empty()).unwrap();
+        drop(mounted);
         remove_dir_unless_mounted(&dir).unwrap();
         assert!(!dir.exists());
     }
