@@ -65,6 +65,7 @@ impl RootProvider for NodefsRoot {
         Ok(Box::new(NodefsRootMount {
             svc: self.svc.clone(),
             info,
+            upper_dir: self.upper_dir(id),
         }))
     }
 
@@ -85,6 +86,7 @@ impl RootProvider for NodefsRoot {
         Some(Box::new(NodefsRootMount {
             svc: self.svc.clone(),
             info,
+            upper_dir: self.upper_dir(id),
         }))
     }
 
@@ -103,6 +105,7 @@ impl RootProvider for NodefsRoot {
 pub struct NodefsRootMount {
     svc: Arc<dyn FsService>,
     info: MountInfo,
+    upper_dir: PathBuf,
 }
 
 impl NodefsRootMount {
@@ -131,12 +134,33 @@ impl RootMount for NodefsRootMount {
     }
 
     fn unmount(&self) -> Result<(), RootError> {
-        self.svc.unmount(self.info.id).map_err(|e| {
-            RootError::with_source(
-                format!("nodefs unmount of {}", self.info.mountpoint.display()),
+        let mp = &self.info.mountpoint;
+        let e = match self.svc.unmount(self.info.id) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        // Whether a server still serves the mount decides. One that does failed the call
+        // itself (a pooled connection to it had dropped): ask once more. Otherwise the server
+        // that served it died (killed, crashed) and the one answering now has never heard of it
+        // (ids are never reused across servers), or none answers: the kernel mount is dead, so
+        // take it and the upper layer down here.
+        if let Ok(served) = self.svc.mounts() {
+            if served.iter().any(|m| m.id == self.info.id) {
+                return self.svc.unmount(self.info.id).map_err(|e| {
+                    RootError::with_source(format!("nodefs unmount of {}", mp.display()), e)
+                });
+            }
+        }
+        tracing::warn!(mountpoint = %mp.display(), error = %e, "the nodefs server of this root is gone; unmounting it directly");
+        grove_runtime::mounts::unmount_if_mounted(mp)
+            .map_err(|e| RootError::with_source(format!("unmount {}", mp.display()), e))?;
+        match std::fs::remove_dir_all(&self.upper_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RootError::with_source(
+                format!("remove {}", self.upper_dir.display()),
                 e,
-            )
-        })
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -107,6 +107,16 @@ impl std::fmt::Debug for Mount {
     }
 }
 
+/// Mount ids start at the clock's nanoseconds, so ids of one server never name a mount of the
+/// server before it: a client holding the id of a mount whose server died gets "no such
+/// mount" from the next server, not another sandbox's mount.
+fn first_mount_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1)
+}
+
 impl NodeFs {
     pub fn new(store: Arc<Store>) -> Arc<NodeFs> {
         // fuser gives every session thread a 16 MiB zeroed request buffer. glibc's dynamic
@@ -120,7 +130,7 @@ impl NodeFs {
         Arc::new(NodeFs {
             store,
             mounts: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(first_mount_id()),
         })
     }
 

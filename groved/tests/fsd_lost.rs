@@ -1,0 +1,94 @@
+//! grove-fsd, the process serving every nodefs root, dies under live sandboxes (OOM kill, a bug).
+//! Their roots are dead FUSE mounts then, and the new grove-fsd that the next request starts
+//! knows nothing of them. Destroying such a sandbox must still leave nothing behind: no mount,
+//! no upper layer, no run dir; and the node keeps creating sandboxes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{daemon, leftovers};
+use hyper::Method;
+use serde_json::json;
+
+/// Pids of the grove-fsd serving this test's daemon (found by its socket path on the command line).
+fn fsd_pids(run_dir: &Path) -> Vec<i32> {
+    let socket = run_dir.join("fsd.sock").display().to_string();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_fsd = args.first().is_some_and(|a| a.ends_with(b"grove-fsd"));
+        if is_fsd && args.contains(&socket.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn mounted_under(dir: &Path) -> Vec<String> {
+    let d = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&d)))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn destroying_sandboxes_whose_fs_server_died_leaves_nothing() {
+    let d = daemon();
+    let run = d.dir.join("run");
+    let id = d.create(json!({}));
+    let out = d.exec(&id, "echo kept > /root/note && cat /root/note");
+    assert_eq!(out["stdout"], "kept\n", "{out}");
+    let root: PathBuf = run.join("sandboxes").join(&id).join("root");
+    assert_eq!(mounted_under(&root).len(), 1, "the sandbox root is mounted");
+    let upper = d.dir.join("state/uppers").join(&id);
+    assert!(
+        upper.is_dir(),
+        "the write made an upper layer at {}",
+        upper.display()
+    );
+
+    let pids = fsd_pids(&run);
+    assert_eq!(pids.len(), 1, "one grove-fsd serves the daemon: {pids:?}");
+    // SAFETY: kill(2) with plain integers, on the test daemon's own grove-fsd.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{}", pids[0])).exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "grove-fsd did not die"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    d.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .expect(204);
+    assert!(
+        mounted_under(&root).is_empty(),
+        "{:?}",
+        mounted_under(&root)
+    );
+    assert!(!upper.exists(), "upper layer left at {}", upper.display());
+    assert!(!run.join("sandboxes").join(&id).exists(), "run dir left");
+    let residue = d.residue();
+    assert_eq!(residue["items"], json!([]), "{residue}");
+    assert!(
+        leftovers(&d.dir, &d.cgroup_root).is_empty(),
+        "{:?}",
+        leftovers(&d.dir, &d.cgroup_root)
+    );
+
+    // A new grove-fsd serves the next sandbox.
+    let again = d.create(json!({}));
+    assert_eq!(d.exec(&again, "echo ok")["stdout"], "ok\n");
+    d.delete(&again);
+    assert_eq!(d.residue()["items"], json!([]));
+}
