@@ -96,8 +96,9 @@ fn e(errno: i32) -> Errno {
     Errno::from_i32(errno)
 }
 
-/// Directory `ino`'s entries after cookie `offset`: ".", "..", then the children in the
-/// order they were added, each with its cookie (what the kernel hands back to continue).
+/// Directory `ino`'s entries after cookie `offset`: ".", "..", then the children (the
+/// tree's in name order, then those made in this mount in the order they were added), each
+/// with its cookie (what the kernel hands back to continue).
 /// Nothing is copied: the caller stops taking entries when the kernel's buffer is full.
 /// Every entry of the directory must be an inode ([`State::load_all`]).
 fn listing(st: &State, ino: u64, offset: u64) -> R<impl Iterator<Item = (u64, u64, &[u8])>> {
