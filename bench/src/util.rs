@@ -103,7 +103,7 @@ pub fn drop_caches() -> Result<()> {
 }
 
 /// MemAvailable from /proc/meminfo plus the free pages on the page allocator's per-CPU lists,
-/// in KiB. MemFree leaves those out, and kernels since 6.7 grow the lists under allocation
+/// in KiB. MemFree leaves those out, and recent kernels (6.18 here) grow the lists under allocation
 /// churn (800 MiB of free memory on them here after a soak), so MemAvailable alone "drops"
 /// with no owner.
 pub fn mem_available_kib() -> Result<u64> {

@@ -1,7 +1,7 @@
 //! Host-wide free memory as the examples compare it before and after a run.
 
 /// Free pages parked on the page allocator's per-CPU lists, in KiB. MemFree (and so
-/// MemAvailable) leaves them out, and kernels since 6.7 grow those lists under allocation
+/// MemAvailable) leaves them out, and recent kernels (6.18 here) grow those lists under allocation
 /// churn: after a few thousand sandbox cycles they held 800 MiB of free memory on this 2-vCPU
 /// VM, which read as a "drop" in MemAvailable with no owner in /proc/meminfo.
 pub fn per_cpu_free_kb() -> u64 {
