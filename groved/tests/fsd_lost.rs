@@ -1,7 +1,8 @@
 //! grove-fsd, the process serving every nodefs root, dies under live sandboxes (OOM kill, a bug).
 //! Their roots are dead FUSE mounts then, and the new grove-fsd that the next request starts
-//! knows nothing of them. Destroying such a sandbox must still leave nothing behind: no mount,
-//! no upper layer, no run dir; and the node keeps creating sandboxes.
+//! knows nothing of them. Such a sandbox is reported `failed` (exec refused), destroying it
+//! leaves nothing behind (no mount, no upper layer, no run dir), and the node keeps creating
+//! sandboxes.
 
 mod common;
 
@@ -69,6 +70,33 @@ fn destroying_sandboxes_whose_fs_server_died_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
+    // The reaper notices (one listing of the new server's mounts per tick) and says so.
+    let t = Instant::now();
+    loop {
+        let got = d
+            .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .expect(200)
+            .json();
+        if got["state"] == "failed" {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "not marked failed: {got}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "shell": "true" })),
+        )
+        .expect_error(409, None);
+    assert!(
+        refused["message"].as_str().unwrap_or("").contains("Failed"),
+        "{refused}"
+    );
     d.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
         .expect(204);
     assert!(

@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,13 @@ pub trait RootProvider: Send + Sync {
     /// on disk), by sandbox id. An unmount removes a sandbox's; one whose sandbox is not owned is
     /// residue, and recovery removes those of sandboxes it does not adopt.
     fn upper_dirs(&self) -> Vec<(String, PathBuf)> {
+        Vec::new()
+    }
+    /// Which of these mounted roots no longer work because what served them is gone (a FUSE
+    /// server that died): their sandboxes' files are lost. One call for them all, since the
+    /// reaper asks on every tick. Kernel mounts do not get lost.
+    fn lost(&self, roots: &[(SandboxId, Arc<dyn RootMount>)]) -> Vec<SandboxId> {
+        let _ = roots;
         Vec::new()
     }
 }

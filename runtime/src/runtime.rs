@@ -848,8 +848,46 @@ impl Runtime {
             .chain(self.expire_parked(now))
             .chain(self.expire_lost(now))
             .collect();
+        self.fail_lost_roots();
         self.sweep_cgroups();
         reaped
+    }
+
+    /// Marks `failed` the running or paused sandboxes whose root was lost with what served it
+    /// (grove-fsd died): exec and files cannot work any more, and a client should hear so
+    /// rather than find out from ENOTCONN. They stay listed until destroyed.
+    fn fail_lost_roots(&self) {
+        let live: Vec<(SandboxId, Arc<dyn RootMount>)> = self
+            .sandboxes
+            .lock()
+            .values()
+            .map(|s| (s.id.clone(), s.root.clone()))
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        for id in self.roots.lost(&live) {
+            // Still ours (a destroy takes a sandbox out of the map before unmounting it).
+            let Some(sb) = self.sandboxes.lock().get(&id).cloned() else {
+                continue;
+            };
+            {
+                let mut state = sb.state.lock();
+                if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
+                    continue;
+                }
+                *state = SandboxState::Failed;
+            }
+            tracing::error!(sandbox = %id, "its root filesystem's server exited; marked failed");
+            self.emit(
+                &id,
+                EventKind::Failed,
+                Some(
+                    "the server of its root filesystem (grove-fsd) exited: its files are gone"
+                        .into(),
+                ),
+            );
+        }
     }
 
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.

@@ -90,6 +90,27 @@ impl RootProvider for NodefsRoot {
         }))
     }
 
+    /// The roots whose mount the server does not serve: it died, and the one answering now (the
+    /// call starts one if none does) never heard of them. Mount ids are never reused across
+    /// servers, so an id alone tells. When no server can be reached, nothing is reported; the
+    /// next call asks again.
+    fn lost(&self, roots: &[(SandboxId, Arc<dyn RootMount>)]) -> Vec<SandboxId> {
+        let served: std::collections::HashSet<u64> = match self.svc.mounts() {
+            Ok(m) => m.into_iter().map(|m| m.id).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the nodefs mounts");
+                return Vec::new();
+            }
+        };
+        roots
+            .iter()
+            .filter_map(|(id, root)| {
+                let m = root.as_any().downcast_ref::<NodefsRootMount>()?;
+                (!served.contains(&m.info.id)).then(|| id.clone())
+            })
+            .collect()
+    }
+
     fn upper_dirs(&self) -> Vec<(String, PathBuf)> {
         let Ok(rd) = std::fs::read_dir(&self.upper_root) else {
             return Vec::new();
@@ -135,23 +156,25 @@ impl RootMount for NodefsRootMount {
 
     fn unmount(&self) -> Result<(), RootError> {
         let mp = &self.info.mountpoint;
-        let e = match self.svc.unmount(self.info.id) {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        // Whether a server still serves the mount decides. One that does failed the call
-        // itself (a pooled connection to it had dropped): ask once more. Otherwise the server
-        // that served it died (killed, crashed) and the one answering now has never heard of it
-        // (ids are never reused across servers), or none answers: the kernel mount is dead, so
-        // take it and the upper layer down here.
-        if let Ok(served) = self.svc.mounts() {
-            if served.iter().any(|m| m.id == self.info.id) {
+        if let Err(e) = self.svc.unmount(self.info.id) {
+            // A server that still serves the mount failed the call itself (a pooled connection
+            // to it had dropped): ask once more.
+            let served = self
+                .svc
+                .mounts()
+                .is_ok_and(|m| m.iter().any(|m| m.id == self.info.id));
+            if served {
                 return self.svc.unmount(self.info.id).map_err(|e| {
                     RootError::with_source(format!("nodefs unmount of {}", mp.display()), e)
                 });
             }
+            tracing::warn!(mountpoint = %mp.display(), error = %e, "no nodefs server serves this root any more");
         }
-        tracing::warn!(mountpoint = %mp.display(), error = %e, "the nodefs server of this root is gone; unmounting it directly");
+        // The server that served the mount may have died (killed, crashed). The one answering
+        // now never heard of it (mount ids are never reused across servers) and takes the
+        // unmount as done, or none answers: the dead kernel mount and the upper layer are left
+        // to us. After a real unmount both are gone already, and this costs a failing umount2
+        // and a failing stat.
         grove_runtime::mounts::unmount_if_mounted(mp)
             .map_err(|e| RootError::with_source(format!("unmount {}", mp.display()), e))?;
         match std::fs::remove_dir_all(&self.upper_dir) {
