@@ -476,14 +476,7 @@ pub struct PauseFigures {
 }
 
 fn mem_available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    grove_runtime::host_mem::available_kb().map_or(0, |kb| kb * 1024)
 }
 
 /// One snapshot's figures.

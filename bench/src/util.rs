@@ -102,30 +102,11 @@ pub fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("write /proc/sys/vm/drop_caches")
 }
 
-/// MemAvailable from /proc/meminfo plus the free pages on the page allocator's per-CPU lists,
-/// in KiB. MemFree leaves those out, and recent kernels (6.18 here) grow the lists under allocation
-/// churn (800 MiB of free memory on them here after a soak), so MemAvailable alone "drops"
-/// with no owner.
+/// MemAvailable with the free pages on the kernel's per-CPU lists counted in, in KiB (see
+/// [`grove_runtime::host_mem::per_cpu_free_kb`] for why).
 pub fn mem_available_kib() -> Result<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").context("read /proc/meminfo")?;
-    let avail: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow!("no MemAvailable in /proc/meminfo"))?;
-    Ok(avail + per_cpu_free_kib())
-}
-
-/// Free pages on the per-CPU lists (`count:` of every pageset in /proc/zoneinfo), in KiB.
-fn per_cpu_free_kib() -> u64 {
-    let zoneinfo = std::fs::read_to_string("/proc/zoneinfo").unwrap_or_default();
-    let pages: u64 = zoneinfo
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("count:")?.trim().parse::<u64>().ok())
-        .sum();
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    pages * page / 1024
+    grove_runtime::host_mem::available_kb()
+        .ok_or_else(|| anyhow!("no MemAvailable in /proc/meminfo"))
 }
 
 /// Lazily unmounts `path` if it is a mount point.

@@ -8,9 +8,6 @@
 //! the machine, so the sandboxes' own memory-cgroup charge and the kernel's slab/percpu/stack
 //! growth are reported next to it.
 
-#[path = "common/host_mem.rs"]
-mod host_mem;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +45,7 @@ fn mem_available_kb() -> u64 {
     let mut v: Vec<u64> = (0..5)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(200));
-            meminfo(&["MemAvailable"])[0] + host_mem::per_cpu_free_kb()
+            grove_runtime::host_mem::available_kb().unwrap_or(0)
         })
         .collect();
     v.sort_unstable();

@@ -9,10 +9,7 @@
 //! Host-wide figures (MemAvailable, /proc/sys/fs/file-nr) move with whatever else runs on the
 //! machine, hence the tolerances; the process's own fds and the mounts are compared exactly.
 //! MemAvailable is read with the free pages on the kernel's per-CPU lists added back (see
-//! `common/host_mem.rs`): without them a run "lost" 200–500 MiB that no meminfo field held.
-
-#[path = "common/host_mem.rs"]
-mod host_mem;
+//! `grove_runtime::host_mem`): without them a run "lost" 200–500 MiB that no meminfo field held.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -131,7 +128,7 @@ fn sample() -> Sample {
     let cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     Sample {
-        mem_available_kb: meminfo_field(&mem, "MemAvailable:") + host_mem::per_cpu_free_kb(),
+        mem_available_kb: grove_runtime::host_mem::available_kb().unwrap_or(0),
         kernel_kb: meminfo_field(&mem, "SUnreclaim:") + meminfo_field(&mem, "Percpu:"),
         charged_kb: [
             "/sys/fs/cgroup/memory/grove-soak/memory.usage_in_bytes",

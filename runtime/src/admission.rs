@@ -28,17 +28,7 @@ fn read_num(path: &str) -> Option<u64> {
 }
 
 fn mem_total_mb() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("MemTotal:")?
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kb| kb / 1024)
-        .unwrap_or(0)
+    crate::host_mem::meminfo_kb("MemTotal").unwrap_or(0) / 1024
 }
 
 /// Free space of the filesystem that holds (or will hold) `dir`: its nearest existing ancestor's.

@@ -9,6 +9,7 @@ mod client;
 pub mod config;
 pub mod error;
 mod files;
+pub mod host_mem;
 mod idle;
 pub mod init;
 pub mod jobs;
