@@ -148,6 +148,10 @@ fn a_client_does_everything_through_the_socket() {
     assert!(!tmp.path().join("upper").exists(), "its upper dir went");
     assert!(matches!(c.commit(m.id), Err(Error::UnknownMount(_))));
     c.unmount(m.id).unwrap();
+    // An id below this server's first one is a mount of a server before it: not this one's
+    // to have unmounted, so the caller hears it (and takes a dead kernel mount down itself).
+    assert!(m.id > 1);
+    assert!(matches!(c.unmount(1), Err(Error::UnknownMount(1))));
     assert!(c.fsck().unwrap().is_clean());
     assert!(!Path::new(&mp).join("etc").exists());
 }

@@ -156,25 +156,26 @@ impl RootMount for NodefsRootMount {
 
     fn unmount(&self) -> Result<(), RootError> {
         let mp = &self.info.mountpoint;
-        if let Err(e) = self.svc.unmount(self.info.id) {
-            // A server that still serves the mount failed the call itself (a pooled connection
-            // to it had dropped): ask once more.
-            let served = self
+        let e = match self.svc.unmount(self.info.id) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        // UnknownMount: the server that served the mount died (killed, crashed) and the one
+        // answering now never served it. Any other failure: ask whether a server still serves
+        // it; one that does failed the call itself (a pooled connection to it had dropped), so
+        // ask once more. Otherwise the kernel mount is dead and, with the upper layer, ours to
+        // take down.
+        if !matches!(e, nodefs::Error::UnknownMount(_))
+            && self
                 .svc
                 .mounts()
-                .is_ok_and(|m| m.iter().any(|m| m.id == self.info.id));
-            if served {
-                return self.svc.unmount(self.info.id).map_err(|e| {
-                    RootError::with_source(format!("nodefs unmount of {}", mp.display()), e)
-                });
-            }
-            tracing::warn!(mountpoint = %mp.display(), error = %e, "no nodefs server serves this root any more");
+                .is_ok_and(|m| m.iter().any(|m| m.id == self.info.id))
+        {
+            return self.svc.unmount(self.info.id).map_err(|e| {
+                RootError::with_source(format!("nodefs unmount of {}", mp.display()), e)
+            });
         }
-        // The server that served the mount may have died (killed, crashed). The one answering
-        // now never heard of it (mount ids are never reused across servers) and takes the
-        // unmount as done, or none answers: the dead kernel mount and the upper layer are left
-        // to us. After a real unmount both are gone already, and this costs a failing umount2
-        // and a failing stat.
+        tracing::warn!(mountpoint = %mp.display(), error = %e, "no nodefs server serves this root any more; unmounting it here");
         grove_runtime::mounts::unmount_if_mounted(mp)
             .map_err(|e| RootError::with_source(format!("unmount {}", mp.display()), e))?;
         match std::fs::remove_dir_all(&self.upper_dir) {

@@ -75,6 +75,8 @@ pub struct Usage {
 pub struct NodeFs {
     store: Arc<Store>,
     mounts: Mutex<Vec<Arc<Mount>>>,
+    /// The id of this server's first mount: lower ids are mounts of a server before it.
+    first_id: u64,
     next_id: AtomicU64,
 }
 
@@ -127,10 +129,12 @@ impl NodeFs {
             // SAFETY: mallopt only changes allocator tuning; 1 MiB is a valid threshold.
             unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
         });
+        let first_id = first_mount_id();
         Arc::new(NodeFs {
             store,
             mounts: Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(first_mount_id()),
+            first_id,
+            next_id: AtomicU64::new(first_id),
         })
     }
 
@@ -244,6 +248,12 @@ impl NodeFs {
     }
 
     /// The live mount with this id.
+    /// Whether `id` names a mount of this server (served now or gone), not one of a server
+    /// before it.
+    pub fn is_own_id(&self, id: u64) -> bool {
+        id >= self.first_id
+    }
+
     pub fn find(&self, id: u64) -> Option<Arc<Mount>> {
         self.mounts.lock().iter().find(|m| m.id == id).cloned()
     }

@@ -187,10 +187,13 @@ impl FsService for Local {
         Ok(self.mount_of(mount)?.usage())
     }
 
+    /// Idempotent for this server's own mounts. A mount of a server before it is not this
+    /// one's to have unmounted: UnknownMount, so the caller knows its kernel mount may be there.
     fn unmount(&self, mount: u64) -> Result<(), Error> {
         match self.fs.find(mount) {
             Some(m) => m.unmount(),
-            None => Ok(()),
+            None if self.fs.is_own_id(mount) => Ok(()),
+            None => Err(Error::UnknownMount(mount)),
         }
     }
 
