@@ -28,7 +28,7 @@ pub mod spawner;
 pub mod types;
 mod validate;
 
-pub use config::RuntimeConfig;
+pub use config::{PortRange, RuntimeConfig};
 pub use error::Error;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};
 pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};

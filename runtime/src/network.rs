@@ -1,17 +1,28 @@
 //! Sandbox networking. `none`: the sandbox's own netns with only `lo` (made by init, no work here).
 //! `egress`: a veth pair (host end `grove<10 hex of the id>`, sandbox end `eth0`), a /30 from the
 //! pool, and nftables rules in the runtime's own table: per sandbox a chain accepting only the
-//! allowlisted destinations (forwarded and to the host alike), masquerade out, published ports by
-//! DNAT. Done with the `ip` and `nft` commands (off the hot path of `none`).
+//! allowlisted destinations, masquerade out, published ports by DNAT. Done with the `ip` and `nft`
+//! commands (off the hot path of `none`).
+//!
+//! What an allowlist can never open: the host itself (the input hook drops everything from a
+//! sandbox link but replies), and other sandboxes — the forward hook first runs the *receiver's*
+//! chain (which only `return`s for replies and DNATed connections, else drops), and drops a
+//! sender's traffic to the pool unless DNATed; an `accept` in the sender's chain comes after both.
+//! Published ports (DNAT from a host address) are the only way in. A published host port is held
+//! by a bound socket for the lease's lifetime, so no host service (another groved included) can
+//! take it later, and it is refused when something has it already.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
 
+use nix::sys::socket::{bind, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
 use crate::types::{EgressRule, PortMapping, SandboxId};
 use crate::validate;
 
@@ -28,6 +39,8 @@ pub struct NetLease {
 pub struct Network {
     table: String,
     pool: (Ipv4Addr, u8),
+    /// `net.ipv4.ip_nonlocal_bind` was set at start: a bind cannot tell a host address then.
+    nonlocal_bind: bool,
     state: Mutex<NetState>,
 }
 
@@ -35,6 +48,63 @@ pub struct Network {
 struct NetState {
     used: HashSet<u32>,
     leases: usize,
+    /// Published host ports, each held by a bound (not listening) socket.
+    held: HashMap<u16, OwnedFd>,
+}
+
+/// Why a sandbox's network could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// A published port that cannot be had: the client's to fix (a 4xx naming the field).
+    #[error("{0}")]
+    Port(Error),
+    #[error("{0}")]
+    Wire(String),
+}
+
+impl NetError {
+    pub(crate) fn into_error(self, id: &SandboxId) -> Error {
+        match self {
+            NetError::Port(e) => e,
+            NetError::Wire(reason) => Error::Network {
+                id: id.clone(),
+                reason,
+            },
+        }
+    }
+}
+
+impl From<String> for NetError {
+    fn from(s: String) -> Self {
+        NetError::Wire(s)
+    }
+}
+
+impl From<&str> for NetError {
+    fn from(s: &str) -> Self {
+        NetError::Wire(s.into())
+    }
+}
+
+/// A TCP socket bound to `addr:port` with no SO_REUSEADDR: while it lives, every other bind of that
+/// port (with or without SO_REUSEADDR) fails, and it fails itself when anything holds the port.
+fn bind_tcp(addr: Ipv4Addr, port: u16) -> nix::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(std::net::SocketAddrV4::new(addr, port)),
+    )?;
+    Ok(fd)
+}
+
+/// Whether `addr` is one of the host's own addresses (binding to it works).
+fn is_host_address(addr: Ipv4Addr) -> bool {
+    bind_tcp(addr, 0).is_ok()
 }
 
 /// Host-end interface name of a sandbox's veth (15 chars, the kernel maximum).
@@ -78,9 +148,12 @@ impl Network {
         if pool.1 > 28 {
             return Err(format!("address pool /{} is too small", pool.1));
         }
+        let nonlocal_bind = std::fs::read_to_string("/proc/sys/net/ipv4/ip_nonlocal_bind")
+            .is_ok_and(|v| v.trim() != "0");
         Ok(Network {
             table: table.to_string(),
             pool,
+            nonlocal_bind,
             state: Mutex::new(NetState::default()),
         })
     }
@@ -101,16 +174,22 @@ impl Network {
             "table inet {t} {{
   map fwd_in {{ type ifname : verdict; }}
   map fwd_out {{ type ifname : verdict; }}
+  set ifs {{ type ifname; }}
   map ports {{ type inet_service : ipv4_addr . inet_service; }}
   chain forward {{ type filter hook forward priority -1; policy accept;
-    iifname vmap @fwd_in
     oifname vmap @fwd_out
+    iifname @ifs ip daddr {net}/{len} ct status & dnat == 0 drop
+    iifname vmap @fwd_in
   }}
   chain input {{ type filter hook input priority -1; policy accept;
-    iifname vmap @fwd_in
+    iifname @ifs ct state established,related accept
+    iifname @ifs drop
   }}
   chain prerouting {{ type nat hook prerouting priority -101; policy accept;
     fib daddr type local dnat ip to tcp dport map @ports
+  }}
+  chain output {{ type nat hook output priority -101; policy accept;
+    ip daddr != 127.0.0.0/8 fib daddr type local dnat ip to tcp dport map @ports
   }}
   chain postrouting {{ type nat hook postrouting priority 99; policy accept;
     ip saddr {net}/{len} oifname != \"grove*\" masquerade
@@ -127,19 +206,35 @@ impl Network {
         pid: i32,
         allow: &[EgressRule],
         ports: &[PortMapping],
-    ) -> Result<NetLease, String> {
+    ) -> Result<NetLease, NetError> {
         let mut st = self.state.lock();
+        let held = Self::hold_ports(&mut st, ports).map_err(NetError::Port)?;
         if st.leases == 0 {
             // Made under the lock so a concurrent setup never adds rules to a missing table.
-            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-                .map_err(|e| format!("enable ip_forward: {e}"))?;
-            let _ = nft(&format!("delete table inet {}\n", self.table));
-            nft(&self.base_table())?;
+            let made = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+                .map_err(|e| format!("enable ip_forward: {e}"))
+                .and_then(|()| {
+                    let _ = nft(&format!("delete table inet {}\n", self.table));
+                    nft(&self.base_table())
+                });
+            if let Err(e) = made {
+                Self::release_ports(&mut st, &held);
+                return Err(e.into());
+            }
         }
         let blocks = 1u32 << (32 - u32::from(self.pool.1) - 2);
+        // A block whose host address the host has already (another instance drew the same pool,
+        // or an operator's network) would make two routes for one /30: skip it. One bind each.
         let index = (0..blocks)
-            .find(|i| !st.used.contains(i))
-            .ok_or("address pool exhausted")?;
+            .filter(|i| !st.used.contains(i))
+            .find(|&i| self.nonlocal_bind || !is_host_address(self.block(i).0));
+        let Some(index) = index else {
+            Self::release_ports(&mut st, &held);
+            if st.leases == 0 {
+                self.delete_table();
+            }
+            return Err("address pool exhausted".into());
+        };
         let (host_addr, sandbox_addr) = self.block(index);
         let lease = NetLease {
             index,
@@ -156,9 +251,60 @@ impl Network {
             Ok(()) => Ok(lease),
             Err(e) => {
                 let _ = self.teardown(&lease);
-                Err(e)
+                Err(e.into())
             }
         }
+    }
+
+    /// Takes every published host port or none: refused when another sandbox of ours has it, or
+    /// anything on the host is bound to it (a listener, groved's own port, another instance's
+    /// published port). Returns the ports taken, for `release_ports`.
+    fn hold_ports(st: &mut NetState, ports: &[PortMapping]) -> Result<Vec<u16>, Error> {
+        let mut taken = Vec::new();
+        for (i, p) in ports.iter().enumerate() {
+            let port = p.host_port;
+            let why = if st.held.contains_key(&port) {
+                Some("published by another sandbox".to_string())
+            } else {
+                match bind_tcp(Ipv4Addr::UNSPECIFIED, port) {
+                    Ok(fd) => {
+                        st.held.insert(port, fd);
+                        taken.push(port);
+                        None
+                    }
+                    Err(nix::errno::Errno::EADDRINUSE) => {
+                        Some("in use on the host (a socket is bound to it)".into())
+                    }
+                    Err(e) => Some(format!("cannot be reserved on the host: {e}")),
+                }
+            };
+            if let Some(why) = why {
+                Self::release_ports(st, &taken);
+                return Err(Error::invalid(
+                    &format!("ports[{i}].host_port"),
+                    format!("{port} is {why}"),
+                ));
+            }
+        }
+        Ok(taken)
+    }
+
+    fn release_ports(st: &mut NetState, ports: &[u16]) {
+        for p in ports {
+            st.held.remove(p);
+        }
+    }
+
+    /// Whether `ports` could be published now (no side effect): for refusing a create before
+    /// anything is made; `setup` takes them for real.
+    pub fn check_ports(&self, ports: &[PortMapping]) -> Result<(), Error> {
+        if ports.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.state.lock();
+        let taken = Self::hold_ports(&mut st, ports)?;
+        Self::release_ports(&mut st, &taken);
+        Ok(())
     }
 
     fn wire(&self, l: &NetLease, pid: i32, allow: &[EgressRule]) -> Result<(), String> {
@@ -193,7 +339,9 @@ impl Network {
     fn rules(&self, l: &NetLease, allow: &[EgressRule]) -> String {
         let h = &l.host_if;
         let (t, c) = (&self.table, &l.chain);
-        let mut s = format!("add chain inet {t} {c}\nadd chain inet {t} {c}_out\n");
+        let mut s = format!(
+            "add chain inet {t} {c}\nadd chain inet {t} {c}_out\nadd rule inet {t} {c} ct state established,related accept\n"
+        );
         for r in allow {
             if r.ports.is_empty() {
                 s += &format!("add rule inet {t} {c} ip daddr {} accept\n", r.cidr);
@@ -206,11 +354,13 @@ impl Network {
                 );
             }
         }
-        s += &format!("add rule inet {t} {c} ct state established,related accept\nadd rule inet {t} {c} drop\n");
+        s += &format!("add rule inet {t} {c} drop\n");
+        // The receiver's chain runs first and must not end the hook: `return`, not `accept`, so
+        // the sender's chain still judges the packet.
         s += &format!(
-            "add rule inet {t} {c}_out ct state established,related accept\nadd rule inet {t} {c}_out ct status dnat accept\nadd rule inet {t} {c}_out drop\n"
+            "add rule inet {t} {c}_out ct state established,related return\nadd rule inet {t} {c}_out ct status dnat return\nadd rule inet {t} {c}_out drop\n"
         );
-        s += &format!("add element inet {t} fwd_in {{ \"{h}\" : jump {c} }}\nadd element inet {t} fwd_out {{ \"{h}\" : jump {c}_out }}\n");
+        s += &format!("add element inet {t} fwd_in {{ \"{h}\" : jump {c} }}\nadd element inet {t} fwd_out {{ \"{h}\" : jump {c}_out }}\nadd element inet {t} ifs {{ \"{h}\" }}\n");
         for p in &l.ports {
             s += &format!(
                 "add element inet {t} ports {{ {} : {} . {} }}\n",
@@ -239,11 +389,13 @@ impl Network {
         let mut st = self.state.lock();
         st.used.remove(&l.index);
         st.leases = st.leases.saturating_sub(1);
+        let ports: Vec<u16> = l.ports.iter().map(|p| p.host_port).collect();
+        Self::release_ports(&mut st, &ports);
         let (t, c, h) = (&self.table, &l.chain, &l.host_if);
         let script = if st.leases == 0 {
             format!("delete table inet {t}\n")
         } else {
-            let mut s = format!("delete element inet {t} fwd_in {{ \"{h}\" }}\ndelete element inet {t} fwd_out {{ \"{h}\" }}\n");
+            let mut s = format!("delete element inet {t} fwd_in {{ \"{h}\" }}\ndelete element inet {t} fwd_out {{ \"{h}\" }}\ndelete element inet {t} ifs {{ \"{h}\" }}\n");
             for p in &l.ports {
                 s += &format!("delete element inet {t} ports {{ {} }}\n", p.host_port);
             }
@@ -281,6 +433,10 @@ impl Network {
         for (lease, _) in adopted {
             st.used.insert(lease.index);
             st.leases += 1;
+            if let Err(e) = Self::hold_ports(&mut st, &lease.ports) {
+                // The DNAT still works; only a later service may now take the port under it.
+                tracing::warn!(link = %lease.host_if, error = %e, "re-holding a published port");
+            }
         }
         Ok(())
     }

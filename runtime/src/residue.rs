@@ -105,11 +105,20 @@ impl Runtime {
             }
         }
         // This runtime names no netns (sandboxes hold theirs through pid 1); a named one is ours
-        // only if it carries our instance's name. Others' are for the host-wide scan.
-        let root = &self.config.cgroup_root;
+        // only if it carries our instance's name: `<root>` or `<root>-<sandbox id>`, never a mere
+        // prefix (`grove` must not claim `grove-b`'s). Others' are for the host-wide scan.
+        let root = self.config.cgroup_root.as_str();
+        let named_ours = |n: &str| {
+            n.strip_prefix(root).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest
+                        .strip_prefix('-')
+                        .is_some_and(|id| id.parse::<SandboxId>().is_ok())
+            })
+        };
         for name in dir_names(Path::new("/run/netns"))
             .into_iter()
-            .filter(|n| n.starts_with(root.as_str()))
+            .filter(|n| named_ours(n))
         {
             items.push(item("netns", name));
         }
@@ -237,4 +246,52 @@ pub(crate) fn host_processes() -> Vec<(i32, Vec<u8>)> {
 /// A process's /proc/<pid>/cgroup (empty once it is gone).
 pub(crate) fn cgroup_of(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+}
+
+/// Held for a runtime's life: a second runtime on the same cgroup root (so the same nft table,
+/// marks and sweeps) would take the first one's sandboxes for leftovers and remove them. An
+/// exclusive flock on the root's cgroup dir (no file of its own to leave behind); the kernel drops
+/// it when the process dies. Waits a few seconds for a runtime of this process being dropped.
+pub(crate) fn lock_instance(
+    cgroup_root: &str,
+) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, crate::Error> {
+    use nix::fcntl::{Flock, FlockArg};
+    let base = Path::new("/sys/fs/cgroup");
+    let Some(dir) = [
+        base.join("memory").join(cgroup_root),
+        base.join(cgroup_root),
+    ]
+    .into_iter()
+    .find(|d| d.is_dir()) else {
+        return Ok(None);
+    };
+    let mut file = std::fs::File::open(&dir).map_err(|source| crate::Error::Io {
+        context: format!("open {} to lock the instance", dir.display()),
+        source,
+    })?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(Some(lock)),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(crate::Error::invalid(
+                    "cgroup_root",
+                    format!(
+                        "{cgroup_root:?} is in use by another running Grove runtime on this host; \
+                         give each daemon its own instance name"
+                    ),
+                ))
+            }
+            Err((_, e)) => {
+                return Err(crate::Error::Io {
+                    context: format!("lock {}", dir.display()),
+                    source: e.into(),
+                })
+            }
+        }
+    }
 }

@@ -103,6 +103,8 @@ pub struct Runtime {
     pub(crate) pools: Pools,
     pub(crate) jobs: Jobs,
     subscribers: Mutex<Vec<Sender<Event>>>,
+    /// This instance's claim on its cgroup root (`residue::lock_instance`).
+    _instance_lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
@@ -138,6 +140,7 @@ impl Runtime {
             path: e.path.clone(),
             source: e.source,
         })?;
+        let instance_lock = crate::residue::lock_instance(&config.cgroup_root)?;
         let sb_dir = config.run_dir.join("sandboxes");
         std::fs::create_dir_all(&sb_dir).map_err(io_err(format!("create {}", sb_dir.display())))?;
         let table = config.cgroup_root.replace('-', "_");
@@ -159,6 +162,7 @@ impl Runtime {
             pools: Pools::default(),
             jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
+            _instance_lock: instance_lock,
         });
         rt.recover();
         Ok(rt)
@@ -216,6 +220,9 @@ impl Runtime {
     /// A new sandbox: handed over from a warm pool when one holds its image and size, else built.
     pub fn create(&self, spec: SandboxSpec) -> Result<SandboxInfo, Error> {
         let _foreground = self.pools.foreground();
+        // Before a pooled hand-over too, which would otherwise fail late and build cold.
+        validate::spec(&spec)?;
+        self.check_ports(&spec)?;
         if let Some(info) = self.claim_pooled(&spec)? {
             return Ok(info);
         }
@@ -241,6 +248,7 @@ impl Runtime {
         same_id: Option<SandboxId>,
     ) -> Result<SandboxInfo, Error> {
         validate::spec(&spec)?;
+        self.check_ports(&spec)?;
         let limits = spec.limits.unwrap_or(self.config.defaults);
         validate::limits(&limits)?;
         if !self.roots.image_exists(&spec.image) {
@@ -301,6 +309,17 @@ impl Runtime {
         };
         self.pending.lock().remove(&id);
         result
+    }
+
+    /// Published host ports against the node's range and reserved ports, then whether the host
+    /// has them free (a bind each, no command run): refused before anything is made.
+    fn check_ports(&self, spec: &SandboxSpec) -> Result<(), Error> {
+        validate::host_ports(
+            &spec.ports,
+            self.config.host_port_range,
+            &self.config.reserved_ports,
+        )?;
+        self.net.check_ports(&spec.ports)
     }
 
     /// The steps of a create; each records what it made in `parts` so a failure can be undone.
@@ -407,10 +426,7 @@ impl Runtime {
                 let lease = self
                     .net
                     .setup(id, init_pid, allow, &spec.ports)
-                    .map_err(|reason| Error::Network {
-                        id: id.clone(),
-                        reason,
-                    })?;
+                    .map_err(|e| e.into_error(id))?;
                 parts.net = Some(lease.clone());
                 Some(lease)
             }

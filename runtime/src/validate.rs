@@ -2,8 +2,9 @@
 
 use std::net::Ipv4Addr;
 
+use crate::config::PortRange;
 use crate::error::Error;
-use crate::types::{EgressRule, ExecRequest, Limits, NetworkPolicy, SandboxSpec};
+use crate::types::{EgressRule, ExecRequest, Limits, NetworkPolicy, PortMapping, SandboxSpec};
 
 /// Limits outside these bounds are refused as absurd (capacity is checked separately).
 pub fn limits(l: &Limits) -> Result<(), Error> {
@@ -129,6 +130,34 @@ pub fn spec(s: &SandboxSpec) -> Result<(), Error> {
     Ok(())
 }
 
+/// Published host ports against the node's policy: inside the configured range and not one of the
+/// daemon's own listeners (whose traffic, bearer keys included, a DNAT would hand to the sandbox).
+/// Whether the port is free on the host is `Network`'s check (it holds the port).
+pub fn host_ports(ports: &[PortMapping], range: PortRange, reserved: &[u16]) -> Result<(), Error> {
+    for (i, p) in ports.iter().enumerate() {
+        let field = format!("ports[{i}].host_port");
+        if reserved.contains(&p.host_port) {
+            return Err(Error::invalid(
+                &field,
+                format!(
+                    "{} is reserved (a listener of the node's daemon)",
+                    p.host_port
+                ),
+            ));
+        }
+        if !range.contains(p.host_port) {
+            return Err(Error::invalid(
+                &field,
+                format!(
+                    "{} is outside the node's host port range {range}",
+                    p.host_port
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Turns an exec request into the argv to run.
 pub fn exec_argv(r: &ExecRequest) -> Result<Vec<String>, Error> {
     env_map("env", &r.env)?;
@@ -168,6 +197,22 @@ mod tests {
         ] {
             assert_eq!(cidr(bad).unwrap_err().code(), "invalid_spec", "{bad}");
         }
+    }
+
+    #[test]
+    fn host_ports_outside_the_range_or_reserved_are_refused() {
+        let p = |host_port| PortMapping {
+            host_port,
+            sandbox_port: 80,
+        };
+        let range = PortRange::default();
+        assert!(host_ports(&[p(30000), p(32767)], range, &[]).is_ok());
+        let e = host_ports(&[p(30001), p(22)], range, &[]).unwrap_err();
+        assert_eq!(e.field(), Some("ports[1].host_port"));
+        assert!(e.to_string().contains("outside"), "{e}");
+        let e = host_ports(&[p(31000)], range, &[31000]).unwrap_err();
+        assert_eq!(e.field(), Some("ports[0].host_port"));
+        assert!(e.to_string().contains("reserved"), "{e}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ fn network_policies() {
 
     s.network = egress("10.212.0.2/32", vec![8000]);
     s.ports = vec![PortMapping {
-        host_port: 18080,
+        host_port: 31080,
         sandbox_port: 9000,
     }];
     let a = rt.create(s.clone()).unwrap();
@@ -177,9 +177,9 @@ fn network_policies() {
         "TimeoutError",
         "other sandbox"
     );
-    // The published port: peer → host:18080 → a:9000.
+    // The published port: peer → host:31080 → a:9000.
     let got = Command::new("ip")
-        .args(["netns", "exec", PEER_NS, "/usr/bin/python3", "-c", "import socket; s=socket.create_connection(('10.212.0.1',18080),timeout=2); print(s.recv(2).decode())"])
+        .args(["netns", "exec", PEER_NS, "/usr/bin/python3", "-c", "import socket; s=socket.create_connection(('10.212.0.1',31080),timeout=2); print(s.recv(2).decode())"])
         .output()
         .unwrap();
     assert_eq!(

@@ -82,10 +82,7 @@ impl Runtime {
             NetworkPolicy::Egress { allow } => Some(
                 self.net
                     .setup(id, pid, allow, &spec.ports)
-                    .map_err(|reason| Error::Network {
-                        id: id.clone(),
-                        reason,
-                    })?,
+                    .map_err(|e| e.into_error(id))?,
             ),
         };
         let now = now_ms();
