@@ -113,3 +113,111 @@ fn residue_claims_only_this_instances_setup_processes() {
     std::fs::write("/proc/sys/net/ipv4/ip_forward", forward_before).expect("fwd");
     assert_gone(&rt, &info.id);
 }
+
+/// Issue 25 item 8: two runtimes on one host (two groveds, each on its own state dir) never
+/// touch each other's sandboxes: neither B's start-up sweep nor either reaper removes the other's
+/// cgroups, processes, links or nft rules, each destroys only its own, and nothing is left at the
+/// end. A third runtime on A's names is refused while A runs.
+#[test]
+fn two_instances_never_touch_each_others_sandboxes() {
+    use grove_runtime::config::instance_for;
+    use grove_runtime::{ExecRequest, NetworkPolicy, OverlayRoot, PortMapping, Runtime};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    if !can_run() {
+        return;
+    }
+    let forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").expect("fwd");
+    // The names a groved derives for two state dirs.
+    let names = [
+        instance_for(Path::new("/var/lib/grove-rtest-a")),
+        instance_for(Path::new("/var/lib/grove-rtest-b")),
+    ];
+    assert!(names[0] != names[1] && !names.contains(&"grove".to_string()));
+    let cfg = |name: &str, pool: &str| {
+        let mut c = config(name);
+        c.net_pool = pool.into();
+        c
+    };
+    let (cfg_a, cfg_b) = (
+        cfg(&names[0], "10.217.0.0/16"),
+        cfg(&names[1], "10.218.0.0/16"),
+    );
+    let roots = || Arc::new(OverlayRoot::new(STATE_DIR));
+    let a = Runtime::new(cfg_a.clone(), roots()).expect("runtime A");
+    let a_plain = a.create(spec()).expect("create in A").id;
+    let mut s = spec();
+    s.network = NetworkPolicy::Egress { allow: vec![] };
+    s.ports = vec![PortMapping {
+        host_port: 31500,
+        sandbox_port: 9000,
+    }];
+    let a_net = a.create(s).expect("egress create in A").id;
+    for id in [&a_plain, &a_net] {
+        let mut bg = ExecRequest::shell("sleep 1000");
+        bg.background = true;
+        a.exec(id, bg).expect("sleeper");
+    }
+    let alive = |id: &grove_runtime::SandboxId| out(&sh(&a, id, "pgrep -c sleep"));
+
+    // B starts (its sweep of leftovers runs), makes its own, and both reapers pass.
+    let b = Runtime::new(cfg_b.clone(), roots()).expect("runtime B");
+    let mut s = spec();
+    s.network = NetworkPolicy::Egress { allow: vec![] };
+    let b_net = b.create(s).expect("egress create in B").id;
+    b.reap_expired();
+    a.reap_expired();
+    for id in [&a_plain, &a_net] {
+        assert_eq!(alive(id), "1", "A's {id} after B's start and both reapers");
+    }
+    assert_eq!(out(&sh(&b, &b_net, "echo up")), "up");
+    // Neither reports the other's as its residue, nor their links and tables.
+    assert!(a.residue().items.is_empty(), "{:#?}", a.residue().items);
+    assert!(b.residue().items.is_empty(), "{:#?}", b.residue().items);
+    let table = |c: &grove_runtime::RuntimeConfig| {
+        Command::new("nft")
+            .args(["list", "table", "inet", &c.cgroup_root.replace('-', "_")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("nft")
+            .success()
+    };
+    assert!(table(&cfg_a) && table(&cfg_b));
+
+    // A second runtime on A's names would take A's sandboxes for leftovers: refused.
+    let Err(e) = Runtime::new(cfg_a.clone(), roots()) else {
+        panic!("a second runtime on A's names started");
+    };
+    assert_eq!(e.field(), Some("cgroup_root"), "{e}");
+    assert_eq!(alive(&a_plain), "1");
+
+    // B's destroy and shutdown leave A's alone.
+    b.destroy(&b_net).expect("destroy in B");
+    assert!(matches!(
+        b.destroy(&a_plain),
+        Err(grove_runtime::Error::NotFound { .. })
+    ));
+    b.shutdown();
+    assert_gone(&b, &b_net);
+    assert!(!table(&cfg_b));
+    for id in [&a_plain, &a_net] {
+        assert_eq!(alive(id), "1", "A's {id} after B's shutdown");
+    }
+    assert!(table(&cfg_a));
+    for id in [&a_plain, &a_net] {
+        a.destroy(id).expect("destroy in A");
+        assert_gone(&a, id);
+    }
+    a.shutdown();
+    assert!(!table(&cfg_a));
+    for c in [&cfg_a, &cfg_b] {
+        assert!(!c.run_dir.exists(), "{} left", c.run_dir.display());
+        for ctrl in ["memory", "pids", "cpu", "unified"] {
+            let d = Path::new("/sys/fs/cgroup").join(ctrl).join(&c.cgroup_root);
+            assert!(!d.exists(), "{} left", d.display());
+        }
+    }
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", forward_before).expect("fwd");
+}
