@@ -45,6 +45,10 @@ pub enum ConfigError {
     NoInit,
     #[error("{field}: {why}")]
     Idle { field: &'static str, why: String },
+    #[error("host_port_range: {0}")]
+    PortRange(String),
+    #[error("instance {0:?} must start with \"grove\" and be [A-Za-z0-9_-]")]
+    Instance(String),
 }
 
 /// The file's shape; every key optional.
@@ -71,10 +75,16 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<u64>,
     /// "pause" (default) or "destroy".
     pub on_idle: Option<String>,
-    /// Address pool for egress sandboxes (CIDR; the runtime's default when unset).
+    /// This daemon's name on the host (default: "grove" for /var/lib/grove, else derived from the
+    /// state dir); the defaults of run_dir, cgroup_root (so the nft table) and net_pool derive
+    /// from it, so two daemons never share them unless told to.
+    pub instance: Option<String>,
+    /// Address pool for egress sandboxes (CIDR; derived from the instance when unset).
     pub net_pool: Option<String>,
-    /// Cgroup directory name under each hierarchy (default "grove"); also names the nft table.
+    /// Cgroup directory name under each hierarchy (default: the instance); also names the nft table.
     pub cgroup_root: Option<String>,
+    /// Host ports sandboxes may publish, "FIRST-LAST" (default "30000-32767").
+    pub host_port_range: Option<String>,
     /// On SIGTERM, leave sandboxes running for the next groved to adopt (needs overlay roots).
     pub keep_sandboxes_on_stop: Option<bool>,
     /// How long creates wait when the node or their job is full (ms; 0 = fail at once).
@@ -135,6 +145,7 @@ pub struct Config {
     pub idle: Option<grove_runtime::IdlePolicy>,
     pub net_pool: Option<String>,
     pub cgroup_root: String,
+    pub host_port_range: grove_runtime::PortRange,
     /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
     pub keep_sandboxes_on_stop: bool,
     pub jobs: JobsConfig,
@@ -166,11 +177,23 @@ impl Config {
             .clone()
             .or(f.state_dir)
             .unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+        let instance = f
+            .instance
+            .clone()
+            .unwrap_or_else(|| grove_runtime::config::instance_for(&state_dir));
+        // It names a directory under /run and cgroup dirs: no path tricks.
+        if !instance.starts_with("grove")
+            || !instance
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(ConfigError::Instance(instance));
+        }
         let run_dir = o
             .run_dir
             .clone()
             .or(f.run_dir)
-            .unwrap_or_else(|| DEFAULT_RUN_DIR.into());
+            .unwrap_or_else(|| grove_runtime::config::run_dir_for(&instance));
         let socket = o
             .socket
             .clone()
@@ -253,8 +276,15 @@ impl Config {
             labels: f.labels,
             reap_interval: Duration::from_millis(f.reap_interval_ms.unwrap_or(1000).max(50)),
             idle,
-            net_pool: f.net_pool,
-            cgroup_root: f.cgroup_root.unwrap_or_else(|| "grove".into()),
+            net_pool: Some(
+                f.net_pool
+                    .unwrap_or_else(|| grove_runtime::config::pool_for(&instance)),
+            ),
+            cgroup_root: f.cgroup_root.unwrap_or(instance),
+            host_port_range: match f.host_port_range {
+                Some(r) => r.parse().map_err(ConfigError::PortRange)?,
+                None => grove_runtime::PortRange::default(),
+            },
             keep_sandboxes_on_stop,
             jobs,
             pools,
@@ -273,6 +303,9 @@ impl Config {
         if let Some(p) = &self.net_pool {
             rc.net_pool = p.clone();
         }
+        rc.host_port_range = self.host_port_range;
+        // A DNAT on one of our own ports would hand its traffic (bearer keys included) to a sandbox.
+        rc.reserved_ports = self.listen.iter().map(|a| a.port()).collect();
         rc
     }
 }
@@ -325,6 +358,53 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/r/groved.sock"));
         assert_eq!(c.defaults.memory_mb, 64);
         assert!(toml::from_str::<FileConfig>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn names_derive_from_the_instance_and_listeners_are_reserved() {
+        std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
+        let c = Config::resolve(FileConfig::default(), &Overrides::default()).unwrap();
+        assert_eq!(c.run_dir, PathBuf::from("/run/grove"));
+        assert_eq!(c.cgroup_root, "grove");
+        assert_eq!(c.runtime_config().net_pool, "10.200.0.0/16");
+        // Another state dir: names of its own.
+        let f: FileConfig = toml::from_str("state_dir = \"/srv/b\"\n").unwrap();
+        let b = Config::resolve(f, &Overrides::default()).unwrap();
+        assert_ne!(b.cgroup_root, "grove");
+        assert!(b.cgroup_root.starts_with("grove-"));
+        assert_eq!(b.run_dir, PathBuf::from("/run").join(&b.cgroup_root));
+        assert_ne!(b.runtime_config().net_pool, "10.200.0.0/16");
+        let f: FileConfig =
+            toml::from_str("instance = \"grove-x\"\nhost_port_range = \"40000-40100\"\n").unwrap();
+        let x = Config::resolve(f, &Overrides::default()).unwrap();
+        assert_eq!(
+            (x.cgroup_root.as_str(), x.run_dir.as_path()),
+            ("grove-x", Path::new("/run/grove-x"))
+        );
+        assert_eq!(
+            x.runtime_config().host_port_range.to_string(),
+            "40000-40100"
+        );
+        let f: FileConfig = toml::from_str("instance = \"grove/../x\"\n").unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::Instance(_))
+        ));
+        let f: FileConfig = toml::from_str("host_port_range = \"9-1\"\n").unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::PortRange(_))
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, "k").unwrap();
+        let f: FileConfig = toml::from_str(&format!(
+            "listen = [\"127.0.0.1:18090\"]\napi_key_file = \"{}\"\n",
+            key.display()
+        ))
+        .unwrap();
+        let l = Config::resolve(f, &Overrides::default()).unwrap();
+        assert_eq!(l.runtime_config().reserved_ports, vec![18090]);
     }
 
     #[test]
