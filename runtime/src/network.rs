@@ -263,19 +263,22 @@ impl Network {
         let mut taken = Vec::new();
         for (i, p) in ports.iter().enumerate() {
             let port = p.host_port;
-            let why = if st.held.contains_key(&port) {
-                Some("published by another sandbox".to_string())
-            } else {
-                match bind_tcp(Ipv4Addr::UNSPECIFIED, port) {
-                    Ok(fd) => {
-                        st.held.insert(port, fd);
-                        taken.push(port);
-                        None
+            let why = match st.held.entry(port) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    Some("published by another sandbox".to_string())
+                }
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    match bind_tcp(Ipv4Addr::UNSPECIFIED, port) {
+                        Ok(fd) => {
+                            slot.insert(fd);
+                            taken.push(port);
+                            None
+                        }
+                        Err(nix::errno::Errno::EADDRINUSE) => {
+                            Some("in use on the host (a socket is bound to it)".into())
+                        }
+                        Err(e) => Some(format!("cannot be reserved on the host: {e}")),
                     }
-                    Err(nix::errno::Errno::EADDRINUSE) => {
-                        Some("in use on the host (a socket is bound to it)".into())
-                    }
-                    Err(e) => Some(format!("cannot be reserved on the host: {e}")),
                 }
             };
             if let Some(why) = why {
