@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn a_child_is_ours_alive_then_gone_and_a_stranger_is_not() {
-        let child = std::process::Command::new("sleep")
+        let mut child = std::process::Command::new("sleep")
             .arg("100")
             .spawn()
             .unwrap();
@@ -291,6 +291,7 @@ mod tests {
         assert!(!again.alive());
         assert!(matches!(h.root(), Err(HandleError::Gone { .. })));
         assert!(matches!(h.connect(), Err(HandleError::Gone { .. })));
+        assert!(child.wait().is_err(), "reaped through the pidfd already");
         // Pid 1 runs but is not our child.
         assert!(matches!(
             InitHandle::open_child(1),

@@ -251,6 +251,9 @@ fn after_a_restart_a_reused_pid_is_not_adopted_and_an_adopted_init_is_watched() 
     let cfg = config("grove-rtest-h2");
     let roots = || Arc::new(OverlayRoot::new(STATE_DIR));
     let rt = Runtime::new(cfg.clone(), roots()).unwrap();
+    for left in rt.list() {
+        rt.destroy(&left.id).unwrap(); // an aborted earlier run's
+    }
     let reused = rt.create(spec()).unwrap().id;
     let watched = rt.create(spec()).unwrap().id;
     let reused_pid = init_of(&rt, &reused);
