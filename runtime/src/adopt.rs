@@ -2,11 +2,16 @@
 
 use std::os::fd::AsFd;
 
-/// Sets the hostname in the UTS namespace of `pid`. setns(CLONE_NEWUTS) is per thread, so a
+use nix::fcntl::OFlag;
+
+use crate::init_handle::InitHandle;
+
+/// Sets the hostname in the UTS namespace of `init`. setns(CLONE_NEWUTS) is per thread, so a
 /// short-lived thread does it and the daemon's own threads are untouched.
-pub fn set_hostname(pid: i32, hostname: &str) -> Result<(), String> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/uts"))
-        .map_err(|e| format!("open uts ns of {pid}: {e}"))?;
+pub fn set_hostname(init: &InitHandle, hostname: &str) -> Result<(), String> {
+    let ns = init
+        .open_proc("ns/uts", OFlag::O_RDONLY)
+        .map_err(|e| e.to_string())?;
     let name = hostname.to_string();
     std::thread::spawn(move || {
         nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUTS)

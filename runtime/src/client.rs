@@ -2,20 +2,17 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::init_handle::{HandleError, InitHandle};
 use crate::proto::{self, ExecSpec, Proc, Reply, Request, KIND_JSON, KIND_STDERR, KIND_STDOUT};
 use crate::types::{ExecResult, OutputChunk};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connect to {}", path.display())]
-    Connect {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// No verified connection to the init (see `InitHandle::connect`).
+    #[error("reach init")]
+    Connect(#[from] HandleError),
     #[error("talk to init")]
     Io(#[from] std::io::Error),
     #[error("init: {0}")]
@@ -24,14 +21,8 @@ pub enum ClientError {
     Protocol(String),
 }
 
-pub fn socket_path(init_pid: i32) -> PathBuf {
-    PathBuf::from(format!("/proc/{init_pid}/root{}", proto::SOCKET_PATH))
-}
-
-fn connect(init_pid: i32, req: &Request) -> Result<UnixStream, ClientError> {
-    let path = socket_path(init_pid);
-    let mut s =
-        UnixStream::connect(&path).map_err(|source| ClientError::Connect { path, source })?;
+fn connect(init: &InitHandle, req: &Request) -> Result<UnixStream, ClientError> {
+    let mut s = init.connect()?;
     s.write_all(&proto::encode_json(req))?;
     Ok(s)
 }
@@ -46,12 +37,16 @@ fn read_reply(s: &mut UnixStream) -> Result<Reply, ClientError> {
     }
 }
 
-fn simple(init_pid: i32, req: &Request) -> Result<Reply, ClientError> {
-    simple_within(init_pid, req, Duration::from_secs(10))
+fn simple(init: &InitHandle, req: &Request) -> Result<Reply, ClientError> {
+    simple_within(init, req, Duration::from_secs(10))
 }
 
-fn simple_within(init_pid: i32, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
-    let mut s = connect(init_pid, req)?;
+fn simple_within(
+    init: &InitHandle,
+    req: &Request,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    let mut s = connect(init, req)?;
     s.set_read_timeout(Some(timeout))?;
     match read_reply(&mut s)? {
         Reply::Error { message } => Err(ClientError::Init(message)),
@@ -59,36 +54,36 @@ fn simple_within(init_pid: i32, req: &Request, timeout: Duration) -> Result<Repl
     }
 }
 
-pub fn ping(init_pid: i32) -> Result<(), ClientError> {
-    simple(init_pid, &Request::Ping).map(|_| ())
+pub fn ping(init: &InitHandle) -> Result<(), ClientError> {
+    simple(init, &Request::Ping).map(|_| ())
 }
 
 /// A ping that gives up after `timeout` (a healthy init answers in microseconds).
-pub fn ping_within(init_pid: i32, timeout: Duration) -> Result<(), ClientError> {
-    simple_within(init_pid, &Request::Ping, timeout).map(|_| ())
+pub fn ping_within(init: &InitHandle, timeout: Duration) -> Result<(), ClientError> {
+    simple_within(init, &Request::Ping, timeout).map(|_| ())
 }
 
-pub fn processes(init_pid: i32) -> Result<Vec<Proc>, ClientError> {
-    match simple(init_pid, &Request::Processes)? {
+pub fn processes(init: &InitHandle) -> Result<Vec<Proc>, ClientError> {
+    match simple(init, &Request::Processes)? {
         Reply::Processes { list } => Ok(list),
         r => Err(ClientError::Protocol(format!("{r:?}"))),
     }
 }
 
-pub fn signal(init_pid: i32, pid: i32, signal: i32) -> Result<(), ClientError> {
-    simple(init_pid, &Request::Signal { pid, signal }).map(|_| ())
+pub fn signal(init: &InitHandle, pid: i32, signal: i32) -> Result<(), ClientError> {
+    simple(init, &Request::Signal { pid, signal }).map(|_| ())
 }
 
 /// Runs a command, streaming its output to `on_output` (and collecting it in the result).
 pub fn exec(
-    init_pid: i32,
+    init: &InitHandle,
     spec: ExecSpec,
     on_output: &mut dyn FnMut(OutputChunk),
 ) -> Result<ExecResult, ClientError> {
     let start = Instant::now();
     let background = spec.background;
     let timeout = spec.timeout_ms;
-    let mut s = connect(init_pid, &Request::Exec(spec))?;
+    let mut s = connect(init, &Request::Exec(spec))?;
     // A safety net against a wedged init; init itself enforces the command timeout.
     s.set_read_timeout(timeout.map(|ms| Duration::from_millis(ms) + Duration::from_secs(30)))?;
     let mut res = ExecResult::default();

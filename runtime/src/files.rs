@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::error::Error;
+use crate::init_handle::{HandleError, InitHandle};
 use crate::types::DirEntry;
 
 /// Normalizes a sandbox path into components; `..` above the root is an error.
@@ -51,22 +52,9 @@ fn errno() -> std::io::Error {
 }
 
 impl Root {
-    pub fn open(init_pid: i32) -> Result<Root, Error> {
-        let p = CString::new(format!("/proc/{init_pid}/root")).expect("no NUL");
-        // SAFETY: p is a valid C string; the result is checked and wrapped.
-        let fd = unsafe {
-            libc::open(
-                p.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(Error::io(format!("open root of pid {init_pid}"), errno()));
-        }
-        Ok(Root {
-            // SAFETY: fd is a fresh descriptor we own.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+    /// The root of `init`'s sandbox, proved to be that init's (never a reused pid's).
+    pub fn open(init: &InitHandle) -> Result<Root, HandleError> {
+        Ok(Root { fd: init.root()? })
     }
 
     /// openat2 below the root; maps resolution errors to the API's errors.

@@ -12,6 +12,8 @@ mod files;
 pub mod host_mem;
 mod idle;
 pub mod init;
+mod init_handle;
+mod init_watch;
 pub mod jobs;
 pub mod mounts;
 mod network;

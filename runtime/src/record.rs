@@ -35,7 +35,8 @@ pub struct SandboxRecord {
     pub state: SandboxState,
     pub init_pid: i32,
     /// Start time of the init (clock ticks since boot, /proc/<pid>/stat field 22): a pid reused by
-    /// another process after the init died does not match.
+    /// another process after the init died does not match, and adoption refuses it
+    /// (`InitHandle::adopt`).
     pub init_start: u64,
     pub net: Option<NetLease>,
 }
@@ -111,14 +112,6 @@ pub fn load_lost(lost_dir: &Path) -> Vec<LostRecord> {
     out
 }
 
-/// Start time of `pid` in clock ticks since boot, or None when it does not exist.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces): state is field 3, starttime 22.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
-}
-
 /// Whether `pid` exists and is not a zombie.
 pub fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
@@ -131,14 +124,6 @@ pub fn running(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_time_of_self_is_stable_and_of_nothing_is_none() {
-        let me = std::process::id() as i32;
-        let t = start_time(me).expect("own start time");
-        assert_eq!(start_time(me), Some(t));
-        assert_eq!(start_time(i32::MAX), None);
-    }
 
     #[test]
     fn record_round_trips_and_discard_is_idempotent() {

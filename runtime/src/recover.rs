@@ -11,6 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::client;
+use crate::init_handle::InitHandle;
 use crate::mounts;
 use crate::network::host_if;
 use crate::proto::setup_owner;
@@ -58,7 +59,7 @@ impl Runtime {
                     }
                     self.admission.claim(&sb.limits);
                     self.jobs.adopt(&sb.spec, &sb.limits);
-                    tracing::info!(sandbox = %sb.id, pid = sb.init_pid, "adopted");
+                    tracing::info!(sandbox = %sb.id, pid = sb.init.pid(), "adopted");
                     self.sandboxes.lock().insert(sb.id.clone(), sb);
                 }
                 None => {
@@ -134,9 +135,8 @@ impl Runtime {
     /// A sandbox from its record, if its init is the same process and answers, and its root is
     /// still served. The reason otherwise.
     fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, String> {
-        if record::start_time(rec.init_pid) != Some(rec.init_start) {
-            return Err(format!("init {} is gone", rec.init_pid));
-        }
+        // The recorded pid must still be the process that started then (not a reused pid).
+        let init = InitHandle::adopt(rec.init_pid, rec.init_start).map_err(|e| e.to_string())?;
         let root = self
             .roots
             .reattach(&rec.id, &rec.spec.image, &dir.join("root"))
@@ -149,7 +149,7 @@ impl Runtime {
         if rec.state == SandboxState::Running {
             // Recorded running but frozen: a snapshot was interrupted between freeze and thaw.
             let _ = self.cgroups.thaw(rec.id.as_str());
-            client::ping_within(rec.init_pid, Duration::from_secs(2))
+            client::ping_within(&init, Duration::from_secs(2))
                 .map_err(|e| format!("init {} does not answer: {e}", rec.init_pid))?;
         }
         Ok(Arc::new(Sandbox {
@@ -160,8 +160,7 @@ impl Runtime {
             created_at_ms: rec.created_at_ms,
             expires_at_ms: Mutex::new(rec.expires_at_ms),
             state: Mutex::new(rec.state),
-            init_pid: rec.init_pid,
-            init_start: rec.init_start,
+            init: Arc::new(init),
             dir,
             root: Arc::from(root),
             net: rec.net,

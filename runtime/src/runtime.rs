@@ -14,6 +14,8 @@ use crate::client::{self, ClientError};
 use crate::config::RuntimeConfig;
 use crate::error::Error;
 use crate::files::Root;
+use crate::init_handle::{HandleError, InitHandle};
+use crate::init_watch::InitWatch;
 use crate::jobs::Jobs;
 use crate::network::Network;
 use crate::pool::Pools;
@@ -105,6 +107,8 @@ pub struct Runtime {
     subscribers: Mutex<Vec<Sender<Event>>>,
     /// This instance's claim on its cgroup root (`residue::lock_instance`).
     _instance_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// The thread that notices inits dying (set once `new` has adopted what it could).
+    init_watch: std::sync::OnceLock<InitWatch>,
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
@@ -163,8 +167,12 @@ impl Runtime {
             jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
             _instance_lock: instance_lock,
+            init_watch: std::sync::OnceLock::new(),
         });
         rt.recover();
+        let watch = InitWatch::start(Arc::downgrade(&rt))
+            .map_err(io_err("start the init watcher".into()))?;
+        let _ = rt.init_watch.set(watch);
         Ok(rt)
     }
 
@@ -173,6 +181,12 @@ impl Runtime {
     }
 
     pub(crate) fn emit(&self, sandbox: &SandboxId, kind: EventKind, reason: Option<String>) {
+        // Every sandbox that joins the live ones says so: its init is watched from now on.
+        if matches!(kind, EventKind::Created | EventKind::Resumed) {
+            if let Some(w) = self.init_watch.get() {
+                w.nudge();
+            }
+        }
         let ev = Event {
             at_ms: now_ms(),
             sandbox: sandbox.clone(),
@@ -356,6 +370,11 @@ impl Runtime {
             })?;
         parts.cgroups = true;
         let hostname = spec.hostname.clone().unwrap_or_else(|| id.to_string());
+        let mut restored = false;
+        let init_err = |reason: String| Error::Init {
+            id: id.clone(),
+            reason,
+        };
         let init_pid = match restore {
             None => {
                 let cfg = SetupConfig {
@@ -390,6 +409,7 @@ impl Runtime {
                 })?
             }
             Some(restore) => {
+                restored = true;
                 let target = RestoreTarget {
                     id: id.clone(),
                     root_dir: root_dir.clone(),
@@ -404,22 +424,20 @@ impl Runtime {
                     source,
                 })?;
                 parts.init_pid = Some(pid);
-                crate::adopt::set_hostname(pid, &hostname).map_err(|e| Error::Init {
-                    id: id.clone(),
-                    reason: format!("set hostname: {e}"),
-                })?;
-                client::ping(pid).map_err(|e| Error::Init {
-                    id: id.clone(),
-                    reason: format!("restored init: {e}"),
-                })?;
                 pid
             }
         };
         parts.init_pid = Some(init_pid);
-        let init_start = record::start_time(init_pid).ok_or_else(|| Error::Init {
-            id: id.clone(),
-            reason: format!("init {init_pid} exited at start"),
-        })?;
+        // Our child until we reap it, so its pid is still its own: held from here on.
+        let init = Arc::new(
+            InitHandle::open_child(init_pid).map_err(|e| init_err(format!("hold init: {e}")))?,
+        );
+        parts.init = Some(init.clone());
+        if restored {
+            crate::adopt::set_hostname(&init, &hostname)
+                .map_err(|e| init_err(format!("set hostname: {e}")))?;
+            client::ping(&init).map_err(|e| init_err(format!("restored init: {e}")))?;
+        }
         let net = match &spec.network {
             NetworkPolicy::None => None,
             NetworkPolicy::Egress { allow } => {
@@ -440,8 +458,7 @@ impl Runtime {
             created_at_ms: created_at.unwrap_or(now),
             expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
             state: parking_lot::Mutex::new(SandboxState::Running),
-            init_pid,
-            init_start,
+            init,
             dir,
             root,
             net,
@@ -469,8 +486,8 @@ impl Runtime {
         let mut errors: Vec<String> = Vec::new();
         // A create that failed before learning its init's pid: find our children in the cgroup so
         // they are reaped below, not left as zombies.
-        let orphans: Vec<i32> = match (parts.cgroups, parts.init_pid) {
-            (true, None) => self.our_children_in(id.as_str()),
+        let orphans: Vec<i32> = match (parts.cgroups, parts.init_pid, &parts.init) {
+            (true, None, None) => self.our_children_in(id.as_str()),
             _ => Vec::new(),
         };
         if parts.cgroups {
@@ -481,7 +498,13 @@ impl Runtime {
         for pid in orphans {
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
         }
-        if let Some(pid) = parts.init_pid {
+        if let Some(init) = &parts.init {
+            if !parts.cgroups {
+                init.kill();
+            }
+            // Reaps our child; an adopted init that is not ours is someone else's to reap.
+            init.reap();
+        } else if let Some(pid) = parts.init_pid {
             if !parts.cgroups {
                 // SAFETY: kill(2) with plain integers; the pid is this sandbox's init, our child.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -627,7 +650,8 @@ impl Runtime {
             dir: Some(sb.dir.clone()),
             root: Some(sb.root.clone()),
             cgroups: true,
-            init_pid: Some(sb.init_pid),
+            init_pid: None,
+            init: Some(sb.init.clone()),
             net: sb.net.clone(),
         };
         let res = self.reclaim(id, parts);
@@ -694,10 +718,11 @@ impl Runtime {
             timeout_ms: req.timeout_ms,
             background: req.background,
         };
-        client::exec(sb.init_pid, spec, on_output).map_err(|e| self.client_error(id, e))
+        client::exec(&sb.init, spec, on_output).map_err(|e| self.client_error(&sb, e))
     }
 
-    fn client_error(&self, id: &SandboxId, e: ClientError) -> Error {
+    fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
+        let id = &sb.id;
         match e {
             ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
                 field: "cwd".into(),
@@ -710,6 +735,9 @@ impl Runtime {
             e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {
                 id: format!("{id} (destroyed: {e})"),
             },
+            ClientError::Connect(e) => self.unreachable(sb, e),
+            // Init died during the request (the connection broke with it).
+            _ if !sb.init.alive() => self.unreachable(sb, HandleError::Gone { pid: sb.init.pid() }),
             e => Error::Init {
                 id: id.clone(),
                 reason: e.to_string(),
@@ -720,7 +748,7 @@ impl Runtime {
     pub fn processes(&self, id: &SandboxId) -> Result<Vec<ProcessInfo>, Error> {
         let sb = self.running(id)?;
         sb.activity.touch();
-        let list = client::processes(sb.init_pid).map_err(|e| self.client_error(id, e))?;
+        let list = client::processes(&sb.init).map_err(|e| self.client_error(&sb, e))?;
         Ok(list
             .into_iter()
             .map(|p| ProcessInfo {
@@ -742,16 +770,24 @@ impl Runtime {
             ));
         }
         let sb = self.running(id)?;
-        client::signal(sb.init_pid, pid, signal).map_err(|e| match e {
+        client::signal(&sb.init, pid, signal).map_err(|e| match e {
             ClientError::Init(m) => Error::invalid("pid", m),
-            e => self.client_error(id, e),
+            e => self.client_error(&sb, e),
         })
     }
 
+    /// The root of a running or frozen sandbox, through its verified init handle only.
     fn root_of(&self, id: &SandboxId) -> Result<Root, Error> {
         let sb = self.sandbox(id)?;
+        let st = *sb.state.lock();
+        if !matches!(st, SandboxState::Running | SandboxState::Paused) {
+            return Err(Error::Conflict {
+                id: id.clone(),
+                reason: format!("sandbox is {st:?}: its files are not reachable"),
+            });
+        }
         sb.activity.touch();
-        Root::open(sb.init_pid)
+        Root::open(&sb.init).map_err(|e| self.unreachable(&sb, e))
     }
 
     pub fn read_file(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
@@ -942,9 +978,13 @@ impl Runtime {
 
     pub fn checkpoint_view(&self, id: &SandboxId) -> Result<CheckpointView, Error> {
         let sb = self.sandbox(id)?;
+        if !sb.init.alive() {
+            let pid = sb.init.pid();
+            return Err(self.unreachable(&sb, HandleError::Gone { pid }));
+        }
         Ok(CheckpointView {
             id: id.clone(),
-            init_pid: sb.init_pid,
+            init_pid: sb.init.pid(),
             spec: sb.spec.clone(),
             root_dir: sb.root_dir(),
             cgroups: self.cgroups.criu_paths(id.as_str()),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::init_handle::InitHandle;
 use crate::network::NetLease;
 use crate::record::SandboxRecord;
 use crate::root::RootMount;
@@ -19,9 +20,8 @@ pub struct Sandbox {
     pub created_at_ms: u64,
     pub expires_at_ms: Mutex<Option<u64>>,
     pub state: Mutex<SandboxState>,
-    pub init_pid: i32,
-    /// The init's start time (see `record::start_time`), kept in the durable record.
-    pub init_start: u64,
+    /// The only way to the init (and through it to the root): never its bare pid.
+    pub init: Arc<InitHandle>,
     pub dir: PathBuf,
     pub root: Arc<dyn RootMount>,
     pub net: Option<NetLease>,
@@ -73,7 +73,7 @@ impl Sandbox {
             spec: self.spec.clone(),
             created_at_ms: self.created_at_ms,
             expires_at_ms: *self.expires_at_ms.lock(),
-            init_pid: Some(self.init_pid),
+            init_pid: Some(self.init.pid()),
             hostname: self.hostname.clone(),
             address: self.net.as_ref().map(|n| n.sandbox_addr.to_string()),
         }
@@ -89,8 +89,8 @@ impl Sandbox {
             created_at_ms: self.created_at_ms,
             expires_at_ms: *self.expires_at_ms.lock(),
             state,
-            init_pid: self.init_pid,
-            init_start: self.init_start,
+            init_pid: self.init.pid(),
+            init_start: self.init.start(),
             net: self.net.clone(),
         }
     }
@@ -106,7 +106,9 @@ pub struct Parts {
     pub dir: Option<PathBuf>,
     pub root: Option<Arc<dyn RootMount>>,
     pub cgroups: bool,
+    /// The init's pid when it failed during setup (our child, not reaped: the pid is its).
     pub init_pid: Option<i32>,
+    pub init: Option<Arc<InitHandle>>,
     pub net: Option<NetLease>,
 }
 

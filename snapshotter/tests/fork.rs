@@ -6,6 +6,14 @@ use common::app::{self, ask, DATA};
 use common::grove::{self, Env};
 use grove_snapshotter::{Error, ForkOptions, SnapshotOptions};
 
+/// PTRACE_ATTACH to pid 1 from inside; prints the errno's name (or "attached", then detaches).
+const PTRACE_INIT: &str = "python3 -c 'import ctypes, errno, os
+l = ctypes.CDLL(None, use_errno=True)
+if l.ptrace(16, 1, None, None) == 0:
+    os.waitpid(1, 0x40000000); l.ptrace(17, 1, None, None); print(\"attached\")
+else:
+    print(errno.errorcode[ctypes.get_errno()])'";
+
 #[test]
 fn fork_branches_continue_from_the_snapshot_and_diverge() {
     let Some(_serial) = grove::serial_with_prereqs() else {
@@ -74,6 +82,8 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         // The loopback server still listens inside the branch.
         assert_eq!(app::wait_http(&env, &b.id), DATA);
         assert_eq!(env.out(&b.id, "cat /root/marker"), "before");
+        // Init stays non-dumpable across the restore: its own sandbox cannot ptrace it.
+        assert_eq!(env.out(&b.id, PTRACE_INIT), "EPERM", "branch {i}");
         assert_eq!(
             env.out(&b.id, "ps -eo args | grep -c '^sleep 1000'"),
             "1",

@@ -42,6 +42,10 @@ pub fn main() -> ! {
 }
 
 fn serve() -> Result<(), String> {
+    // Not dumpable: the sandbox's processes (uid 0 without CAP_SYS_PTRACE) cannot ptrace their
+    // pid 1 to stop it or inject an exit, nor open its /proc files; the host's CRIU can (it has
+    // CAP_SYS_PTRACE) and restores the flag. Children get it back at execve.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
     // SAFETY: setting SIGPIPE to ignored; writes to gone clients then fail with EPIPE.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let mut mask = SigSet::empty();

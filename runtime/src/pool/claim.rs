@@ -63,15 +63,15 @@ impl Runtime {
     /// The pooled sandbox, alive and dressed for `spec`, as a new record.
     fn hand_over(&self, pooled: &Sandbox, spec: &SandboxSpec) -> Result<Arc<Sandbox>, Error> {
         let id = &pooled.id;
-        let pid = pooled.init_pid;
+        let init = &pooled.init;
         let init_err = |reason: String| Error::Init {
             id: id.clone(),
             reason,
         };
-        client::ping(pid).map_err(|e| init_err(format!("pooled init: {e}")))?;
+        client::ping(init).map_err(|e| init_err(format!("pooled init: {e}")))?;
         let hostname = match &spec.hostname {
             Some(h) if *h != pooled.hostname => {
-                crate::adopt::set_hostname(pid, h)
+                crate::adopt::set_hostname(init, h)
                     .map_err(|e| init_err(format!("set hostname: {e}")))?;
                 h.clone()
             }
@@ -81,7 +81,7 @@ impl Runtime {
             NetworkPolicy::None => None,
             NetworkPolicy::Egress { allow } => Some(
                 self.net
-                    .setup(id, pid, allow, &spec.ports)
+                    .setup(id, init.pid(), allow, &spec.ports)
                     .map_err(|e| e.into_error(id))?,
             ),
         };
@@ -94,8 +94,7 @@ impl Runtime {
             created_at_ms: now,
             expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
             state: parking_lot::Mutex::new(SandboxState::Running),
-            init_pid: pid,
-            init_start: pooled.init_start,
+            init: init.clone(),
             dir: pooled.dir.clone(),
             root: pooled.root.clone(),
             net,
@@ -117,7 +116,8 @@ impl Runtime {
             dir: Some(sb.dir.clone()),
             root: Some(sb.root.clone()),
             cgroups: true,
-            init_pid: Some(sb.init_pid),
+            init_pid: None,
+            init: Some(sb.init.clone()),
             net: None,
         };
         if let Err(e) = self.reclaim(&sb.id, parts) {
