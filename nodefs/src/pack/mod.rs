@@ -61,6 +61,9 @@ pub struct Loc {
     pub base: ObjectId,
 }
 
+/// An index entry.
+type Entry = (ObjectId, Loc);
+
 /// A record ready to append.
 pub struct Record<'a> {
     pub id: ObjectId,
@@ -734,7 +737,7 @@ impl PackSet {
         q: u32,
         tmp: &Path,
         recs: &[(ObjectId, Loc)],
-    ) -> Result<(File, Vec<(ObjectId, Loc)>, u64), StoreError> {
+    ) -> Result<(File, Vec<Entry>, u64), StoreError> {
         let src = self.files.read().get(&n).cloned().ok_or_else(|| {
             store_io(pack_path(&self.dir, n))(std::io::ErrorKind::NotFound.into())
         })?;
@@ -839,7 +842,7 @@ fn scan_checked(
     file: &File,
     n: u32,
     path: &Path,
-) -> Result<(Vec<(ObjectId, Loc)>, u64, bool), StoreError> {
+) -> Result<(Vec<Entry>, u64, bool), StoreError> {
     let len = file.metadata().map_err(store_io(path))?.len();
     if len < PACK_MAGIC.len() as u64 {
         return Ok((Vec::new(), 0, false));
