@@ -180,6 +180,9 @@ pub struct PackSet {
     rotate_at: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     opened: OpenReport,
+    /// Makes hole punching fail as on a filesystem without it.
+    #[cfg(test)]
+    no_punch: std::sync::atomic::AtomicBool,
 }
 
 fn pack_path(dir: &Path, n: u32) -> PathBuf {
@@ -349,6 +352,8 @@ impl PackSet {
             writer: Mutex::new(writer),
             rotate_at,
             opened: report,
+            #[cfg(test)]
+            no_punch: Default::default(),
         })
     }
 
@@ -658,6 +663,10 @@ impl PackSet {
             }
             Ok::<(), std::io::Error>(())
         };
+        #[cfg(test)]
+        if self.no_punch.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
         idx(len, recs)?;
         let mut new_len = len;
         for &(a, b) in holes {
@@ -838,11 +847,7 @@ fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64),
 
 /// [`scan`], also saying whether it skipped anything but zeros (a hole gc punched) between
 /// records: a damaged record.
-fn scan_checked(
-    file: &File,
-    n: u32,
-    path: &Path,
-) -> Result<(Vec<Entry>, u64, bool), StoreError> {
+fn scan_checked(file: &File, n: u32, path: &Path) -> Result<(Vec<Entry>, u64, bool), StoreError> {
     let len = file.metadata().map_err(store_io(path))?.len();
     if len < PACK_MAGIC.len() as u64 {
         return Ok((Vec::new(), 0, false));
@@ -1279,6 +1284,50 @@ mod tests {
         assert_eq!(ps.open_report().idx_orphans_removed, 1);
         assert!(!idx_path(dir, 77).exists());
         read_all(&ps, &again);
+    }
+
+    /// Where holes cannot be punched, a pack with dead records is rewritten whole into a new
+    /// one (the newest, then appended to), and the data stays readable across a reopen.
+    #[test]
+    fn without_hole_punching_packs_are_rewritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let rot = 64 << 10;
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        let objs = fill(&ps, 0, 12, 20 << 10);
+        let old = files_with(dir, ".pack");
+        let keep: Vec<_> = objs.iter().step_by(3).cloned().collect();
+        let kept: std::collections::HashSet<ObjectId> = keep.iter().map(|(id, _)| *id).collect();
+        ps.no_punch
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let rep = ps.compact(&|id| kept.contains(id)).unwrap();
+        assert_eq!(rep.packs_punched, 0, "{rep:?}");
+        assert!(rep.packs_rewritten > 0, "{rep:?}");
+        // Every pack left is dense: its magic and live records, nothing else.
+        let packs = files_with(dir, ".pack");
+        assert!(packs.len() <= old.len(), "{old:?} -> {packs:?}");
+        for n in &packs {
+            let live: u64 = ps
+                .all()
+                .iter()
+                .filter(|(_, l)| l.pack == *n)
+                .map(|(_, l)| HDR as u64 + l.stored_len as u64)
+                .sum();
+            let len = fs::metadata(pack_path(dir, *n)).unwrap().len();
+            assert_eq!(len, PACK_MAGIC.len() as u64 + live, "pack {n}");
+        }
+        assert!(fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+        read_all(&ps, &keep);
+        let more = fill(&ps, 700, 3, 1000);
+        let after = lookups(&ps);
+        drop(ps);
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        assert_eq!(lookups(&ps), after);
+        read_all(&ps, &keep);
+        read_all(&ps, &more);
     }
 
     /// A partial copy an interrupted compaction of an older version left (a complete pack of
