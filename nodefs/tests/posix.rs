@@ -1249,3 +1249,65 @@ fn a_damaged_passthrough_cache_file_is_never_served() {
     assert!(fs::read(m1.mountpoint().join("ls")).unwrap() == want);
     assert!(env.store.fsck().unwrap().cache_removed.is_empty());
 }
+
+/// The same for a file big enough to be checked and rebuilt in the background (over 16 MiB):
+/// while the copy is not known good, opens are served by the server, never from the copy.
+#[test]
+fn a_damaged_large_passthrough_cache_file_is_never_served() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    let want = random_bytes(77, 20 << 20);
+    fs::write(src.join("libbig.so.1"), &want).unwrap();
+    let id = env.store.import_dir(&src).unwrap();
+    let cache_dir = env.path("store/cache");
+    let object = || -> Option<std::path::PathBuf> {
+        fs::read_dir(&cache_dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| !p.to_string_lossy().contains(".tmp"))
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !ok() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let m1 = env.mount(&id, "m1", MountOptions::default());
+    let p1 = m1.mountpoint().join("libbig.so.1");
+    assert!(fs::read(&p1).unwrap() == want);
+    wait_for("object built in the background", &|| {
+        object().is_some_and(|o| fs::read(o).is_ok_and(|b| b == want))
+    });
+    let obj = object().unwrap();
+    let meta = fs::metadata(&obj).unwrap();
+    let f = OpenOptions::new().write(true).open(&obj).unwrap();
+    f.write_all_at(&[want[12345] ^ 0xff], 12345).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec(),
+        },
+        libc::timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: meta.mtime_nsec(),
+        },
+    ];
+    // SAFETY: valid fd and a two-element timespec array.
+    let rc = unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&f), times.as_ptr()) };
+    assert_eq!(rc, 0);
+    drop(f);
+    let m2 = env.mount(&id, "m2", MountOptions::default());
+    let p2 = m2.mountpoint().join("libbig.so.1");
+    assert!(fs::read(&p2).unwrap() == want, "damaged copy served");
+    wait_for("object rebuilt", &|| {
+        object().is_some_and(|o| fs::read(o).is_ok_and(|b| b == want))
+    });
+    assert!(fs::read(&p2).unwrap() == want);
+    assert!(fs::read(&p1).unwrap() == want);
+}
