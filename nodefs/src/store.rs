@@ -47,7 +47,21 @@ pub struct StoreStats {
 pub struct GcReport {
     pub kept_objects: u64,
     pub removed_objects: u64,
+    /// Disk space the store's files took before the run less what they take after
+    /// (allocated blocks of packs, idx files, cache files and markers), measured.
     pub freed_bytes: u64,
+    /// Packs deleted whole (nothing in them was live).
+    #[serde(default)]
+    pub packs_deleted: u64,
+    /// Packs whose dead records were punched out in place.
+    #[serde(default)]
+    pub packs_punched: u64,
+    /// Packs rewritten (on a filesystem that cannot punch holes).
+    #[serde(default)]
+    pub packs_rewritten: u64,
+    /// Packs whose dead records stay for now: no hole punching and no room to rewrite them.
+    #[serde(default)]
+    pub packs_left: u64,
 }
 
 /// What fsck found.
@@ -742,7 +756,10 @@ impl Store {
             }
         }
         self.add_delta_bases(&mut keep);
-        let (removed, freed) = self.packs.compact(&|id| keep.contains(id))?;
+        let before = self.disk_usage();
+        // Derived data first: it frees space and costs nothing to lose.
+        self.clean_cache_dir(&cache_names);
+        let c = self.packs.compact(&|id| keep.contains(id))?;
         self.cache.lock().retain(|k| keep.contains(k));
         self.trees.lock().retain(|k| keep.contains(k));
         let mdir = self.dir.join("manifests");
@@ -756,12 +773,28 @@ impl Store {
                 let _ = fs::remove_file(e.path());
             }
         }
-        self.clean_cache_dir(&cache_names);
         Ok(GcReport {
             kept_objects: keep.len() as u64,
-            removed_objects: removed,
-            freed_bytes: freed,
+            removed_objects: c.removed,
+            freed_bytes: before.saturating_sub(self.disk_usage()),
+            packs_deleted: c.packs_deleted,
+            packs_punched: c.packs_punched,
+            packs_rewritten: c.packs_rewritten,
+            packs_left: c.packs_left,
         })
+    }
+
+    /// Disk space (allocated blocks) of the files gc can free: packs and their idx files,
+    /// whole-file cache objects, manifest markers.
+    fn disk_usage(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        ["packs", "cache", "manifests"]
+            .iter()
+            .filter_map(|d| fs::read_dir(self.dir.join(d)).ok())
+            .flat_map(|rd| rd.flatten())
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum()
     }
 
     /// Remove the whole-file cache objects no live file uses (`keep`: the names of those

@@ -510,3 +510,202 @@ fn a_missing_capability_skips_loudly_or_fails_when_required() {
         "{text}"
     );
 }
+
+/// The effective uid `prog` runs with when an unprivileged host user (nobody) starts it.
+fn euid_as_nobody(prog: &std::path::Path) -> String {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(prog)
+        .arg("-u")
+        .output()
+        .expect("setpriv");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Issue 24, break 7: what a sandbox writes into its root must not give anyone on the host
+/// more rights. A setuid-root binary and a device node written into a mounted view (as a
+/// sandbox's root would get them) are inert for the host: the binary runs with its caller's
+/// uid, the device does not open. The same files on a plain host directory are live, which
+/// shows the test would see the attack work.
+#[test]
+fn setuid_binaries_and_device_nodes_are_inert_on_the_host() {
+    use std::os::unix::fs::PermissionsExt;
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    // nobody must be able to reach the mountpoint and the control copy.
+    fs::set_permissions(env.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let base = env.empty();
+    let m = env.mount(&base, "m", MountOptions::default());
+    let plant = |dir: &std::path::Path| {
+        let bin = dir.join("rootshell");
+        fs::copy("/usr/bin/id", &bin).unwrap();
+        std::os::unix::fs::chown(&bin, Some(0), Some(0)).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o4755)).unwrap();
+        assert_eq!(
+            fs::metadata(&bin).unwrap().permissions().mode() & 0o7777,
+            0o4755
+        );
+        let dev = dir.join("null");
+        let c = std::ffi::CString::new(dev.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: c is a valid path; makes a character device node (1, 3) = /dev/null.
+        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        (bin, dev)
+    };
+    // Control: on the host's own filesystem the plant works.
+    let control = env.path("control");
+    fs::create_dir(&control).unwrap();
+    fs::set_permissions(&control, fs::Permissions::from_mode(0o755)).unwrap();
+    let (cbin, cdev) = plant(&control);
+    let control_live = euid_as_nobody(&cbin) == "0";
+    if !control_live {
+        capability_missing("the temp dir's filesystem does not honour setuid (nosuid mount)");
+    }
+    if control_live {
+        OpenOptions::new()
+            .write(true)
+            .open(&cdev)
+            .expect("control device opens");
+    }
+    // In the nodefs view it does not.
+    let (bin, dev) = plant(m.mountpoint());
+    assert_eq!(euid_as_nobody(&bin), "65534", "setuid honoured on the host");
+    let err = OpenOptions::new().write(true).open(&dev).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EACCES),
+        "device opened: {err}"
+    );
+    // The bits are kept (the sandbox sees what it made); only the host ignores them.
+    assert_eq!(
+        fs::metadata(&bin).unwrap().permissions().mode() & 0o7777,
+        0o4755
+    );
+    let mi = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mp = m.mountpoint().to_str().unwrap();
+    let line = mi
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mp))
+        .expect("mount listed");
+    let opts = line.split(' ').nth(5).unwrap();
+    assert!(
+        opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+        "{line}"
+    );
+}
+
+/// Resident memory of this process (the server runs in it), in bytes.
+fn rss() -> u64 {
+    let s = fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Issue 24, break 6: 200k empty files grew grove-fsd by 192 MB while counting nothing
+/// against the sandbox's quota. Inodes, names and xattrs count against the byte quota now:
+/// making empty files (or xattrs) until failure fails with ENOSPC after a number bounded by
+/// the quota, the server's memory grows by about the quota at most, and deleting gives the
+/// quota back.
+#[test]
+fn empty_files_and_xattrs_count_against_the_quota() {
+    if !fuse_available() {
+        return;
+    }
+    const QUOTA: u64 = 8 << 20;
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(
+        &base,
+        "m",
+        MountOptions {
+            quota_bytes: Some(QUOTA),
+            ..Default::default()
+        },
+    );
+    let mp = m.mountpoint().to_path_buf();
+    fs::create_dir(mp.join("d")).unwrap();
+    let before = rss();
+    let mut made = 0u64;
+    let err = loop {
+        match File::create(mp.join(format!("d/empty-file-number-{made:07}"))) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 20_000, "{made} empty files in an 8 MiB quota");
+    };
+    let grown = rss().saturating_sub(before);
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let u = m.usage();
+    eprintln!(
+        "{made} empty files until ENOSPC; usage {u:?}; server RSS grew {} KiB ({} B per file)",
+        grown >> 10,
+        grown / made.max(1)
+    );
+    assert!(made >= 1000, "only {made} files");
+    assert!(u.bytes <= QUOTA && u.meta_bytes > QUOTA / 2, "{u:?}");
+    assert!(
+        grown < 2 * QUOTA,
+        "server grew by {grown} bytes for {made} files"
+    );
+    // statfs agrees: no blocks left.
+    let sv = nix::sys::statvfs::statvfs(&mp).unwrap();
+    assert!(sv.blocks_available() <= 1, "{sv:?}");
+    // Deleting them gives the quota back.
+    for i in 0..made {
+        fs::remove_file(mp.join(format!("d/empty-file-number-{i:07}"))).unwrap();
+    }
+    let t = Instant::now();
+    while m.usage().inodes > 1 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let u = m.usage();
+    assert_eq!(u.inodes, 1, "{u:?}");
+    assert!(u.meta_bytes < 4096, "{u:?}");
+    // Xattrs: held in memory too.
+    let f = mp.join("x");
+    File::create(&f).unwrap();
+    let value = vec![7u8; 60 << 10];
+    let mut set = 0u64;
+    let err = loop {
+        match xattr_set(&f, &format!("user.k{set}"), &value) {
+            Ok(()) => set += 1,
+            Err(e) => break e,
+        }
+        assert!(set < 1000, "{set} xattrs of 60 KiB in an 8 MiB quota");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(m.usage().bytes <= QUOTA);
+    fs::remove_file(&f).unwrap();
+    let t = Instant::now();
+    while m.usage().meta_bytes > 4096 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(m.usage().meta_bytes < 4096, "{:?}", m.usage());
+}
+
+fn xattr_set(p: &std::path::Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and a value buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

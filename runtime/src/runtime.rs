@@ -347,9 +347,16 @@ impl Runtime {
         parts: &mut Parts,
     ) -> Result<Arc<Sandbox>, Error> {
         let dir = self.config.run_dir.join("sandboxes").join(id.as_str());
-        let mut made = std::fs::create_dir(&dir);
+        // 0700: only root may walk into a sandbox's root from the host (nodefs mounts it
+        // nosuid,nodev as well).
+        let mkdir = || {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&dir)
+        };
+        let mut made = mkdir();
         if matches!(&made, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-            made = std::fs::create_dir_all(&dir);
+            made = std::fs::create_dir_all(self.config.run_dir.join("sandboxes"))
+                .and_then(|_| mkdir());
         }
         made.map_err(io_err(format!("create {}", dir.display())))?;
         parts.dir = Some(dir.clone());

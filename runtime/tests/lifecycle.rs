@@ -24,6 +24,11 @@ fn create_exec_destroy() {
     assert_eq!(lines[0], "hello");
     assert_eq!(lines[1], id.to_string());
     assert_eq!(String::from_utf8_lossy(&r.stderr), "err\n");
+    // The host's view of the sandbox root is reachable by root only (issue 24, break 7).
+    let dir = rt.config().run_dir.join("sandboxes").join(id.as_str());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
     rt.destroy(&id).expect("destroy");
     assert_gone(&rt, &id);
 

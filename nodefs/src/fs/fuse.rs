@@ -89,6 +89,11 @@ fn negative_entry() -> fuser::FileAttr {
     }
 }
 
+/// What an xattr costs against the quota.
+fn xattr_cost(name: &[u8], value: &[u8]) -> u64 {
+    super::state::XATTR_COST + (name.len() + value.len()) as u64
+}
+
 /// The [`fuser::Filesystem`] of one mount.
 pub struct Fs(pub Arc<Shared>);
 
@@ -753,7 +758,7 @@ impl Filesystem for Fs {
         let st = self.s().state.lock();
         let q = st.quota;
         let blocks = q.bytes.map(|b| b / BLOCK).unwrap_or(1 << 32);
-        let bfree = blocks.saturating_sub(q.used_blocks);
+        let bfree = blocks.saturating_sub(q.used_bytes().div_ceil(BLOCK));
         let files = q.inodes.unwrap_or(1 << 32);
         let ffree = files.saturating_sub(q.used_inodes);
         reply.statfs(
@@ -781,15 +786,22 @@ impl Filesystem for Fs {
         tryr!(reply, self.rw());
         let mut st = self.s().state.lock();
         let i = tryr!(reply, st.get_mut(ino.0));
-        let exists = i.meta.xattrs.contains_key(name.as_bytes());
-        if flags & libc::XATTR_CREATE != 0 && exists {
+        let old = i.meta.xattrs.get(name.as_bytes()).map(|v| v.len());
+        if flags & libc::XATTR_CREATE != 0 && old.is_some() {
             reply.error(Errno::EEXIST);
             return;
         }
-        if flags & libc::XATTR_REPLACE != 0 && !exists {
+        if flags & libc::XATTR_REPLACE != 0 && old.is_none() {
             reply.error(Errno::NO_XATTR);
             return;
         }
+        // The server holds xattrs in memory: they count against the quota like data.
+        let delta = match old {
+            Some(o) => value.len() as i64 - o as i64,
+            None => xattr_cost(name.as_bytes(), value) as i64,
+        };
+        tryr!(reply, st.charge_meta(ino.0, delta));
+        let i = tryr!(reply, st.get_mut(ino.0));
         i.meta
             .xattrs
             .insert(name.as_bytes().to_vec(), value.to_vec());
@@ -830,12 +842,13 @@ impl Filesystem for Fs {
         tryr!(reply, self.rw());
         let mut st = self.s().state.lock();
         let i = tryr!(reply, st.get_mut(ino.0));
-        if i.meta.xattrs.remove(name.as_bytes()).is_none() {
+        let Some(v) = i.meta.xattrs.remove(name.as_bytes()) else {
             reply.error(Errno::NO_XATTR);
             return;
-        }
+        };
         i.ctime = now();
         i.touched = true;
+        let _ = st.charge_meta(ino.0, -(xattr_cost(name.as_bytes(), &v) as i64));
         reply.ok();
     }
 

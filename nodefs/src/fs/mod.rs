@@ -65,8 +65,13 @@ impl Default for MountOptions {
 /// What a mount uses against its quota.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Usage {
-    /// Bytes of upper-layer data (4 KiB blocks written or copied up).
+    /// Bytes counted against the quota: upper-layer data (4 KiB blocks written or copied
+    /// up) plus `meta_bytes`.
     pub bytes: u64,
+    /// Of `bytes`, what the mount's own inodes, names and xattrs cost (they are held in the
+    /// server's memory, see `state::INODE_COST`).
+    #[serde(default)]
+    pub meta_bytes: u64,
     /// Inodes created by this mount and still alive.
     pub inodes: u64,
 }
@@ -195,8 +200,12 @@ impl NodeFs {
             MountOption::FSName("nodefs".into()),
             MountOption::Subtype("nodefs".into()),
             MountOption::DefaultPermissions,
-            MountOption::Dev,
-            MountOption::Suid,
+            // The host must never honour a setuid bit or a device node a sandbox made in its
+            // root: a setuid-root binary written there would run as root for any host user
+            // who can reach it, a block device node would open the host's disks. Binds of
+            // this mount (the sandbox's own root) inherit both flags.
+            MountOption::NoSuid,
+            MountOption::NoDev,
             if opts.read_only {
                 MountOption::RO
             } else {
@@ -499,7 +508,8 @@ impl Mount {
     pub fn usage(&self) -> Usage {
         let q = self.shared.state.lock().quota;
         Usage {
-            bytes: q.used_blocks * file::BLOCK,
+            bytes: q.used_bytes(),
+            meta_bytes: q.used_meta,
             inodes: q.used_inodes,
         }
     }

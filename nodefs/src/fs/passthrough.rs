@@ -14,10 +14,11 @@
 //! opened for writing while a read-only open of it is still held in the same mount.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -79,21 +80,133 @@ pub(crate) fn object_name(chunks: &[ChunkRef]) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// The whole-file object for `base` if it can be had now.
+/// What identifies one version of a cache file's content: any write to it (even one that
+/// puts its mtime back with utimensat) changes its ctime, a replacement changes its inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(f: &File) -> std::io::Result<Stamp> {
+        let m = f.metadata()?;
+        Ok(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// Cache files whose content this process has checked against their chunks' ids (or
+/// written itself), with the stamp they had then. A cache file is handed to the kernel for
+/// passthrough only while its stamp is the one recorded: the kernel reads it without asking
+/// the server, so this is the only point where a damaged copy can be caught.
+static VERIFIED: Mutex<Option<HashMap<PathBuf, Stamp>>> = Mutex::new(None);
+
+fn verified(path: &Path, stamp: &Stamp) -> bool {
+    VERIFIED
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(path))
+        .is_some_and(|s| s == stamp)
+}
+
+fn mark_verified(path: &Path, stamp: Stamp) {
+    VERIFIED
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(path.to_path_buf(), stamp);
+}
+
+/// Whether `f` holds exactly the content of `chunks`: its size, and the BLAKE3 of every
+/// chunk-sized piece against the chunk's id (the content address itself, not a hash kept
+/// next to the copy).
+fn content_matches(f: &File, chunks: &[ChunkRef]) -> std::io::Result<bool> {
+    let want: u64 = chunks.iter().map(|c| c.len as u64).sum();
+    if f.metadata()?.size() != want {
+        return Ok(false);
+    }
+    let mut r = std::io::BufReader::with_capacity(1 << 20, f);
+    let mut buf = Vec::new();
+    for c in chunks {
+        buf.resize(c.len as usize, 0);
+        if let Err(e) = r.read_exact(&mut buf) {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                return Ok(false);
+            }
+            return Err(e);
+        }
+        if crate::id::ObjectId::hash(&buf) != c.id {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Opens the cache file at `path` if it holds `base`'s content: checked once per version
+/// of the file (see [`Stamp`]). A file that does not match is removed (it is derived data)
+/// and `Ok(None)` returned; so is a missing one.
+fn open_checked(path: &Path, base: &Base) -> std::io::Result<Option<File>> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let stamp = Stamp::of(&f)?;
+    if verified(path, &stamp) {
+        return Ok(Some(f));
+    }
+    // Hashed through a second descriptor, so `f`'s offset stays at 0 for the kernel.
+    let ok = content_matches(&File::open(path)?, &base.chunks)?;
+    // A change while it was being hashed shows in the stamp.
+    if ok && Stamp::of(&f)? == stamp {
+        mark_verified(path, stamp);
+        return Ok(Some(f));
+    }
+    tracing::warn!(path = %path.display(), "whole-file cache object does not match its content; rebuilding it");
+    // Only if it is still the file that failed (another thread may have replaced it).
+    if File::open(path).and_then(|g| Stamp::of(&g)).ok() == Some(stamp) {
+        let _ = fs::remove_file(path);
+    }
+    Ok(None)
+}
+
+/// The whole-file object for `base` if it can be had now, verified (see [`open_checked`]).
+/// Small objects are built or checked inside the call; big ones in the background (this
+/// open is then served by the server, a later one passes through).
 pub fn open_object(store: &Arc<Store>, base: &Arc<Base>) -> std::io::Result<Option<File>> {
     let name = object_name(&base.chunks);
     let path = store.dir().join("cache").join(&name);
-    if let Ok(f) = File::open(&path) {
-        return Ok(Some(f));
-    }
-    if base.len() <= SYNC_LIMIT {
+    let small = base.len() <= SYNC_LIMIT;
+    if small {
+        if let Some(f) = open_checked(&path, base)? {
+            return Ok(Some(f));
+        }
         return materialize(store, base, &name).map(Some);
+    }
+    // Already checked: no need to go to the background.
+    if let Ok(f) = File::open(&path) {
+        if Stamp::of(&f).is_ok_and(|s| verified(&path, &s)) {
+            return Ok(Some(f));
+        }
     }
     let mut g = IN_PROGRESS.lock();
     if g.get_or_insert_with(HashSet::new).insert(name.clone()) {
         let (store, base) = (store.clone(), base.clone());
         std::thread::spawn(move || {
-            if let Err(e) = materialize(&store, &base, &name) {
+            let r = match open_checked(&path, &base) {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => materialize(&store, &base, &name).map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
                 tracing::warn!(error = %e, "materializing a whole-file object failed");
             }
             if let Some(s) = IN_PROGRESS.lock().as_mut() {
@@ -113,7 +226,16 @@ fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> 
         std::process::id(),
         std::thread::current().id()
     ));
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    let r = write_object(store, base, &tmp, &path);
+    if r.is_err() {
+        // A full disk must not leave half an object behind.
+        let _ = fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn write_object(store: &Store, base: &Base, tmp: &Path, path: &Path) -> std::io::Result<File> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(tmp)?);
     let mut h = blake3::Hasher::new();
     for c in &base.chunks {
         let data = store
@@ -124,9 +246,18 @@ fn materialize(store: &Store, base: &Base, name: &str) -> std::io::Result<File> 
     }
     let f = out.into_inner().map_err(|e| e.into_error())?;
     drop(f);
-    crate::sys::lsetxattr(&tmp, CONTENT_XATTR, h.finalize().to_hex().as_bytes())?;
-    fs::rename(&tmp, &path)?;
-    File::open(&path)
+    crate::sys::lsetxattr(tmp, CONTENT_XATTR, h.finalize().to_hex().as_bytes())?;
+    install_checked(tmp, path)
+}
+
+/// Rename a cache object this process wrote (from verified chunks) into place, open it and
+/// record it as checked. Opened before the rename, so what is recorded is that file, not
+/// one put there meanwhile; stamped after it (a rename changes the ctime).
+fn install_checked(tmp: &Path, path: &Path) -> std::io::Result<File> {
+    let f = File::open(tmp)?;
+    fs::rename(tmp, path)?;
+    mark_verified(path, Stamp::of(&f)?);
+    Ok(f)
 }
 
 /// A whole-file object written while a large file's content streams past during import, so
@@ -180,7 +311,8 @@ impl ObjectWriter {
             CONTENT_XATTR,
             self.hash.finalize().to_hex().as_bytes(),
         )?;
-        fs::rename(&self.tmp, self.dir.join(object_name(chunks)))
+        // Written from the bytes the chunks were cut from: checked, for this process.
+        install_checked(&self.tmp, &self.dir.join(object_name(chunks))).map(drop)
     }
 }
 

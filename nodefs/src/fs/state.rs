@@ -48,6 +48,9 @@ pub struct Inode {
     pub charged: bool,
     /// Upper blocks currently charged against the byte quota.
     pub charged_blocks: u64,
+    /// Metadata bytes (the inode, names, symlink target, xattrs) charged against the byte
+    /// quota for this inode; given back when it is freed.
+    pub charged_meta: u64,
     /// Changed in this mount (content, metadata or links).
     pub touched: bool,
 }
@@ -92,6 +95,30 @@ pub struct Quota {
     pub inodes: Option<u64>,
     pub used_blocks: u64,
     pub used_inodes: u64,
+    /// Metadata bytes charged (see [`INODE_COST`]): counted against `bytes` with the blocks.
+    pub used_meta: u64,
+}
+
+impl Quota {
+    /// Bytes counted against the byte quota: upper blocks and metadata.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_blocks * BLOCK + self.used_meta
+    }
+}
+
+/// What an inode made in a mount costs against its byte quota, besides its data: the
+/// server holds every such inode in memory (about 1 KiB with its name, measured), so a
+/// sandbox making millions of empty files must run out of quota, not take the server's
+/// memory.
+pub const INODE_COST: u64 = 1024;
+/// What each name (directory entry) costs on top of its length.
+pub const NAME_COST: u64 = 64;
+/// What each extended attribute costs on top of its name and value.
+pub const XATTR_COST: u64 = 64;
+
+/// What a name costs.
+pub fn name_cost(name: &[u8]) -> u64 {
+    NAME_COST + name.len() as u64
 }
 
 /// The inode table.
@@ -133,6 +160,7 @@ impl State {
                 open: 0,
                 charged: false,
                 charged_blocks: 0,
+                charged_meta: 0,
                 touched: false,
             },
         );
@@ -314,6 +342,7 @@ impl State {
                 open: 0,
                 charged: false,
                 charged_blocks: 0,
+                charged_meta: 0,
                 touched: false,
             },
         );
@@ -369,6 +398,13 @@ impl State {
                 return Err(libc::ENOSPC);
             }
         }
+        let meta_cost = INODE_COST
+            + name_cost(name)
+            + match &content {
+                Content::Symlink(t) => t.len() as u64,
+                _ => 0,
+            };
+        self.check_meta(meta_cost)?;
         let pmeta = self.get(parent)?.meta.clone();
         let is_dir = matches!(content, Content::Dir(_));
         let mut mode = mode & 0o7777;
@@ -404,10 +440,12 @@ impl State {
                 open: 0,
                 charged: true,
                 charged_blocks: 0,
+                charged_meta: meta_cost,
                 touched: true,
             },
         );
         self.quota.used_inodes += 1;
+        self.quota.used_meta += meta_cost;
         self.children(parent)?.insert(name, ino);
         if is_dir {
             self.get_mut(parent)?.nlink += 1;
@@ -416,10 +454,16 @@ impl State {
         Ok(ino)
     }
 
-    /// Drop one link to `ino`; frees it when nothing references it any more.
-    fn drop_link(&mut self, ino: u64) {
+    /// Drop the link `name` to `ino`; frees it when nothing references it any more.
+    fn drop_link(&mut self, ino: u64, name: &[u8]) {
+        let mut refund = 0;
         let free = match self.inodes.get_mut(&ino) {
             Some(i) => {
+                // A name made by `link` is given back when one goes; the inode's own
+                // charge (and its first name's) when it is freed.
+                let floor = if i.charged { INODE_COST + NAME_COST } else { 0 };
+                refund = name_cost(name).min(i.charged_meta.saturating_sub(floor));
+                i.charged_meta -= refund;
                 i.nlink = i.nlink.saturating_sub(1);
                 if matches!(i.content, Content::Dir(_)) {
                     i.nlink = 0;
@@ -430,6 +474,7 @@ impl State {
             }
             None => false,
         };
+        self.quota.used_meta = self.quota.used_meta.saturating_sub(refund);
         if free {
             self.free(ino);
         }
@@ -442,6 +487,7 @@ impl State {
                 self.quota.used_inodes = self.quota.used_inodes.saturating_sub(1);
             }
             self.quota.used_blocks = self.quota.used_blocks.saturating_sub(i.charged_blocks);
+            self.quota.used_meta = self.quota.used_meta.saturating_sub(i.charged_meta);
             if i.link != 0 && self.links.get(&i.link) == Some(&ino) {
                 self.links.remove(&i.link);
             }
@@ -458,7 +504,7 @@ impl State {
         }
         self.children(parent)?.remove(name);
         self.touch_dir(parent);
-        self.drop_link(ino);
+        self.drop_link(ino, name);
         Ok(())
     }
 
@@ -474,7 +520,7 @@ impl State {
         let p = self.get_mut(parent)?;
         p.nlink = p.nlink.saturating_sub(1);
         self.touch_dir(parent);
-        self.drop_link(ino);
+        self.drop_link(ino, name);
         Ok(())
     }
 
@@ -541,7 +587,7 @@ impl State {
                 _ => {}
             }
             self.children(np)?.remove(nn);
-            self.drop_link(dst);
+            self.drop_link(dst, nn);
         }
         self.children(parent)?.remove(name);
         self.children(np)?.insert(nn, src);
@@ -580,8 +626,12 @@ impl State {
         if self.children(np)?.contains_key(nn) {
             return Err(libc::EEXIST);
         }
+        let cost = name_cost(nn);
+        self.check_meta(cost)?;
+        self.quota.used_meta += cost;
         let nonce = self.nonce;
         let i = self.get_mut(ino)?;
+        i.charged_meta += cost;
         if i.link == 0 {
             let h = blake3::hash(format!("{nonce}/{ino}").as_bytes());
             i.link = u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default()) | 1;
@@ -611,11 +661,35 @@ impl State {
 
     /// ENOSPC if `extra` more blocks would exceed the byte quota.
     pub fn check_space(&self, extra: u64) -> R<()> {
+        self.check_meta(extra * BLOCK)
+    }
+
+    /// ENOSPC if `extra` more bytes (of metadata, or of blocks) would exceed the byte quota.
+    pub fn check_meta(&self, extra: u64) -> R<()> {
         if let Some(q) = self.quota.bytes {
-            if (self.quota.used_blocks + extra) * BLOCK > q {
+            if self.quota.used_bytes().saturating_add(extra) > q {
                 return Err(libc::ENOSPC);
             }
         }
+        Ok(())
+    }
+
+    /// Charge (or with a negative `delta`, give back) metadata bytes of inode `ino`, e.g. an
+    /// xattr set or removed. ENOSPC, charging nothing, if growth would exceed the quota.
+    pub fn charge_meta(&mut self, ino: u64, delta: i64) -> R<()> {
+        if delta > 0 {
+            self.check_meta(delta as u64)?;
+        }
+        let i = self.get_mut(ino)?;
+        let d = if delta >= 0 {
+            i.charged_meta += delta as u64;
+            delta
+        } else {
+            let back = delta.unsigned_abs().min(i.charged_meta);
+            i.charged_meta -= back;
+            -(back as i64)
+        };
+        self.quota.used_meta = self.quota.used_meta.saturating_add_signed(d);
         Ok(())
     }
 

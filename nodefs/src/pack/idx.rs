@@ -155,10 +155,17 @@ pub(super) fn write_idx(
     buf.extend_from_slice(sum.as_bytes());
     let path = idx_path(dir, n);
     let tmp = dir.join(format!("pack-{n:08}.idx.tmp"));
-    let mut f = File::create(&tmp).map_err(store_io(&tmp))?;
-    f.write_all(&buf).map_err(store_io(&tmp))?;
-    f.sync_all().map_err(store_io(&tmp))?;
-    drop(f);
+    let written = File::create(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&buf)?;
+            f.sync_all()
+        })
+        .map_err(store_io(&tmp));
+    if written.is_err() {
+        // A full disk must not leave half a file behind.
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
     fs::rename(&tmp, &path).map_err(store_io(&path))?;
     sync_dir(dir)
 }

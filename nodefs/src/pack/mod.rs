@@ -61,6 +61,9 @@ pub struct Loc {
     pub base: ObjectId,
 }
 
+/// An index entry.
+type Entry = (ObjectId, Loc);
+
 /// A record ready to append.
 pub struct Record<'a> {
     pub id: ObjectId,
@@ -163,6 +166,8 @@ pub struct OpenReport {
     pub idx_written: usize,
     /// `.idx` files removed because their pack is gone.
     pub idx_orphans_removed: usize,
+    /// Packs removed because they hold no object no earlier pack has (or none at all).
+    pub empty_removed: usize,
 }
 
 /// The set of pack files in `<store>/packs`.
@@ -175,6 +180,9 @@ pub struct PackSet {
     rotate_at: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     opened: OpenReport,
+    /// Makes hole punching fail as on a filesystem without it.
+    #[cfg(test)]
+    no_punch: std::sync::atomic::AtomicBool,
 }
 
 fn pack_path(dir: &Path, n: u32) -> PathBuf {
@@ -252,11 +260,16 @@ impl PackSet {
             let active = Some(n) == last;
             // Packs are indexed in order and the first record of an id wins, from an idx or
             // from a walk alike, so both give the same index.
+            // Whether the pack adds an object to the index, or may hold one (damage).
+            let mut holds = false;
             let end = match load_idx(dir, n, len) {
                 Ok(entries) => {
                     report.from_idx += 1;
                     for (id, loc) in entries {
-                        index.entry(id).or_insert(loc);
+                        if let std::collections::hash_map::Entry::Vacant(v) = index.entry(id) {
+                            v.insert(loc);
+                            holds = true;
+                        }
                     }
                     len
                 }
@@ -278,8 +291,9 @@ impl PackSet {
                             tracing::warn!(idx = %ip.display(), %problem, "ignoring pack idx; walking the pack");
                         }
                     }
-                    let (mut entries, end) = scan(&file, n, &path)?;
+                    let (mut entries, end, damaged) = scan_checked(&file, n, &path)?;
                     report.scanned += 1;
+                    holds |= damaged || end < len;
                     // A sealed pack that walks cleanly to its end gets its idx back, so the
                     // next open is fast again. The active one is indexed when it is sealed.
                     if !active && end == len {
@@ -293,11 +307,28 @@ impl PackSet {
                         }
                     }
                     for (id, loc) in entries {
-                        index.entry(id).or_insert(loc);
+                        if let std::collections::hash_map::Entry::Vacant(v) = index.entry(id) {
+                            v.insert(loc);
+                            holds = true;
+                        }
                     }
                     end
                 }
             };
+            if !holds {
+                // Every record in it is an earlier pack's too, or it has none: what an
+                // interrupted compaction of an older version left (a partial copy). It holds
+                // nothing, so it goes rather than taking the disk.
+                drop(file);
+                let ip = idx_path(dir, n);
+                remove_if_present(&ip).map_err(store_io(&ip))?;
+                remove_if_present(&path).map_err(store_io(&path))?;
+                report.empty_removed += 1;
+                if len > PACK_MAGIC.len() as u64 {
+                    tracing::warn!(pack = %path.display(), "removing a pack that holds no object of its own");
+                }
+                continue;
+            }
             let file = Arc::new(file);
             if active {
                 if end < len {
@@ -321,6 +352,8 @@ impl PackSet {
             writer: Mutex::new(writer),
             rotate_at,
             opened: report,
+            #[cfg(test)]
+            no_punch: Default::default(),
         })
     }
 
@@ -515,93 +548,309 @@ impl PackSet {
         Ok(())
     }
 
-    /// Rewrite the packs keeping only `keep`: new packs are written and synced before the
-    /// old ones are deleted, so a crash leaves either the old or both sets.
-    pub fn compact(&self, keep: &dyn Fn(&ObjectId) -> bool) -> Result<(u64, u64), StoreError> {
+    /// Drop every object `keep` says no to and give their space back, never needing more
+    /// space than it frees: packs with nothing live are deleted; in the others the dead
+    /// records' bytes are punched out in place (a hole reads as zeros, which a walk skips
+    /// like a damaged record, and a pack's dead tail is cut off). Where the filesystem cannot
+    /// punch holes, a pack is rewritten instead, but only if its live records fit in the
+    /// free space less a reserve. A failure leaves no partial output.
+    pub fn compact(&self, keep: &dyn Fn(&ObjectId) -> bool) -> Result<Compacted, StoreError> {
         let mut w = self.writer.lock();
-        let old: Vec<u32> = self.files.read().keys().copied().collect();
-        let entries = self.all();
-        let mut removed = 0u64;
-        let mut freed = 0u64;
-        let next = old.iter().max().map(|m| m + 1).unwrap_or(1);
-        let mut nw = self.create_pack(next)?;
-        let mut new_index = HashMap::new();
-        // Copy in old order so delta bases stay valid.
-        let mut sorted = entries;
-        sorted.sort_by_key(|(_, l)| (l.pack, l.offset));
-        for (id, loc) in sorted {
-            if !keep(&id) {
-                removed += 1;
-                freed += HDR as u64 + loc.stored_len as u64;
+        let mut rep = Compacted::default();
+        let mut live: HashMap<u32, Vec<(ObjectId, Loc)>> = HashMap::new();
+        let mut dead = Vec::new();
+        for (id, loc) in self.all() {
+            if keep(&id) {
+                live.entry(loc.pack).or_default().push((id, loc));
+            } else {
+                dead.push(id);
+            }
+        }
+        rep.removed = dead.len() as u64;
+        // Out of the index before their bytes go: from now on nothing finds them.
+        {
+            let mut index = self.index.write();
+            for id in &dead {
+                index.remove(id);
+            }
+        }
+        let mut packs: Vec<u32> = self.files.read().keys().copied().collect();
+        packs.sort_unstable();
+        let mut deleted = false;
+        for &n in packs.iter().filter(|n| !live.contains_key(n)) {
+            self.delete_pack(n)?;
+            if w.as_ref().is_some_and(|w| w.pack == n) {
+                *w = None;
+            }
+            rep.packs_deleted += 1;
+            deleted = true;
+        }
+        if deleted {
+            sync_dir(&self.dir)?;
+        }
+        for n in packs {
+            let Some(mut recs) = live.remove(&n) else {
+                continue;
+            };
+            let Some(file) = self.files.read().get(&n).cloned() else {
+                continue;
+            };
+            recs.sort_by_key(|(_, l)| l.offset);
+            let path = pack_path(&self.dir, n);
+            let len = match w.as_ref().filter(|w| w.pack == n) {
+                Some(w) => w.len,
+                None => file.metadata().map_err(store_io(&path))?.len(),
+            };
+            let holes = dead_ranges(&recs, len);
+            let live_bytes: u64 = recs
+                .iter()
+                .map(|(_, l)| HDR as u64 + l.stored_len as u64)
+                .sum();
+            let allocated = allocated_bytes(&file).map_err(store_io(&path))?;
+            let tail = holes.last().is_some_and(|h| h.1 == len);
+            // Nothing but partial blocks to gain (or punched already).
+            let slack = (holes.len() as u64 + 1) * 4096 + PACK_MAGIC.len() as u64;
+            if holes.is_empty() || (!tail && allocated <= live_bytes + slack) {
                 continue;
             }
-            let file = self.files.read().get(&loc.pack).cloned();
-            let Some(file) = file else { continue };
-            let mut buf = vec![0u8; HDR + loc.stored_len as usize];
-            file.read_exact_at(&mut buf, loc.offset)
-                .map_err(store_io(pack_path(&self.dir, loc.pack)))?;
-            let path = pack_path(&self.dir, nw.pack);
-            nw.file
-                .write_all_at(&buf, nw.len)
-                .map_err(store_io(&path))?;
-            new_index.insert(
-                id,
-                Loc {
-                    pack: nw.pack,
-                    offset: nw.len,
-                    ..loc
-                },
-            );
-            nw.len += buf.len() as u64;
-        }
-        nw.file
-            .sync_all()
-            .map_err(store_io(pack_path(&self.dir, nw.pack)))?;
-        // The new pack holds each kept id once, so the new index is exactly its idx. It
-        // stays valid until the next append (then the pack is walked at open until sealed).
-        let mut entries: Vec<(ObjectId, Loc)> = new_index.iter().map(|(k, v)| (*k, *v)).collect();
-        if let Err(e) = write_idx(&self.dir, nw.pack, nw.len, &mut entries) {
-            tracing::warn!(
-                pack = %pack_path(&self.dir, nw.pack).display(),
-                error = %crate::error::chain(&e),
-                "cannot write the idx of a compacted pack; it will be walked at open"
-            );
-        }
-        *self.index.write() = new_index;
-        {
-            let mut files = self.files.write();
-            for n in &old {
-                files.remove(n);
-                // The idx goes first: a crash in between leaves a pack without an idx
-                // (walked at open) rather than an idx without a pack (removed at open anyway).
-                let ip = idx_path(&self.dir, *n);
-                remove_if_present(&ip).map_err(store_io(&ip))?;
-                let p = pack_path(&self.dir, *n);
-                fs::remove_file(&p).map_err(store_io(&p))?;
+            match self.punch(n, &file, &mut recs, &holes, len, &mut w) {
+                Ok(()) => rep.packs_punched += 1,
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    if self.rewrite(n, &recs, live_bytes, &mut w)? {
+                        rep.packs_rewritten += 1;
+                    } else {
+                        rep.packs_left += 1;
+                    }
+                }
+                Err(e) => return Err(store_io(&path)(e)),
             }
         }
-        sync_dir(&self.dir)?;
-        *w = Some(nw);
-        Ok((removed, freed))
+        Ok(rep)
     }
 
-    /// Total bytes of all pack files.
+    /// Remove pack `n` and its idx (the idx first: a crash in between leaves a pack without
+    /// an idx, walked at open, rather than an idx without a pack).
+    fn delete_pack(&self, n: u32) -> Result<(), StoreError> {
+        self.files.write().remove(&n);
+        let ip = idx_path(&self.dir, n);
+        remove_if_present(&ip).map_err(store_io(&ip))?;
+        let p = pack_path(&self.dir, n);
+        remove_if_present(&p).map_err(store_io(&p))?;
+        Ok(())
+    }
+
+    /// Punch `holes` (the dead byte ranges of pack `n`, which holds `recs` live) out of it.
+    /// The pack's idx is replaced by one of the live records first, so no idx ever lists a
+    /// record whose bytes are gone; a dead tail is cut off and the idx written again for the
+    /// new length.
+    fn punch(
+        &self,
+        n: u32,
+        file: &File,
+        recs: &mut [(ObjectId, Loc)],
+        holes: &[(u64, u64)],
+        len: u64,
+        w: &mut Option<Writer>,
+    ) -> std::io::Result<()> {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        use std::os::fd::AsRawFd;
+        let idx = |len: u64, recs: &mut [(ObjectId, Loc)]| {
+            if let Err(e) = write_idx(&self.dir, n, len, recs) {
+                // Without one the pack is walked at open, which sees exactly the live
+                // records once the holes are punched; a stale one must not stay.
+                tracing::warn!(error = %crate::error::chain(&e), "cannot write a pack idx after gc");
+                remove_if_present(&idx_path(&self.dir, n))?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        #[cfg(test)]
+        if self.no_punch.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        idx(len, recs)?;
+        let mut new_len = len;
+        for &(a, b) in holes {
+            if b == len {
+                new_len = a;
+                continue;
+            }
+            let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            fallocate(file.as_raw_fd(), flags, a as i64, (b - a) as i64)
+                .map_err(std::io::Error::from)?;
+        }
+        if new_len < len {
+            file.set_len(new_len)?;
+            if let Some(w) = w.as_mut().filter(|w| w.pack == n) {
+                w.len = new_len;
+            }
+            idx(new_len, recs)?;
+        }
+        file.sync_all()
+    }
+
+    /// Rewrite pack `n` holding only `recs` into a new pack, if `live_bytes` fit in the free
+    /// space less a reserve (else leave it: returns false). Written under a temp name and
+    /// renamed once complete and synced; on any error the temp file goes.
+    fn rewrite(
+        &self,
+        n: u32,
+        recs: &[(ObjectId, Loc)],
+        live_bytes: u64,
+        w: &mut Option<Writer>,
+    ) -> Result<bool, StoreError> {
+        let (avail, total) = free_space(&self.dir).map_err(store_io(&self.dir))?;
+        let reserve = (total / 64).clamp(1 << 20, 256 << 20);
+        if live_bytes + reserve > avail {
+            tracing::warn!(
+                pack = n,
+                live_bytes,
+                avail,
+                "no room to rewrite a pack; its dead records stay"
+            );
+            return Ok(false);
+        }
+        let q = self.files.read().keys().max().map_or(1, |m| m + 1);
+        let tmp = pack_path(&self.dir, q).with_extension("tmp");
+        let r = self.write_rewritten(n, q, &tmp, recs);
+        let (file, locs, qlen) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                let _ = remove_if_present(&idx_path(&self.dir, q));
+                return Err(e);
+            }
+        };
+        let file = Arc::new(file);
+        self.files.write().insert(q, file.clone());
+        self.index.write().extend(locs);
+        self.delete_pack(n)?;
+        sync_dir(&self.dir)?;
+        // The newest pack is the one appended to.
+        if let Some(old) = w.as_ref().filter(|w| w.pack != n) {
+            old.file
+                .sync_all()
+                .map_err(store_io(pack_path(&self.dir, old.pack)))?;
+            self.seal(old);
+        }
+        *w = Some(Writer {
+            pack: q,
+            file,
+            len: qlen,
+        });
+        Ok(true)
+    }
+
+    fn write_rewritten(
+        &self,
+        n: u32,
+        q: u32,
+        tmp: &Path,
+        recs: &[(ObjectId, Loc)],
+    ) -> Result<(File, Vec<Entry>, u64), StoreError> {
+        let src = self.files.read().get(&n).cloned().ok_or_else(|| {
+            store_io(pack_path(&self.dir, n))(std::io::ErrorKind::NotFound.into())
+        })?;
+        let out = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(tmp)
+            .map_err(store_io(tmp))?;
+        out.write_all_at(PACK_MAGIC, 0).map_err(store_io(tmp))?;
+        let mut len = PACK_MAGIC.len() as u64;
+        let mut locs = Vec::with_capacity(recs.len());
+        for (id, loc) in recs {
+            let mut buf = vec![0u8; HDR + loc.stored_len as usize];
+            src.read_exact_at(&mut buf, loc.offset)
+                .map_err(store_io(pack_path(&self.dir, n)))?;
+            out.write_all_at(&buf, len).map_err(store_io(tmp))?;
+            locs.push((
+                *id,
+                Loc {
+                    pack: q,
+                    offset: len,
+                    ..*loc
+                },
+            ));
+            len += buf.len() as u64;
+        }
+        out.sync_all().map_err(store_io(tmp))?;
+        write_idx(&self.dir, q, len, &mut locs.clone())?;
+        let path = pack_path(&self.dir, q);
+        fs::rename(tmp, &path).map_err(store_io(&path))?;
+        Ok((out, locs, len))
+    }
+
+    /// Total bytes of all pack files, less the holes gc punched in them.
     pub fn disk_bytes(&self) -> u64 {
         self.files
             .read()
             .values()
             .filter_map(|f| f.metadata().ok())
-            .map(|m| m.len())
+            .map(|m| {
+                m.len()
+                    .min(std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            })
             .sum()
     }
+}
+
+/// What [`PackSet::compact`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Objects dropped.
+    pub removed: u64,
+    /// Packs deleted whole (nothing in them was live).
+    pub packs_deleted: u64,
+    /// Packs whose dead records were punched out in place.
+    pub packs_punched: u64,
+    /// Packs rewritten (the filesystem cannot punch holes).
+    pub packs_rewritten: u64,
+    /// Packs with dead records left as they are: no holes and no room to rewrite them.
+    pub packs_left: u64,
+}
+
+/// The byte ranges of a pack of length `len` that no record of `live` (sorted by offset)
+/// covers, past the magic.
+fn dead_ranges(live: &[(ObjectId, Loc)], len: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = PACK_MAGIC.len() as u64;
+    for (_, l) in live {
+        if l.offset > at {
+            out.push((at, l.offset));
+        }
+        at = at.max(l.offset + HDR as u64 + l.stored_len as u64);
+    }
+    if len > at {
+        out.push((at, len));
+    }
+    out
+}
+
+/// Bytes of disk a file takes.
+fn allocated_bytes(f: &File) -> std::io::Result<u64> {
+    Ok(std::os::unix::fs::MetadataExt::blocks(&f.metadata()?) * 512)
+}
+
+/// Bytes available to this process on the filesystem of `dir`, and its size.
+fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let s = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
+    let frag = s.fragment_size() as u64;
+    Ok((s.blocks_available() as u64 * frag, s.blocks() as u64 * frag))
 }
 
 /// Walk one pack's records. Returns each id's first valid record in the pack and the offset
 /// where valid records end.
 fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64), StoreError> {
+    scan_checked(file, n, path).map(|(e, end, _)| (e, end))
+}
+
+/// [`scan`], also saying whether it skipped anything but zeros (a hole gc punched) between
+/// records: a damaged record.
+fn scan_checked(file: &File, n: u32, path: &Path) -> Result<(Vec<Entry>, u64, bool), StoreError> {
     let len = file.metadata().map_err(store_io(path))?.len();
     if len < PACK_MAGIC.len() as u64 {
-        return Ok((Vec::new(), 0));
+        return Ok((Vec::new(), 0, false));
     }
     // SAFETY: the pack is only appended to by this process under the writer lock and is
     // not truncated while mapped; we only read the mapping within its length.
@@ -615,6 +864,7 @@ fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64),
     }
     let mut entries = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    let mut damaged = false;
     let mut off = PACK_MAGIC.len();
     while off + HDR <= map.len() {
         let rec = parse_header(n, off as u64, &map[off..off + HDR])
@@ -623,8 +873,14 @@ fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64),
             // A damaged record in the middle (valid records follow) is skipped, and its
             // objects read as missing; only a torn tail (nothing valid after) is cut.
             match next_record(n, &map, off + 1) {
+                Some(next) if map[off..next].iter().all(|b| *b == 0) => {
+                    tracing::debug!(pack = %path.display(), off, next, "skipping a hole gc punched");
+                    off = next;
+                    continue;
+                }
                 Some(next) => {
                     tracing::warn!(pack = %path.display(), off, next, "skipping a damaged record");
+                    damaged = true;
                     off = next;
                     continue;
                 }
@@ -636,7 +892,7 @@ fn scan(file: &File, n: u32, path: &Path) -> Result<(Vec<(ObjectId, Loc)>, u64),
         }
         off += HDR + loc.stored_len as usize;
     }
-    Ok((entries, off as u64))
+    Ok((entries, off as u64, damaged))
 }
 
 /// Offset of the next valid, complete record at or after `from`.
@@ -936,65 +1192,162 @@ mod tests {
         assert_eq!(bad, 3, "the three lied-about objects fail to read");
     }
 
+    /// Allocated bytes of a pack file.
+    fn allocated(dir: &Path, n: u32) -> u64 {
+        allocated_bytes(&File::open(pack_path(dir, n)).unwrap()).unwrap()
+    }
+
     #[test]
-    fn compaction_leaves_no_idx_without_its_pack() {
+    fn compaction_frees_in_place_and_leaves_no_idx_without_its_pack() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let objs = sealed_store(dir);
-        let ps = PackSet::open_with(dir, ROT).unwrap();
+        // 20 KiB chunks in packs sealed past 64 KiB: holes of whole blocks can be punched.
+        let rot = 64 << 10;
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        let objs = fill(&ps, 0, 40, 20 << 10);
         let old = files_with(dir, ".pack");
-        let (keep, drop_): (Vec<_>, Vec<_>) =
-            objs.iter().cloned().partition(|(id, _)| id.0[0] % 2 == 0);
-        assert!(!keep.is_empty() && !drop_.is_empty());
+        assert!(old.len() >= 5, "{old:?}");
+        // Pack 1 dies whole; in the others every other object does.
+        let first: std::collections::HashSet<ObjectId> = objs
+            .iter()
+            .filter(|(id, _)| ps.get(id).unwrap().pack == 1)
+            .map(|(id, _)| *id)
+            .collect();
+        let (keep, drop_): (Vec<_>, Vec<_>) = objs
+            .iter()
+            .cloned()
+            .enumerate()
+            .partition(|(i, (id, _))| i % 2 == 0 && !first.contains(id));
+        let keep: Vec<_> = keep.into_iter().map(|(_, o)| o).collect();
+        let drop_: Vec<_> = drop_.into_iter().map(|(_, o)| o).collect();
         let kept: std::collections::HashSet<ObjectId> = keep.iter().map(|(id, _)| *id).collect();
-        let (removed, _) = ps.compact(&|id| kept.contains(id)).unwrap();
-        assert_eq!(removed as usize, drop_.len());
+        let before: u64 = old.iter().map(|&n| allocated(dir, n)).sum();
+        let rep = ps.compact(&|id| kept.contains(id)).unwrap();
+        assert_eq!(rep.removed as usize, drop_.len(), "{rep:?}");
+        assert_eq!(rep.packs_deleted, 1, "{rep:?}");
+        assert_eq!(rep.packs_punched as usize, old.len() - 1, "{rep:?}");
         let packs = files_with(dir, ".pack");
-        assert_eq!(packs.len(), 1);
-        assert!(packs[0] > *old.last().unwrap());
+        assert_eq!(packs, old[1..], "no new pack: the old ones shrink in place");
         assert_eq!(
             files_with(dir, ".idx"),
             packs,
-            "only the compacted pack has an idx"
+            "every pack has an idx of its live records"
         );
-        read_all(&ps, &keep);
-        let after = lookups(&ps);
-        drop(ps);
-        // The compacted pack's idx is valid, so nothing is walked.
-        let ps = PackSet::open_with(dir, ROT).unwrap();
-        let rep = ps.open_report();
-        assert_eq!((rep.from_idx, rep.scanned), (1, 0), "{rep:?}");
-        assert_eq!(lookups(&ps), after);
+        let after: u64 = packs.iter().map(|&n| allocated(dir, n)).sum();
+        let dead: u64 = drop_.iter().map(|(_, d)| (HDR + d.len()) as u64).sum();
+        assert!(
+            before - after >= dead * 3 / 4,
+            "freed {} of {dead} dead bytes",
+            before - after
+        );
         read_all(&ps, &keep);
         for (id, _) in &drop_ {
             assert!(!ps.contains(id));
         }
-        // Appending makes the active pack outgrow that idx: it is walked, not trusted.
-        let more = fill(&ps, 5000, 12, 1000);
+        let lookups_after = lookups(&ps);
         drop(ps);
-        let ps = PackSet::open_with(dir, ROT).unwrap();
+        // Reopened from the new idx files: the same live records, nothing dead.
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        let rep = ps.open_report();
+        assert_eq!((rep.from_idx, rep.scanned), (packs.len(), 0), "{rep:?}");
+        assert_eq!(lookups(&ps), lookups_after);
+        read_all(&ps, &keep);
+        drop(ps);
+        // Walked (no idx): the holes read as zeros and are skipped, the dead stay dead.
+        for n in files_with(dir, ".idx") {
+            fs::remove_file(idx_path(dir, n)).unwrap();
+        }
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        assert_eq!(lookups(&ps), lookups_after);
+        read_all(&ps, &keep);
+        // Appending after reopen continues, and a second compaction changes nothing.
+        let more = fill(&ps, 5000, 12, 20 << 10);
+        let rep = ps.compact(&|_| true).unwrap();
+        assert_eq!(rep, Compacted::default());
         read_all(&ps, &keep);
         read_all(&ps, &more);
-        let packs = files_with(dir, ".pack");
-        assert_eq!(files_with(dir, ".idx"), packs[..packs.len() - 1]);
-        // Compacting everything away leaves one empty pack and its idx, nothing else.
-        ps.compact(&|_| false).unwrap();
+        // Compacting everything away leaves no pack and no idx.
+        let rep = ps.compact(&|_| false).unwrap();
+        assert_eq!(
+            rep.packs_deleted as usize,
+            files_with(dir, ".pack").len() + rep.packs_deleted as usize
+        );
+        assert!(fs::read_dir(dir).unwrap().next().is_none());
+        assert!(ps.all().is_empty());
+        // Appends start a new pack.
+        let again = fill(&ps, 9000, 2, 1000);
+        read_all(&ps, &again);
         drop(ps);
-        let packs = files_with(dir, ".pack");
-        assert_eq!(files_with(dir, ".idx"), packs);
-        assert_eq!(packs.len(), 1);
-        let names: Vec<_> = fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names.len(), 2, "{names:?}");
         // An idx left without its pack (a crash inside compaction) is removed at open.
         fs::write(idx_path(dir, 77), b"stale").unwrap();
-        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let ps = PackSet::open_with(dir, rot).unwrap();
         assert_eq!(ps.open_report().idx_orphans_removed, 1);
         assert!(!idx_path(dir, 77).exists());
-        assert!(ps.all().is_empty());
+        read_all(&ps, &again);
+    }
+
+    /// Where holes cannot be punched, a pack with dead records is rewritten whole into a new
+    /// one (the newest, then appended to), and the data stays readable across a reopen.
+    #[test]
+    fn without_hole_punching_packs_are_rewritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let rot = 64 << 10;
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        let objs = fill(&ps, 0, 12, 20 << 10);
+        let old = files_with(dir, ".pack");
+        let keep: Vec<_> = objs.iter().step_by(3).cloned().collect();
+        let kept: std::collections::HashSet<ObjectId> = keep.iter().map(|(id, _)| *id).collect();
+        ps.no_punch
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let rep = ps.compact(&|id| kept.contains(id)).unwrap();
+        assert_eq!(rep.packs_punched, 0, "{rep:?}");
+        assert!(rep.packs_rewritten > 0, "{rep:?}");
+        // Every pack left is dense: its magic and live records, nothing else.
+        let packs = files_with(dir, ".pack");
+        assert!(packs.len() <= old.len(), "{old:?} -> {packs:?}");
+        for n in &packs {
+            let live: u64 = ps
+                .all()
+                .iter()
+                .filter(|(_, l)| l.pack == *n)
+                .map(|(_, l)| HDR as u64 + l.stored_len as u64)
+                .sum();
+            let len = fs::metadata(pack_path(dir, *n)).unwrap().len();
+            assert_eq!(len, PACK_MAGIC.len() as u64 + live, "pack {n}");
+        }
+        assert!(fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+        read_all(&ps, &keep);
+        let more = fill(&ps, 700, 3, 1000);
+        let after = lookups(&ps);
+        drop(ps);
+        let ps = PackSet::open_with(dir, rot).unwrap();
+        assert_eq!(lookups(&ps), after);
+        read_all(&ps, &keep);
+        read_all(&ps, &more);
+    }
+
+    /// A partial copy an interrupted compaction of an older version left (a complete pack of
+    /// records every one of which an earlier pack holds) is removed at open.
+    #[test]
+    fn a_pack_of_nothing_but_copies_is_removed_at_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        let objs = fill(&ps, 0, 6, 1000);
+        drop(ps);
+        let packs = files_with(dir, ".pack");
+        let last = *packs.last().unwrap();
+        // pack N+1 = a copy of pack 1's first records.
+        let src = fs::read(pack_path(dir, 1)).unwrap();
+        fs::write(pack_path(dir, last + 1), &src[..8 + 2 * (HDR + 1000)]).unwrap();
+        let ps = PackSet::open_with(dir, ROT).unwrap();
+        assert_eq!(ps.open_report().empty_removed, 1);
+        assert!(!pack_path(dir, last + 1).exists());
+        read_all(&ps, &objs);
     }
 
     /// Open time of a store with many packs, walking every pack (as before the idx) versus
