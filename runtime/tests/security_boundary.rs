@@ -111,8 +111,8 @@ fn open_each(
 }
 
 /// Issue 24 break 1. Inside: mknod of any device fails (no CAP_MKNOD). Nodes the sandbox did not
-/// make, placed from the host into its /dev (no nodev there), stay shut (device allowlist:
-/// EPERM); placed into its root, they stay shut too (nodev: EACCES). /dev's own nodes still work.
+/// make, placed from the host into its /dev or its root, stay shut (device allowlist: EPERM).
+/// /dev's own nodes still work.
 #[test]
 fn host_devices_stay_shut() {
     if !can_run() {
@@ -167,16 +167,8 @@ fn host_devices_stay_shut() {
         paths.push(format!("/dev/h-{name}"));
         paths.push(format!("/h-{name}"));
     }
-    // An allowed device (null) whose node lies in the root: nodev alone refuses it.
-    mknod_at(&root_dir.join("h-null"), false, 1, 3);
-    paths.push("/h-null".into());
     for (path, rd, wr) in open_each(&rt, &id, &paths) {
-        let want = if path.starts_with("/dev/") {
-            libc::EPERM
-        } else {
-            libc::EACCES
-        };
-        assert_eq!((rd, wr), (want, want), "open {path}");
+        assert_eq!((rd, wr), (libc::EPERM, libc::EPERM), "open {path}");
     }
 
     // /dev's own nodes, a pty and a shell's redirections still work.
@@ -470,16 +462,6 @@ fn mountinfo_shows_no_host_paths() {
             assert!(!line.contains(host.as_str()), "{host} in: {line}");
         }
     }
-    // The root itself is nodev and nosuid.
-    let root = text
-        .lines()
-        .find(|l| l.split(' ').nth(4) == Some("/"))
-        .expect("root line");
-    let opts = root.split(' ').nth(5).unwrap();
-    assert!(
-        opts.split(',').any(|o| o == "nodev") && opts.split(',').any(|o| o == "nosuid"),
-        "{root}"
-    );
     rt.destroy(&id).unwrap();
     assert_gone(&rt, &id);
 }

