@@ -116,6 +116,31 @@ impl OverlayRoot {
     }
 }
 
+/// Mounts the overlay with its layers named by fd, not by path: overlayfs shows its options as
+/// given in every mountinfo, the sandbox's own included, and the paths are the host's.
+fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<(), RootError> {
+    use std::os::fd::AsRawFd;
+    let open = |d: &Path| {
+        std::fs::File::open(d)
+            .map_err(|e| RootError::with_source(format!("open {}", d.display()), e))
+    };
+    let (l, u, w) = (open(lower)?, open(upper)?, open(work)?);
+    let data = format!(
+        "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}",
+        l.as_raw_fd(),
+        u.as_raw_fd(),
+        w.as_raw_fd()
+    );
+    nix::mount::mount(
+        Some("grove-overlay"),
+        target,
+        Some("overlay"),
+        nix::mount::MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .map_err(|e| RootError::with_source(format!("mount overlay at {}", target.display()), e))
+}
+
 impl RootProvider for OverlayRoot {
     fn mount_root(
         &self,
@@ -137,30 +162,14 @@ impl RootProvider for OverlayRoot {
             std::fs::create_dir(d)
                 .map_err(|e| RootError::with_source(format!("mkdir {}", d.display()), e))?;
         }
-        let data = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            upper.display(),
-            work.display()
-        );
-        let res = nix::mount::mount(
-            Some("grove-overlay"),
-            target,
-            Some("overlay"),
-            nix::mount::MsFlags::empty(),
-            Some(data.as_str()),
-        );
         let mount = OverlayMount {
             target: target.to_path_buf(),
             upper,
             work,
         };
-        if let Err(e) = res {
+        if let Err(e) = mount_overlay(&lower, &mount.upper, &mount.work, target) {
             let _ = mount.remove_layers();
-            return Err(RootError::with_source(
-                format!("mount overlay at {}", target.display()),
-                e,
-            ));
+            return Err(e);
         }
         Ok(Box::new(mount))
     }

@@ -10,6 +10,8 @@ pub trait CgroupFs: Send + Sync {
     fn read(&self, p: &Path) -> io::Result<String>;
     fn exists(&self, p: &Path) -> bool;
     fn subdirs(&self, p: &Path) -> Vec<String>;
+    /// Attaches the device allowlist program to the cgroup2 dir `p` (see `devices`).
+    fn attach_device_filter(&self, p: &Path) -> io::Result<()>;
 }
 
 /// The real cgroupfs.
@@ -41,5 +43,8 @@ impl CgroupFs for RealFs {
                     .collect()
             })
             .unwrap_or_default()
+    }
+    fn attach_device_filter(&self, p: &Path) -> io::Result<()> {
+        super::devices::attach_device_filter(p)
     }
 }

@@ -3,6 +3,7 @@
 //! All file access goes through `CgroupFs` so unit tests run against a tempdir.
 
 mod cpu;
+mod devices;
 mod fs;
 mod memory;
 mod pids;
@@ -16,6 +17,7 @@ mod tests;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use devices::{attach_device_filter, v1_rules as device_rules, ALLOWED_CHAR_DEVICES};
 pub use fs::{CgroupFs, RealFs};
 pub use v1::V1;
 pub use v2::V2;
@@ -64,6 +66,7 @@ pub fn controllers() -> Vec<Box<dyn Controller>> {
         Box::new(memory::Memory),
         Box::new(pids::Pids),
         Box::new(cpu::Cpu),
+        Box::new(devices::Devices),
     ]
 }
 

@@ -97,7 +97,15 @@ impl CgroupFs for MemFs {
         {
             return Err(io::ErrorKind::NotFound.into());
         }
-        self.files.lock().insert(p.to_path_buf(), v.to_string());
+        let mut files = self.files.lock();
+        let f = files.entry(p.to_path_buf()).or_default();
+        // devices.allow keeps each rule written, as the kernel's exception list does.
+        if p.ends_with("devices.allow") && !f.is_empty() {
+            f.push('\n');
+            f.push_str(v);
+        } else {
+            *f = v.to_string();
+        }
         Ok(())
     }
     fn read(&self, p: &Path) -> io::Result<String> {
@@ -120,6 +128,15 @@ impl CgroupFs for MemFs {
             .filter_map(|x| Some(x.file_name()?.to_str()?.to_string()))
             .collect()
     }
+    fn attach_device_filter(&self, p: &Path) -> io::Result<()> {
+        if !self.dirs.lock().iter().any(|d| d == p) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        self.files
+            .lock()
+            .insert(p.join("<device program>"), "attached".into());
+        Ok(())
+    }
 }
 
 const LIMITS: Limits = Limits {
@@ -129,7 +146,14 @@ const LIMITS: Limits = Limits {
     open_files: 1024,
     disk_mb: 100,
 };
-const V1_BASE: &[&str] = &["/cg", "/cg/memory", "/cg/pids", "/cg/cpu", "/cg/unified"];
+const V1_BASE: &[&str] = &[
+    "/cg",
+    "/cg/memory",
+    "/cg/pids",
+    "/cg/cpu",
+    "/cg/devices",
+    "/cg/unified",
+];
 
 fn v1(fs: &Arc<MemFs>) -> V1 {
     V1::new(
@@ -165,10 +189,21 @@ fn v1_create_writes_limits_and_remove_cleans() {
         fs.file("/cg/cpu/grove/sb-1/cpu.cfs_quota_us").as_deref(),
         Some("50000")
     );
-    assert_eq!(cg.procs_files("sb-1").len(), 4);
+    // Devices: deny all, then the allowlist; and the cgroup2 program on the unified dir.
+    assert_eq!(
+        fs.file("/cg/devices/grove/sb-1/devices.deny").as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        fs.file("/cg/devices/grove/sb-1/devices.allow"),
+        Some(device_rules().join("\n"))
+    );
+    assert!(fs.file("/cg/unified/grove/sb-1/<device program>").is_some());
+    assert_eq!(cg.procs_files("sb-1").len(), 5);
     assert_eq!(cg.existing(), vec!["sb-1".to_string()]);
     let criu = cg.criu_paths("sb-1");
     assert!(criu.contains(&("unified".into(), PathBuf::from("/grove/sb-1"))));
+    assert!(criu.contains(&("devices".into(), PathBuf::from("/grove/sb-1"))));
 
     // Kill: cgroup.kill on the unified dir, then "populated 0" ends the wait.
     fs.files.lock().insert(
@@ -207,6 +242,19 @@ fn v1_failed_create_removes_what_it_made() {
 }
 
 #[test]
+fn v1_failed_device_rules_roll_back() {
+    let fs = Arc::new(MemFs {
+        fail_write: Some("devices.allow"),
+        ..MemFs::with_dirs(V1_BASE)
+    });
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    let e = cg.create("sb-8", &LIMITS).unwrap_err();
+    assert!(e.path.ends_with("devices.allow"), "{e}");
+    assert!(cg.existing().is_empty(), "{:?}", fs.dirs.lock());
+}
+
+#[test]
 fn v2_create_freeze_kill() {
     let fs = Arc::new(MemFs::with_dirs(&["/cg"]));
     let cg = V2::new(fs.clone(), "/cg".into(), "grove");
@@ -225,6 +273,7 @@ fn v2_create_freeze_kill() {
         Some("50000 100000")
     );
     assert_eq!(fs.file("/cg/grove/sb-3/pids.max").as_deref(), Some("64"));
+    assert!(fs.file("/cg/grove/sb-3/<device program>").is_some());
     fs.files.lock().insert(
         "/cg/grove/sb-3/cgroup.events".into(),
         "populated 1\nfrozen 1\n".into(),
@@ -299,10 +348,14 @@ fn dirs_lists_what_the_parent_holds() {
     for d in ["/cg/memory/grove/sb-5", "/cg/unified/grove/sb-5"] {
         fs.rmdir(Path::new(d)).unwrap();
     }
-    let left: Vec<PathBuf> = ["/cg/cpu/grove/sb-5", "/cg/pids/grove/sb-5"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
+    let left: Vec<PathBuf> = [
+        "/cg/cpu/grove/sb-5",
+        "/cg/devices/grove/sb-5",
+        "/cg/pids/grove/sb-5",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
     let mut got = cg.dirs("sb-5");
     got.sort();
     assert_eq!(got, left);

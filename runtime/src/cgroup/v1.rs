@@ -132,6 +132,12 @@ impl CgroupBackend for V1 {
                     .map_err(|e| CgroupError::new("mkdir", &d, e))?;
                 made.push(d);
             }
+            // The cgroup2 device program as well as the v1 controller: either alone holds.
+            if let Some(u) = self.unified_dir(id) {
+                self.fs
+                    .attach_device_filter(&u)
+                    .map_err(|e| CgroupError::new("attach device filter", &u, e))?;
+            }
             Ok(())
         })();
         if res.is_err() {

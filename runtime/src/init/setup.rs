@@ -174,6 +174,12 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
     Err(format!("exec {INIT_PATH}: {e}"))
 }
 
+/// /dev is a tmpfs without `nodev`: its nodes are made here with mknod and must open. The root
+/// bind is not `nodev` yet either: with `nodev` or `nosuid` on it the snapshotter's `fork` test
+/// (which races a lazy-pages daemon) failed far more often, not understood yet. What keeps other
+/// device nodes shut, in /dev, the root or an upload, is that a sandbox cannot make them
+/// (CAP_MKNOD is dropped, see `harden::KEEP_CAPS`) and its device allowlist (cgroup `devices`),
+/// which refuses any device outside /dev's few wherever its node lies.
 fn setup_dev(root: &Path, cfg: &SetupConfig) -> R<()> {
     let dev = root.join("dev");
     ensure_dir(&dev, 0o755)?;

@@ -71,7 +71,9 @@ pub fn rt() -> Arc<Runtime> {
 
 /// At exit of the test binary: drop the (empty) parent cgroup dirs and run dir this instance made.
 extern "C" fn remove_parents() {
-    for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+    for ctrl in [
+        "memory", "pids", "cpu", "cpuacct", "devices", "freezer", "unified",
+    ] {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/grove-rtest"));
     }
     let _ = std::fs::remove_dir("/run/grove-rtest/sandboxes");
@@ -96,7 +98,7 @@ pub fn assert_gone(rt: &Runtime, id: &SandboxId) {
     let r = rt.residue();
     assert!(r.items.is_empty(), "residue after {id}: {:#?}", r.items);
     let cg = rt.config().cgroup_root.clone();
-    for ctrl in ["memory", "pids", "cpu", "unified"] {
+    for ctrl in ["memory", "pids", "cpu", "devices", "unified"] {
         let d = PathBuf::from(format!("/sys/fs/cgroup/{ctrl}/{cg}/{id}"));
         assert!(!d.exists(), "{} left", d.display());
     }
