@@ -81,6 +81,15 @@ pub fn checks() -> Vec<Check> {
             cgroups(),
         ),
         Check::new(
+            "devices",
+            Required,
+            "sandboxes need a device allowlist: mount the cgroup v1 devices hierarchy at \
+             /sys/fs/cgroup/devices, or (cgroup v2) a kernel with CONFIG_CGROUP_BPF",
+            devices(Path::new("/sys/fs/cgroup"), |d| {
+                grove_runtime::cgroup::attach_device_filter(d)
+            }),
+        ),
+        Check::new(
             "namespaces",
             Required,
             "run as root on a kernel with user, pid, net, mount, uts and ipc namespaces",
@@ -217,6 +226,28 @@ fn cgroups() -> Result<String, String> {
     }
 }
 
+/// The device allowlist every sandbox gets: the v1 `devices` controller, or on pure cgroup v2 a
+/// BPF device program, probed by attaching one (`attach`) to a scratch cgroup under `root`.
+fn devices(root: &Path, attach: impl Fn(&Path) -> std::io::Result<()>) -> Result<String, String> {
+    if !root.join("cgroup.controllers").exists() {
+        let allow = root.join("devices").join("devices.allow");
+        return if allow.exists() {
+            Ok("v1 devices controller".into())
+        } else {
+            Err(format!(
+                "no v1 devices hierarchy ({} missing)",
+                allow.display()
+            ))
+        };
+    }
+    let scratch = root.join(format!("grove-doctor-{}", std::process::id()));
+    std::fs::create_dir(&scratch).map_err(|e| format!("mkdir {}: {e}", scratch.display()))?;
+    let res = attach(&scratch);
+    let _ = std::fs::remove_dir(&scratch);
+    res.map(|()| "v2: BPF device program attaches".into())
+        .map_err(|e| format!("attaching a BPF device program: {e}"))
+}
+
 fn namespaces() -> Result<String, String> {
     let out = Command::new("unshare")
         .args([
@@ -346,6 +377,29 @@ mod tests {
         assert!(out.contains("fix: fix-b"), "{out}");
         assert!(out.contains("warn  c  meh"), "{out}");
         assert!(!out.contains("fix-a"), "{out}");
+    }
+
+    #[test]
+    fn devices_needs_the_v1_controller_or_a_bpf_program() {
+        let ok = |_: &Path| Ok(());
+        let denied = |_: &Path| Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        // v1 without and with the devices hierarchy.
+        let v1 = tempfile::tempdir().unwrap();
+        assert!(devices(v1.path(), ok).is_err());
+        std::fs::create_dir(v1.path().join("devices")).unwrap();
+        std::fs::write(v1.path().join("devices/devices.allow"), "").unwrap();
+        assert_eq!(devices(v1.path(), denied).unwrap(), "v1 devices controller");
+        // v2: the probe decides, and its scratch cgroup is gone afterwards.
+        let v2 = tempfile::tempdir().unwrap();
+        std::fs::write(v2.path().join("cgroup.controllers"), "memory pids").unwrap();
+        assert!(devices(v2.path(), ok).unwrap().contains("BPF"));
+        let err = devices(v2.path(), denied).unwrap_err();
+        assert!(err.contains("BPF device program"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(v2.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        // This host, for real.
+        let host = checks().into_iter().find(|c| c.name == "devices").unwrap();
+        assert!(host.ok, "{}", host.detail);
     }
 
     #[test]

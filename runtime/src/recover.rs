@@ -137,6 +137,9 @@ impl Runtime {
     fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, String> {
         // The recorded pid must still be the process that started then (not a reused pid).
         let init = InitHandle::adopt(rec.init_pid, rec.init_start).map_err(|e| e.to_string())?;
+        // Run dirs made before they were private (0755) let host users reach the root's setuid files.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| format!("making {} private: {e}", dir.display()))?;
         let root = self
             .roots
             .reattach(&rec.id, &rec.spec.image, &dir.join("root"))

@@ -36,7 +36,9 @@ fn node() -> (std::sync::MutexGuard<'static, ()>, Arc<Runtime>) {
 }
 
 extern "C" fn remove_parents() {
-    for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+    for ctrl in [
+        "memory", "pids", "cpu", "cpuacct", "devices", "freezer", "unified",
+    ] {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{INSTANCE}"));
     }
     let _ = std::fs::remove_dir(format!("/run/{INSTANCE}/sandboxes"));

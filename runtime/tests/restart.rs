@@ -101,9 +101,22 @@ fn restart_adopts_live_sandboxes_and_reclaims_the_rest() {
     )
     .unwrap();
     drop(rt); // no shutdown: everything stays, as after a crash
+              // A run dir as runtimes made them before they were private.
+    let live_dir = cfg.run_dir.join("sandboxes").join(live.as_str());
+    let mode = |p: &Path| std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(p).unwrap());
+    std::fs::set_permissions(
+        &live_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
 
     let rt = Runtime::new(cfg.clone(), roots()).unwrap();
     assert!(rt.residue().items.is_empty(), "{:#?}", rt.residue().items);
+    assert_eq!(
+        mode(&live_dir) & 0o777,
+        0o700,
+        "adopted run dir not made private"
+    );
     // Adopted: running, its processes and files intact, exec works.
     assert_eq!(rt.get(&live).unwrap().state, SandboxState::Running);
     let ps = out(&sh(&rt, &live, "cat /tmp/kept; pgrep -c sleep"));
