@@ -16,6 +16,12 @@ pub const DEFAULT_RUN_DIR: &str = "/run/grove";
 pub const DEFAULT_CRIU: &str = "/var/lib/grove/criu/criu";
 /// How long a create waits for room on a full node (or in a full job) before 429.
 pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 10_000;
+/// groved's own memory limit: its work is streamed and capped, so this bounds a leak or an
+/// allocation a sandbox manages to drive, far below what the node holds.
+pub const DEFAULT_DAEMON_MEMORY_MAX_MB: u64 = 2048;
+/// grove-fsd's: the store's indexes and every FUSE session's tables (page cache is reclaimed
+/// within the limit).
+pub const DEFAULT_FSD_MEMORY_MAX_MB: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -87,6 +93,10 @@ pub struct FileConfig {
     pub host_port_range: Option<String>,
     /// On SIGTERM, leave sandboxes running for the next groved to adopt (needs overlay roots).
     pub keep_sandboxes_on_stop: Option<bool>,
+    /// Memory limit of groved's own cgroup in MiB (0: unlimited).
+    pub daemon_memory_max_mb: Option<u64>,
+    /// Memory limit of grove-fsd's own cgroup in MiB (0: unlimited).
+    pub fsd_memory_max_mb: Option<u64>,
     /// How long creates wait when the node or their job is full (ms; 0 = fail at once).
     pub queue_timeout_ms: Option<u64>,
     /// `[jobs.<name>]`: share and quotas per job; `[jobs.default]` applies to every other job.
@@ -148,6 +158,9 @@ pub struct Config {
     pub host_port_range: grove_runtime::PortRange,
     /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
     pub keep_sandboxes_on_stop: bool,
+    /// Memory limits of the daemons' own cgroups, MiB (0: unlimited).
+    pub daemon_memory_max_mb: u64,
+    pub fsd_memory_max_mb: u64,
     pub jobs: JobsConfig,
     pub pools: PoolsConfig,
 }
@@ -286,6 +299,10 @@ impl Config {
                 None => grove_runtime::PortRange::default(),
             },
             keep_sandboxes_on_stop,
+            daemon_memory_max_mb: f
+                .daemon_memory_max_mb
+                .unwrap_or(DEFAULT_DAEMON_MEMORY_MAX_MB),
+            fsd_memory_max_mb: f.fsd_memory_max_mb.unwrap_or(DEFAULT_FSD_MEMORY_MAX_MB),
             jobs,
             pools,
         })

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod daemon_cgroup;
 pub mod debug_hooks;
 pub mod doctor;
 pub mod error;

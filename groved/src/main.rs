@@ -21,9 +21,8 @@ fn main() {
 
 fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.overrides)?;
-    if let Some(leaf) = groved::systemd::enter_leaf_cgroup()? {
-        tracing::info!(cgroup = %leaf.display(), "moved into the service's leaf cgroup");
-    }
+    // Dropped last, at exit: groved leaves its cgroup and removes it.
+    let _cgroups = groved::daemon_cgroup::enter(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

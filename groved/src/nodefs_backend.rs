@@ -47,6 +47,7 @@ pub fn connect_fsd(config: &Config) -> anyhow::Result<Arc<Client>> {
         binary: fsd_binary()?,
         store: config.state_dir.join("store"),
         log: config.run_dir.join("fsd.log"),
+        cgroup_procs: crate::daemon_cgroup::fsd_procs(),
     };
     let client = Client::start(&socket, Some(spawn))
         .map_err(|e| anyhow::anyhow!("reaching grove-fsd: {}", chain(&e)))?;

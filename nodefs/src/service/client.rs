@@ -31,6 +31,9 @@ pub struct Spawn {
     pub store: PathBuf,
     /// Its stderr (truncated at each start).
     pub log: PathBuf,
+    /// cgroup.procs files the server joins before it execs: its own cgroup (and memory limit),
+    /// from its first instruction on.
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// A connection to `grove-fsd`. Connections are pooled; one that fails is dropped, and the next
@@ -147,9 +150,16 @@ impl Client {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);
-        // SAFETY: between fork and exec only async-signal-safe calls (fork, _exit, setsid).
+        let procs: Vec<std::ffi::CString> = spawn
+            .cgroup_procs
+            .iter()
+            .map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+        // SAFETY: between fork and exec only async-signal-safe calls (fork, _exit, setsid, open,
+        // write, close) on memory prepared before the fork.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 match libc::fork() {
                     -1 => return Err(std::io::Error::last_os_error()),
                     0 => {}
@@ -157,6 +167,19 @@ impl Client {
                 }
                 if libc::setsid() == -1 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // "0" moves the writer itself.
+                for p in &procs {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    let e = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if n != 1 {
+                        return Err(e);
+                    }
                 }
                 Ok(())
             })

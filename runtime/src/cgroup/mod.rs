@@ -3,6 +3,7 @@
 //! All file access goes through `CgroupFs` so unit tests run against a tempdir.
 
 mod cpu;
+mod daemon;
 mod devices;
 mod fs;
 mod memory;
@@ -17,6 +18,7 @@ mod tests;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use daemon::DAEMON_DIR;
 pub use devices::{attach_device_filter, v1_rules as device_rules, ALLOWED_CHAR_DEVICES};
 pub use fs::{CgroupFs, RealFs};
 pub use v1::V1;
@@ -93,6 +95,12 @@ pub trait CgroupBackend: Send + Sync {
     fn existing(&self) -> Vec<String>;
     /// Every sandbox cgroup dir of `id` that exists (for residue reports).
     fn dirs(&self, id: &str) -> Vec<PathBuf>;
+    /// Makes (or reuses, after a crash) the cgroup of daemon `name` at `<root>/daemon/<name>`
+    /// with a memory limit (0: unlimited); returns the cgroup.procs files it joins by. Needs
+    /// `prepare` first.
+    fn create_daemon(&self, name: &str, memory_mb: u64) -> Result<Vec<PathBuf>>;
+    /// Removes the (empty) cgroups of daemons `names`, then `<root>/daemon` if empty.
+    fn remove_daemons(&self, names: &[&str]);
 }
 
 /// Picks the backend for this host: pure v2 when /sys/fs/cgroup is cgroup2, else v1.

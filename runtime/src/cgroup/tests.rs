@@ -77,6 +77,10 @@ impl CgroupFs for MemFs {
             }
         }
         let mut d = self.dirs.lock();
+        // Like cgroupfs: a dir with child cgroups is busy.
+        if d.iter().any(|x| x.parent() == Some(p)) {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
         let before = d.len();
         d.retain(|x| x != p);
         if d.len() == before {
@@ -374,4 +378,82 @@ fn failed_create_undo_does_not_believe_an_rmdir_that_left_the_dir() {
     cg.create("sb-6", &LIMITS)
         .expect_err("cpu limit cannot be written");
     assert!(cg.existing().is_empty(), "left: {:?}", cg.dirs("sb-6"));
+}
+
+#[test]
+fn v2_daemon_cgroups_are_limited_reused_and_never_sandboxes() {
+    let fs = Arc::new(MemFs::with_dirs(&["/cg"]));
+    let cg = V2::new(fs.clone(), "/cg".into(), "grove");
+    cg.prepare().unwrap();
+    let procs = cg.create_daemon("groved", 512).unwrap();
+    assert_eq!(
+        procs,
+        vec![PathBuf::from("/cg/grove/daemon/groved/cgroup.procs")]
+    );
+    assert_eq!(
+        fs.file("/cg/grove/daemon/cgroup.subtree_control")
+            .as_deref(),
+        Some("+memory")
+    );
+    assert_eq!(
+        fs.file("/cg/grove/daemon/groved/memory.max").as_deref(),
+        Some("536870912")
+    );
+    cg.create_daemon("fsd", 0).unwrap();
+    assert_eq!(
+        fs.file("/cg/grove/daemon/fsd/memory.max").as_deref(),
+        Some("max")
+    );
+    // A restart after a crash finds them and takes them over, with the limit it is configured for.
+    cg.create_daemon("groved", 256).unwrap();
+    assert_eq!(
+        fs.file("/cg/grove/daemon/groved/memory.max").as_deref(),
+        Some("268435456")
+    );
+    // Not sandboxes: recovery's leftover sweep (which kills cgroups) and residue never see them.
+    cg.create("sb-5", &LIMITS).unwrap();
+    assert_eq!(cg.existing(), vec!["sb-5".to_string()]);
+    cg.remove("sb-5").unwrap();
+    cg.remove_daemons(&["groved", "fsd"]);
+    cg.unprepare();
+    assert_eq!(*fs.dirs.lock(), vec![PathBuf::from("/cg")]);
+}
+
+#[test]
+fn v1_daemon_cgroups_live_in_the_memory_hierarchy() {
+    let mut mem = MemFs::with_dirs(V1_BASE);
+    // A grove-fsd kept running for the next groved: its cgroup stays, and the parents with it.
+    mem.fail_rmdir = Some("daemon/fsd");
+    let fs = Arc::new(mem);
+    let cg = v1(&fs);
+    cg.prepare().unwrap();
+    let procs = cg.create_daemon("fsd", 100).unwrap();
+    assert_eq!(
+        procs,
+        vec![PathBuf::from("/cg/memory/grove/daemon/fsd/cgroup.procs")]
+    );
+    assert_eq!(
+        fs.file("/cg/memory/grove/daemon/fsd/memory.limit_in_bytes")
+            .as_deref(),
+        Some("104857600")
+    );
+    cg.create_daemon("groved", 0).unwrap();
+    assert_eq!(
+        fs.file("/cg/memory/grove/daemon/groved/memory.limit_in_bytes")
+            .as_deref(),
+        Some("-1")
+    );
+    assert!(cg.existing().is_empty());
+    cg.remove_daemons(&["groved", "fsd"]);
+    cg.unprepare();
+    let dirs = fs.dirs.lock().clone();
+    assert!(
+        dirs.contains(&PathBuf::from("/cg/memory/grove/daemon/fsd")),
+        "{dirs:?}"
+    );
+    assert!(
+        !dirs.contains(&PathBuf::from("/cg/memory/grove/daemon/groved")),
+        "{dirs:?}"
+    );
+    assert!(!dirs.contains(&PathBuf::from("/cg/pids/grove")), "{dirs:?}");
 }

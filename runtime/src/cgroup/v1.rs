@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    controllers, unified, CgroupBackend, CgroupError, CgroupFs, CgroupUsage, Controller, Result,
+    controllers, daemon, unified, CgroupBackend, CgroupError, CgroupFs, CgroupUsage, Controller,
+    Result,
 };
 use crate::types::Limits;
+use daemon::mkdir_p;
 
 pub struct V1 {
     fs: Arc<dyn CgroupFs>,
@@ -83,15 +85,6 @@ impl V1 {
             .read(&dir.join("cgroup.procs"))
             .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
-    }
-}
-
-fn mkdir_p(fs: &dyn CgroupFs, p: &Path) -> Result<()> {
-    match fs.mkdir(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            Err(CgroupError::new("mkdir", p, e))
-        }
-        _ => Ok(()),
     }
 }
 
@@ -240,6 +233,7 @@ impl CgroupBackend for V1 {
             .map(|h| self.base.join(h).join(&self.root))
             .chain(self.unified.iter().map(|u| u.join(&self.root)))
             .flat_map(|p| self.fs.subdirs(&p))
+            .filter(|d| d != daemon::DAEMON_DIR)
             .collect();
         ids.sort();
         ids.dedup();
@@ -251,5 +245,17 @@ impl CgroupBackend for V1 {
             .into_iter()
             .filter(|d| unified::listed(&*self.fs, d))
             .collect()
+    }
+
+    /// Daemons are limited in the memory hierarchy only: they stay in the host's other cgroups.
+    fn create_daemon(&self, name: &str, memory_mb: u64) -> Result<Vec<PathBuf>> {
+        let parent = self.base.join("memory").join(&self.root);
+        let dir = daemon::make(&*self.fs, &parent, name, false)?;
+        daemon::limit(&*self.fs, &dir, memory_mb, false)?;
+        Ok(vec![dir.join("cgroup.procs")])
+    }
+
+    fn remove_daemons(&self, names: &[&str]) {
+        daemon::remove(&*self.fs, &self.base.join("memory").join(&self.root), names);
     }
 }

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{
-    controllers, unified, CgroupBackend, CgroupError, CgroupFs, CgroupUsage, Controller, Result,
+    controllers, daemon, unified, CgroupBackend, CgroupError, CgroupFs, CgroupUsage, Controller,
+    Result,
 };
 use crate::types::Limits;
 
@@ -107,7 +108,9 @@ impl CgroupBackend for V2 {
     }
 
     fn existing(&self) -> Vec<String> {
-        self.fs.subdirs(&self.base.join(&self.root))
+        let mut ids = self.fs.subdirs(&self.base.join(&self.root));
+        ids.retain(|d| d != daemon::DAEMON_DIR);
+        ids
     }
 
     fn dirs(&self, id: &str) -> Vec<PathBuf> {
@@ -115,5 +118,15 @@ impl CgroupBackend for V2 {
             .filter(|d| unified::listed(&*self.fs, d))
             .into_iter()
             .collect()
+    }
+
+    fn create_daemon(&self, name: &str, memory_mb: u64) -> Result<Vec<PathBuf>> {
+        let dir = daemon::make(&*self.fs, &self.base.join(&self.root), name, true)?;
+        daemon::limit(&*self.fs, &dir, memory_mb, true)?;
+        Ok(vec![dir.join("cgroup.procs")])
+    }
+
+    fn remove_daemons(&self, names: &[&str]) {
+        daemon::remove(&*self.fs, &self.base.join(&self.root), names);
     }
 }
