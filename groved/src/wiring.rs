@@ -1,8 +1,6 @@
 //! Builds the pieces groved serves: the content store and FUSE server (nodefs), the runtime over it, and the
 //! snapshotter; or the runtime over plain overlayfs image directories.
 
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -24,9 +22,6 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating {}", config.state_dir.display()))?;
     lock_state_dir(config)?;
-    let mut own = config.clone();
-    own.init_binary = private_init(config)?;
-    let config = &own;
     match config.root {
         RootKind::Overlay => {
             let images = Arc::new(
@@ -68,33 +63,4 @@ fn lock_state_dir(config: &Config) -> anyhow::Result<()> {
     // The lock lives as long as the process.
     std::mem::forget(f);
     Ok(())
-}
-
-/// Sandboxes map grove-init from `<run_dir>/grove-init`, a private copy made at start: replacing the installed
-/// binary (an upgrade, a rebuild) while sandboxes run would otherwise break their checkpoints, since CRIU
-/// validates every mapped file at dump and restore. A copy with the same bytes is kept as it is.
-fn private_init(config: &Config) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(&config.run_dir)
-        .with_context(|| format!("creating {}", config.run_dir.display()))?;
-    let dst = config.run_dir.join("grove-init");
-    // Sandboxes adopted across a restart map the copy there: replacing it with the same bytes
-    // would turn their mapping into a deleted file, which CRIU cannot checkpoint.
-    if let (Ok(a), Ok(b)) = (std::fs::read(&config.init_binary), std::fs::read(&dst)) {
-        if a == b {
-            return Ok(dst);
-        }
-    }
-    let tmp = config
-        .run_dir
-        .join(format!(".grove-init.{}", std::process::id()));
-    std::fs::copy(&config.init_binary, &tmp).with_context(|| {
-        format!(
-            "copying {} to {}",
-            config.init_binary.display(),
-            tmp.display()
-        )
-    })?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::rename(&tmp, &dst).with_context(|| format!("installing {}", dst.display()))?;
-    Ok(dst)
 }

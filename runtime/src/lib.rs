@@ -12,6 +12,7 @@ mod files;
 pub mod host_mem;
 mod idle;
 pub mod init;
+mod init_copy;
 mod init_handle;
 mod init_watch;
 pub mod jobs;

@@ -86,8 +86,10 @@ impl Runtime {
     fn scan(&self, owned: &HashSet<SandboxId>) -> Vec<ResidueItem> {
         let mut items = Vec::new();
         let run = &self.config.run_dir;
+        // The init copy's tmpfs is this live runtime's own (removed at shutdown).
+        let init = crate::init_copy::dir(run);
         for m in mounts::mount_points().unwrap_or_default() {
-            let ours = if m.starts_with(run) && m != *run {
+            let ours = if m.starts_with(run) && m != *run && m != init {
                 true
             } else {
                 m.starts_with(&self.config.state_dir) && id_in(&m).is_some()

@@ -150,6 +150,12 @@ impl Runtime {
         let table = config.cgroup_root.replace('-', "_");
         let net =
             Network::new(&table, &config.net_pool).map_err(|e| Error::invalid("net_pool", e))?;
+        // From here on sandboxes bind the runtime's own copy, whose path reveals nothing.
+        let mut config = config;
+        config.init_binary =
+            crate::init_copy::install(&config.run_dir, &config.init_binary).map_err(io_err(
+                format!("copy {} to the init tmpfs", config.init_binary.display()),
+            ))?;
         // Disk for sandbox writes: root providers keep upper layers under the state dir.
         let total = admission::detect(&config.capacity, &[&config.state_dir]);
         let rt = Arc::new(Runtime {
@@ -969,6 +975,7 @@ impl Runtime {
         let _ = std::fs::remove_dir(self.lost_dir());
         if self.sandboxes.lock().is_empty() && self.pending.lock().is_empty() {
             self.cgroups.unprepare();
+            crate::init_copy::remove(&self.config.run_dir);
             let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));
             let _ = std::fs::remove_dir(&self.config.run_dir);
         }

@@ -457,8 +457,22 @@ fn mountinfo_shows_no_host_paths() {
     assert!(text.lines().count() > 10, "{text}");
     let run_dir = rt.config().run_dir.display().to_string();
     let state_dir = rt.config().state_dir.display().to_string();
+    // The installed init binary (what the runtime was given) must not show through its bind.
+    let installed: Vec<String> = std::env::var("GROVE_INIT_BINARY")
+        .into_iter()
+        .chain([env!("CARGO_BIN_EXE_grove-init").to_string()])
+        .collect();
+    let init_line = text
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(grove_runtime::proto::INIT_PATH))
+        .unwrap_or_else(|| panic!("no init bind in {text}"));
+    assert_eq!(
+        init_line.split(' ').nth(3),
+        Some("/grove-init"),
+        "{init_line}"
+    );
     for line in text.lines() {
-        for host in [&run_dir, &state_dir] {
+        for host in [&run_dir, &state_dir].into_iter().chain(&installed) {
             assert!(!line.contains(host.as_str()), "{host} in: {line}");
         }
     }
