@@ -41,6 +41,9 @@ extern "C" fn remove_parents() {
     ] {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{INSTANCE}"));
     }
+    let init = format!("/run/{INSTANCE}/init");
+    let _ = nix::mount::umount2(init.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(&init);
     let _ = std::fs::remove_dir(format!("/run/{INSTANCE}/sandboxes"));
     let _ = std::fs::remove_dir(format!("/run/{INSTANCE}"));
 }

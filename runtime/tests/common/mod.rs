@@ -76,6 +76,9 @@ extern "C" fn remove_parents() {
     ] {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/grove-rtest"));
     }
+    // The runtime's init copy (its tmpfs): a runtime that is never shut down leaves it mounted.
+    let _ = nix::mount::umount2("/run/grove-rtest/init", nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir("/run/grove-rtest/init");
     let _ = std::fs::remove_dir("/run/grove-rtest/sandboxes");
     let _ = std::fs::remove_dir("/run/grove-rtest");
 }
