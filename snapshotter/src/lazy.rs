@@ -169,7 +169,11 @@ impl LazyCopies {
                     remove_work_dir(&dir);
                 }
                 (Some(false), _) => {
-                    fail_branch(runtime, &id, "the lazy restore of its memory failed while groved was down");
+                    fail_branch(
+                        runtime,
+                        &id,
+                        "the lazy restore of its memory failed while groved was down",
+                    );
                     remove_work_dir(&dir);
                 }
                 (None, Some(pid)) => {
@@ -273,15 +277,16 @@ fn wait_exit(pid: u32, dir: &Path) {
         return;
     }
     loop {
-        let mut fds = [nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(
+            fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
             Err(nix::errno::Errno::EINTR) => continue,
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(pid, error = %e, "poll a lazy-pages daemon; watching /proc instead");
-                while std::path::Path::new(&format!("/proc/{pid}")).exists()
-                    && !is_zombie(pid)
-                {
+                while std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 return;

@@ -170,15 +170,22 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let failed = std::iter::from_fn(|| events.recv_timeout(std::time::Duration::from_secs(10)).ok())
-        .find(|e| e.sandbox == holed.id && e.kind == grove_runtime::EventKind::Failed)
-        .expect("a failed event for the branch");
+    let failed =
+        std::iter::from_fn(|| events.recv_timeout(std::time::Duration::from_secs(10)).ok())
+            .find(|e| e.sandbox == holed.id && e.kind == grove_runtime::EventKind::Failed)
+            .expect("a failed event for the branch");
     assert!(
-        failed.reason.as_deref().unwrap_or("").contains("lazy-pages"),
+        failed
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("lazy-pages"),
         "{failed:?}"
     );
     assert!(
-        env.rt.exec(&holed.id, grove_runtime::ExecRequest::shell("true")).is_err(),
+        env.rt
+            .exec(&holed.id, grove_runtime::ExecRequest::shell("true"))
+            .is_err(),
         "a failed branch runs no exec"
     );
     env.rt.destroy(&holed.id).unwrap();
