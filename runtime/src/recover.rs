@@ -107,10 +107,10 @@ impl Runtime {
         for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
             let our_criu = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
-                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()));
+                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()))
+                && !args.iter().any(|a| *a == b"lazy-pages");
             let our_setup = setup_owner(&cmd).is_some_and(|(i, _)| i == self.config.cgroup_root);
-            let lazy_pages = args.iter().any(|a| *a == b"lazy-pages");
-            if !(our_criu && !lazy_pages) && !our_setup {
+            if !our_criu && !our_setup {
                 continue;
             }
             if cgroup_of(pid).contains(&marker) {

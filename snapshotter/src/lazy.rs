@@ -157,9 +157,7 @@ impl LazyCopies {
             });
             let (Some(id), true) = (id, running) else {
                 // No branch to serve (its create never finished, or it was not adopted).
-                for pid in shell.into_iter().chain(others) {
-                    criu::kill_group(pid);
-                }
+                stop(shell, &others);
                 remove_work_dir(&dir);
                 continue;
             };
@@ -193,9 +191,7 @@ impl LazyCopies {
                 (None, None) => {
                     // The shell was killed: whatever the daemon still delivers, nobody can tell
                     // whether it delivered everything.
-                    for pid in others {
-                        criu::kill_group(pid);
-                    }
+                    stop(None, &others);
                     fail_branch(
                         runtime,
                         &id,
@@ -221,6 +217,20 @@ pub(crate) fn fail_branch(runtime: &Runtime, id: &SandboxId, reason: &str) {
     tracing::error!(sandbox = %id, reason, "marking the branch failed");
     if let Err(e) = runtime.fail(id, reason) {
         tracing::error!(sandbox = %id, error = %e, "mark a branch with lost memory failed");
+    }
+}
+
+/// Kills a lazy-pages shell's process group and the other processes of a daemon (in a group
+/// whose shell is gone).
+fn stop(shell: Option<u32>, others: &[u32]) {
+    if let Some(pgid) = shell {
+        criu::kill_group(pgid);
+    }
+    for &pid in others {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -309,6 +319,32 @@ mod tests {
 
     fn id(s: &str) -> SandboxId {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn helpers_status_and_branch_are_read_from_their_work_dir() {
+        let dir = std::env::temp_dir().join(format!("grove-lazy-unit-{}", std::process::id()));
+        let work = dir.join("sb-00000000004a-1796160221947");
+        std::fs::create_dir_all(&work).unwrap();
+        assert_eq!(branch_of(&work), Some(id("sb-00000000004a")));
+        assert_eq!(branch_of(&dir.join("junk")), None);
+        assert_eq!(criu::lazy_status(&work), None, "still running");
+        for (text, want) in [("0\n", Some(true)), ("137\n", Some(false)), ("", None)] {
+            std::fs::write(work.join(criu::LAZY_STATUS), text).unwrap();
+            assert_eq!(criu::lazy_status(&work), want, "{text:?}");
+        }
+        let w = work.to_str().unwrap();
+        let shell = format!(
+            "/bin/sh\0-c\0script\0grove-lazy-pages\0{w}\0/x/criu\0lazy-pages\0-D\0/i\0-W\0{w}\0"
+        );
+        let daemon = format!("/x/ld.so\0/x/criu\0lazy-pages\0-D\0/i\0-W\0{w}\0-v4\0");
+        let restore = format!("/x/criu\0restore\0--lazy-pages\0-W\0{w}\0");
+        let other = format!("/x/criu\0lazy-pages\0-W\0{w}-2\0");
+        assert_eq!(criu::is_lazy_helper(shell.as_bytes(), &work), Some(true));
+        assert_eq!(criu::is_lazy_helper(daemon.as_bytes(), &work), Some(false));
+        assert_eq!(criu::is_lazy_helper(restore.as_bytes(), &work), None);
+        assert_eq!(criu::is_lazy_helper(other.as_bytes(), &work), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
