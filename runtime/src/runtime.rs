@@ -949,6 +949,25 @@ impl Runtime {
         }
     }
 
+    /// Marks a running or paused sandbox `failed` with `reason` (in a `failed` event) and kills
+    /// its processes: what they run on is wrong (a lazy restore lost the rest of its memory).
+    /// It stays listed until destroyed; a restart finds its init gone and reports it failed.
+    pub fn fail(&self, id: &SandboxId, reason: &str) -> Result<(), Error> {
+        let sb = self.sandbox(id)?;
+        {
+            let mut state = sb.state.lock();
+            if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
+                return Ok(());
+            }
+            *state = SandboxState::Failed;
+        }
+        if let Err(e) = self.cgroups.kill_all(id.as_str()) {
+            tracing::warn!(sandbox = %id, error = %e, "kill the processes of a failed sandbox");
+        }
+        self.emit(id, EventKind::Failed, Some(reason.into()));
+        Ok(())
+    }
+
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.
     pub fn shutdown(&self) {
         self.drain_pools();
