@@ -930,21 +930,9 @@ impl Runtime {
             let Some(sb) = self.sandboxes.lock().get(&id).cloned() else {
                 continue;
             };
-            {
-                let mut state = sb.state.lock();
-                if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-                    continue;
-                }
-                *state = SandboxState::Failed;
-            }
-            tracing::error!(sandbox = %id, "its root filesystem's server exited; marked failed");
-            self.emit(
-                &id,
-                EventKind::Failed,
-                Some(
-                    "the server of its root filesystem (grove-fsd) exited: its files are gone"
-                        .into(),
-                ),
+            self.mark_failed(
+                &sb,
+                "the server of its root filesystem (grove-fsd) exited: its files are gone".into(),
             );
         }
     }
@@ -954,18 +942,32 @@ impl Runtime {
     /// It stays listed until destroyed; a restart finds its init gone and reports it failed.
     pub fn fail(&self, id: &SandboxId, reason: &str) -> Result<(), Error> {
         let sb = self.sandbox(id)?;
+        if self.mark_failed(&sb, reason.into()) {
+            if let Err(e) = self.cgroups.kill_all(id.as_str()) {
+                tracing::warn!(sandbox = %id, error = %e, "kill the processes of a failed sandbox");
+            }
+        }
+        Ok(())
+    }
+
+    /// The one way into `failed`: from running or paused, for a sandbox still in the map (a
+    /// destroy takes it out first), with a reason in the log and a `failed` event. Says whether
+    /// it happened.
+    pub(crate) fn mark_failed(&self, sb: &Arc<Sandbox>, reason: String) -> bool {
         {
+            let live = self.sandboxes.lock();
+            if !live.get(&sb.id).is_some_and(|s| Arc::ptr_eq(s, sb)) {
+                return false;
+            }
             let mut state = sb.state.lock();
             if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-                return Ok(());
+                return false;
             }
             *state = SandboxState::Failed;
         }
-        if let Err(e) = self.cgroups.kill_all(id.as_str()) {
-            tracing::warn!(sandbox = %id, error = %e, "kill the processes of a failed sandbox");
-        }
-        self.emit(id, EventKind::Failed, Some(reason.into()));
-        Ok(())
+        tracing::error!(sandbox = %sb.id, %reason, "marked failed");
+        self.emit(&sb.id, EventKind::Failed, Some(reason));
+        true
     }
 
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.
