@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::init_handle::HandleError;
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
-use crate::types::{EventKind, SandboxState};
+use crate::types::SandboxState;
 
 /// The runtime's end of the watcher's wake-up channel: a byte makes the watcher look at the
 /// live sandboxes again; closing it (the runtime dropped) ends the watcher.
