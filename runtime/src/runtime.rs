@@ -160,6 +160,13 @@ impl Runtime {
             jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
         });
+        rt.admission.set_disk(
+            Box::new(admission::RuntimeDisk {
+                dir: rt.config.state_dir.clone(),
+                rt: Arc::downgrade(&rt),
+            }),
+            rt.config.capacity.disk_mb.is_some(),
+        );
         rt.recover();
         Ok(rt)
     }
@@ -683,6 +690,11 @@ impl Runtime {
 
     fn client_error(&self, id: &SandboxId, e: ClientError) -> Error {
         match e {
+            // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
+            ClientError::Init(m) if m.contains("ENOTCONN") => Error::Unavailable {
+                what: format!("the root filesystem of {id}"),
+                reason: m,
+            },
             ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
                 field: "cwd".into(),
                 reason: m,
