@@ -403,6 +403,43 @@ mod tests {
     }
 
     #[test]
+    fn peers_are_known_by_address_and_only_they_get_a_key() {
+        std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
+        let tmp = tempfile::tempdir().unwrap();
+        let key = tmp.path().join("peer.key");
+        std::fs::write(&key, "s3cret\n").unwrap();
+        let f: FileConfig = toml::from_str(&format!(
+            "[[peers]]\nurl = \"http://10.0.0.2:7070/\"\napi_key_file = \"{}\"\n",
+            key.display()
+        ))
+        .unwrap();
+        let c = Config::resolve(f, &Overrides::default()).unwrap();
+        assert_eq!(
+            c.peer_key(&"10.0.0.2:7070".parse().unwrap()),
+            Some("s3cret")
+        );
+        assert_eq!(c.peer_key(&"10.0.0.2:7071".parse().unwrap()), None);
+        assert_eq!(c.peer_key(&"10.0.0.3:7070".parse().unwrap()), None);
+        assert_eq!(
+            peer_addr("http://[::1]").unwrap(),
+            "[::1]:80".parse().unwrap()
+        );
+        for bad in [
+            "https://10.0.0.2:1",
+            "http://peer.example:1",
+            "http://10.0.0.2:1/v1",
+            "x",
+        ] {
+            assert!(peer_addr(bad).is_err(), "{bad}");
+        }
+        let f: FileConfig = toml::from_str("[[peers]]\nurl = \"http://name:1\"\n").unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::PeerUrl { index: 0, .. })
+        ));
+    }
+
+    #[test]
     fn sandboxes_may_be_kept_across_a_stop_with_either_root() {
         std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
         let keep = "keep_sandboxes_on_stop = true\n";

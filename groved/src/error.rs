@@ -126,7 +126,10 @@ impl ApiError {
             Some(Cause::NoSpace) => ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",
-                format!("the node is out of disk space: {}", fallback.message),
+                format!(
+                    "out of disk space (a sandbox quota or the node's disk): {}",
+                    fallback.message
+                ),
             ),
             Some(Cause::Down) => {
                 let mut a = ApiError::unavailable(fallback.message);

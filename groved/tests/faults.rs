@@ -841,9 +841,7 @@ fn a_full_store_fails_snapshots_honestly_and_retries_imports_when_space_returns(
     );
     std::fs::remove_file(&junk).unwrap();
 
-    for name in ["bg"] {
-        let r = n.call(Method::DELETE, &format!("/v1/snapshots/{name}"), None, &[]);
-        assert_eq!(r.status, 204, "{}", r.body);
-    }
+    let r = n.call(Method::DELETE, "/v1/snapshots/bg", None, &[]);
+    assert_eq!(r.status, 204, "{}", r.body);
     n.finish();
 }
