@@ -565,15 +565,28 @@ fn a_lost_fsd_gives_503_then_409_never_404_422_or_500() {
     assert_eq!(pids.len(), 1, "{pids:?}");
     // SAFETY: kill(2) with plain integers, on the test daemon's own grove-fsd.
     assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
-    while Path::new(&format!("/proc/{}", pids[0])).exists() {
-        std::thread::sleep(Duration::from_millis(5));
+    // At once, before the reaper notices (it looks every 200 ms): the moment the sandbox's root is a
+    // dead FUSE mount.
+    let root = run.join("sandboxes").join(&id).join("root");
+    let t = Instant::now();
+    // A name never looked up before: the kernel must ask the (dead) server.
+    while std::fs::metadata(root.join(rand_suffix()))
+        .err()
+        .and_then(|e| e.raw_os_error())
+        != Some(libc::ENOTCONN)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the root never went dead"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
-    // At once, before the reaper notices: the old sandbox's root is a dead FUSE mount.
     let r = d.call(
         Method::POST,
         &format!("/v1/sandboxes/{id}/exec"),
         Some(json!({"shell": "true"})),
     );
+    eprintln!("exec right after grove-fsd died: {} {}", r.status, r.text());
     assert!(
         matches!(r.status, 503 | 409),
         "exec on a root whose server died: {} {}",
@@ -584,6 +597,11 @@ fn a_lost_fsd_gives_503_then_409_never_404_422_or_500() {
         assert!(r.headers.contains_key("retry-after"));
     }
     let r = d.call(Method::POST, "/v1/sandboxes", Some(json!({"image": IMAGE})));
+    eprintln!(
+        "create right after grove-fsd died: {} {}",
+        r.status,
+        r.text()
+    );
     assert!(
         matches!(r.status, 201 | 503),
         "create right after grove-fsd died: {} {}",
