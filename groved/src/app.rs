@@ -38,6 +38,7 @@ impl App {
     ) -> Arc<App> {
         let events = crate::events::channel();
         crate::events::bridge(&runtime, events.clone());
+        let idempotency = Idempotency::open(crate::idempotency::journal_dir(&config.state_dir));
         Arc::new(App {
             config,
             runtime,
@@ -45,7 +46,7 @@ impl App {
             snapshots,
             fsd,
             metrics: Metrics::default(),
-            idempotency: Idempotency::default(),
+            idempotency,
             events,
             draining: AtomicBool::new(false),
             shutdown: watch::channel(false).0,

@@ -431,6 +431,9 @@ pub struct Snapshot {
     /// The images are in the content store (snapshots become durable in the background).
     pub durable: bool,
     pub labels: BTreeMap<String, String>,
+    /// Why the background import of the images failed (it is retried); absent while none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -466,7 +469,7 @@ pub struct DeltaExportRequest {
 }
 
 /// POST /v1/snapshots/pull: fetch snapshot `name` from the peer groved at `source` (`http://host:port`),
-/// with `source_api_key` or else this node's own key.
+/// with `source_api_key`, else the key configured for that peer (`[[peers]]`), else no key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PullRequest {

@@ -169,6 +169,13 @@ impl Runtime {
             _instance_lock: instance_lock,
             init_watch: std::sync::OnceLock::new(),
         });
+        rt.admission.set_disk(
+            Box::new(admission::RuntimeDisk {
+                dir: rt.config.state_dir.clone(),
+                rt: Arc::downgrade(&rt),
+            }),
+            rt.config.capacity.disk_mb.is_some(),
+        );
         rt.recover();
         let watch = InitWatch::start(Arc::downgrade(&rt))
             .map_err(io_err("start the init watcher".into()))?;
@@ -731,6 +738,11 @@ impl Runtime {
     fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
         let id = &sb.id;
         match e {
+            // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
+            ClientError::Init(m) if m.contains("ENOTCONN") => Error::Unavailable {
+                what: format!("the root filesystem of {id}"),
+                reason: m,
+            },
             ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
                 field: "cwd".into(),
                 reason: m,
