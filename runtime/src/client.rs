@@ -79,10 +79,21 @@ pub fn signal(init_pid: i32, pid: i32, signal: i32) -> Result<(), ClientError> {
     simple(init_pid, &Request::Signal { pid, signal }).map(|_| ())
 }
 
-/// Runs a command, streaming its output to `on_output` (and collecting it in the result).
+/// Keeps what fits of `data` under `cap` bytes in `buf`; says when something was dropped.
+fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    if data.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+/// Runs a command, streaming its output to `on_output` and keeping the first `max_keep` bytes of
+/// each stream in the result (the rest is dropped, never buffered: output may be unbounded).
 pub fn exec(
     init_pid: i32,
     spec: ExecSpec,
+    max_keep: usize,
     on_output: &mut dyn FnMut(OutputChunk),
 ) -> Result<ExecResult, ClientError> {
     let start = Instant::now();
@@ -107,11 +118,11 @@ pub fn exec(
     loop {
         match proto::read_frame(&mut s)? {
             Some((KIND_STDOUT, data)) => {
-                res.stdout.extend_from_slice(&data);
+                keep(&mut res.stdout, &data, max_keep, &mut res.stdout_truncated);
                 on_output(OutputChunk::Stdout(data));
             }
             Some((KIND_STDERR, data)) => {
-                res.stderr.extend_from_slice(&data);
+                keep(&mut res.stderr, &data, max_keep, &mut res.stderr_truncated);
                 on_output(OutputChunk::Stderr(data));
             }
             Some((KIND_JSON, body)) => {

@@ -422,7 +422,7 @@ impl Runtime {
             limits: *limits,
             hostname,
             created_at_ms: created_at.unwrap_or(now),
-            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
+            expires_at_ms: parking_lot::Mutex::new(validate::expires_at(now, spec.ttl_secs)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init_pid,
             init_start,
@@ -642,11 +642,9 @@ impl Runtime {
     }
 
     pub fn set_ttl(&self, id: &SandboxId, ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
-        if ttl_secs == Some(0) {
-            return Err(Error::invalid("ttl_secs", "0 (use None for no expiry)"));
-        }
+        validate::ttl("ttl_secs", ttl_secs)?;
         let sb = self.sandbox(id)?;
-        *sb.expires_at_ms.lock() = ttl_secs.map(|t| now_ms() + t * 1000);
+        *sb.expires_at_ms.lock() = validate::expires_at(now_ms(), ttl_secs);
         self.persist(&sb)?;
         Ok(sb.info())
     }
@@ -670,6 +668,9 @@ impl Runtime {
             .cwd
             .or_else(|| sb.spec.workdir.clone())
             .unwrap_or_else(|| "/".into());
+        let max_keep = req
+            .max_output_bytes
+            .unwrap_or(crate::types::DEFAULT_MAX_OUTPUT) as usize;
         let spec = ExecSpec {
             argv,
             env,
@@ -678,7 +679,7 @@ impl Runtime {
             timeout_ms: req.timeout_ms,
             background: req.background,
         };
-        client::exec(sb.init_pid, spec, on_output).map_err(|e| self.client_error(id, e))
+        client::exec(sb.init_pid, spec, max_keep, on_output).map_err(|e| self.client_error(id, e))
     }
 
     fn client_error(&self, id: &SandboxId, e: ClientError) -> Error {
@@ -742,6 +743,12 @@ impl Runtime {
         self.root_of(id)?.read(path)
     }
 
+    /// A regular file of the sandbox opened for reading (anything else is refused), and its size:
+    /// callers stream it rather than hold it.
+    pub fn open_file(&self, id: &SandboxId, path: &str) -> Result<(std::fs::File, u64), Error> {
+        self.root_of(id)?.open_read(path)
+    }
+
     pub fn write_file(
         &self,
         id: &SandboxId,
@@ -750,6 +757,17 @@ impl Runtime {
         mode: Option<u32>,
     ) -> Result<(), Error> {
         self.root_of(id)?.write(path, data, mode)
+    }
+
+    /// Streams `data` into a file of the sandbox; returns the bytes written.
+    pub fn write_file_from(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: &mut dyn std::io::Read,
+        mode: Option<u32>,
+    ) -> Result<u64, Error> {
+        self.root_of(id)?.write_from(path, data, mode)
     }
 
     pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {
