@@ -79,9 +79,18 @@ impl From<grove_runtime::Error> for ApiError {
             E::CapacityExceeded { .. } | E::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
             E::PathOutsideSandbox { .. } => StatusCode::BAD_REQUEST,
             E::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
+            E::Io { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) =>
+            {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let mut out = ApiError::new(status, e.code(), chain(&e));
+        let code = match status {
+            StatusCode::INSUFFICIENT_STORAGE => "no_space",
+            _ => e.code(),
+        };
+        let mut out = ApiError::new(status, code, chain(&e));
         out.field = e.field().map(str::to_string);
         if matches!(e, E::PathOutsideSandbox { .. } | E::FileNotFound { .. }) {
             out.field = Some("path".into());
