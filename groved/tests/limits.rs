@@ -103,11 +103,27 @@ fn raw_request(
     body_len: u64,
     fill: u8,
 ) -> (u16, Value) {
+    raw_request_with(d, method, path, content_type, &[], body_len, fill)
+}
+
+fn raw_request_with(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body_len: u64,
+    fill: u8,
+) -> (u16, Value) {
     let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: groved\r\nContent-Type: {content_type}\r\nContent-Length: {body_len}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: groved\r\nContent-Type: {content_type}\r\nContent-Length: {body_len}\r\nConnection: close\r\n{extra}\r\n"
     )
     .unwrap();
     let mut w = s.try_clone().unwrap();
@@ -380,6 +396,23 @@ fn a_64mib_json_body_is_413() {
     assert_eq!(v["field"], "body");
     common::spec().check_schema("Error", &v).unwrap();
     peak.assert_below("a 64 MiB JSON body", 48 * MIB);
+    // The same where the idempotency layer reads the body first.
+    let peak = Peak::start(d);
+    let (status, v) = raw_request_with(
+        d,
+        "POST",
+        "/v1/sandboxes",
+        "application/json",
+        &[("Idempotency-Key", "big-body")],
+        64 * MIB,
+        b' ',
+    );
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(
+        (&v["code"], &v["field"]),
+        (&json!("body_too_large"), &json!("body"))
+    );
+    peak.assert_below("a 64 MiB JSON body with an Idempotency-Key", 48 * MIB);
 }
 
 #[test]
