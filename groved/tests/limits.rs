@@ -271,6 +271,20 @@ fn exec_of_300mb_output_is_capped_and_flagged() {
     d.delete(&id);
 }
 
+/// Processes named `yes` in this daemon's sandboxes, seen from the host.
+fn yes_running(d: &Daemon) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let p = e.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let cg = std::fs::read_to_string(p.join("cgroup")).unwrap_or_default();
+        if comm.trim() == "yes" && cg.contains(&format!("/{}/", d.cgroup_root)) {
+            n += 1;
+        }
+    }
+    n
+}
+
 #[test]
 fn a_stream_nobody_reads_does_not_fill_groved() {
     let _g = EXCLUSIVE.read().unwrap();
@@ -280,7 +294,7 @@ fn a_stream_nobody_reads_does_not_fill_groved() {
     let peak = Peak::start(d);
     // A client that sends the request and never reads: `yes` must be held back, not buffered.
     let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
-    let body = json!({"shell": "yes; true", "timeout_ms": 8000}).to_string();
+    let body = json!({"shell": "yes; true", "timeout_ms": 120000}).to_string();
     write!(
         s,
         "POST /v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: groved\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -289,9 +303,21 @@ fn a_stream_nobody_reads_does_not_fill_groved() {
     .unwrap();
     std::thread::sleep(Duration::from_secs(4));
     peak.assert_below("an unread exec stream of `yes`", 64 * MIB);
+    // Looked at from the host: init is held up writing to the stalled stream meanwhile.
+    assert_eq!(yes_running(d), 1, "`yes` runs, held back");
+    // The client goes: the command goes with it, long before its timeout.
     drop(s);
-    // Let the command's timeout end it before the sandbox goes.
-    std::thread::sleep(Duration::from_secs(5));
+    let t = Instant::now();
+    loop {
+        if yes_running(d) == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "`yes` still runs after its stream's client left"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     d.delete(&id);
 }
 

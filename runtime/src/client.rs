@@ -89,12 +89,14 @@ fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, truncated: &mut bool) {
 }
 
 /// Runs a command, streaming its output to `on_output` and keeping the first `max_keep` bytes of
-/// each stream in the result (the rest is dropped, never buffered: output may be unbounded).
+/// each stream in the result (the rest is dropped, never buffered: output may be unbounded). When
+/// `on_output` returns false (its reader went away) the connection is dropped, and init kills the
+/// command.
 pub fn exec(
     init_pid: i32,
     spec: ExecSpec,
     max_keep: usize,
-    on_output: &mut dyn FnMut(OutputChunk),
+    on_output: &mut dyn FnMut(OutputChunk) -> bool,
 ) -> Result<ExecResult, ClientError> {
     let start = Instant::now();
     let background = spec.background;
@@ -115,15 +117,20 @@ pub fn exec(
         res.duration_ms = start.elapsed().as_millis() as u64;
         return Ok(res);
     }
+    let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
         match proto::read_frame(&mut s)? {
             Some((KIND_STDOUT, data)) => {
                 keep(&mut res.stdout, &data, max_keep, &mut res.stdout_truncated);
-                on_output(OutputChunk::Stdout(data));
+                if !on_output(OutputChunk::Stdout(data)) {
+                    return Err(gone());
+                }
             }
             Some((KIND_STDERR, data)) => {
                 keep(&mut res.stderr, &data, max_keep, &mut res.stderr_truncated);
-                on_output(OutputChunk::Stderr(data));
+                if !on_output(OutputChunk::Stderr(data)) {
+                    return Err(gone());
+                }
             }
             Some((KIND_JSON, body)) => {
                 match serde_json::from_slice(&body)

@@ -659,6 +659,20 @@ impl Runtime {
         req: ExecRequest,
         on_output: &mut dyn FnMut(OutputChunk),
     ) -> Result<ExecResult, Error> {
+        self.exec_stream_while(id, req, &mut |c| {
+            on_output(c);
+            true
+        })
+    }
+
+    /// Like [`Runtime::exec_stream`]; when `on_output` returns false (nobody reads the output any more)
+    /// the command is killed and this returns an error.
+    pub fn exec_stream_while(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputChunk) -> bool,
+    ) -> Result<ExecResult, Error> {
         let sb = self.running(id)?;
         sb.activity.touch();
         let argv = validate::exec_argv(&req)?;

@@ -147,11 +147,13 @@ pub async fn exec_stream(
             let ev = Event::default()
                 .event(name)
                 .json_data(serde_json::json!({ "data": encode(&data, enc) }));
-            if let Ok(ev) = ev {
-                let _ = tx.blocking_send(Ok(ev));
+            // Blocks while the client is slow (backpressure); fails once it is gone, which ends the command.
+            match ev {
+                Ok(ev) => tx.blocking_send(Ok(ev)).is_ok(),
+                Err(_) => true,
             }
         };
-        let res = rt.exec_stream(&id, req, &mut on_output);
+        let res = rt.exec_stream_while(&id, req, &mut on_output);
         let ev = match res {
             Ok(mut r) => {
                 app2.metrics.observe(Op::Exec, t.elapsed());
