@@ -13,6 +13,10 @@ use crate::events::EventTx;
 use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
 
+/// The largest request body read into memory (JSON bodies; an exec's stdin rides in one, base64).
+/// Bulk data (files, tars, images, snapshots) streams and is not held to this.
+pub const MAX_JSON_BODY: usize = 16 << 20;
+
 pub struct App {
     pub config: Config,
     pub runtime: Arc<Runtime>,

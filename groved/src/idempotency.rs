@@ -257,10 +257,24 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
         }
     };
     let (mut parts, body) = req.into_parts();
-    let bytes = match to_bytes(body, MAX_BODY).await {
+    // These routes take JSON: held to the same cap as the JSON extractor, before it is buffered here.
+    let bytes = match to_bytes(body, crate::app::MAX_JSON_BODY).await {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::bad_request("invalid_body", "body", e.to_string()).into_response()
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!(
+                        "a JSON body may be at most {} bytes",
+                        crate::app::MAX_JSON_BODY
+                    ),
+                )
+                .with_field("body")
+                .into_response();
+            }
+            return ApiError::bad_request("invalid_body", "body", e.to_string()).into_response();
         }
     };
     let mut h = Sha256::new();

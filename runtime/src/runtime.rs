@@ -470,7 +470,7 @@ impl Runtime {
             limits: *limits,
             hostname,
             created_at_ms: created_at.unwrap_or(now),
-            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
+            expires_at_ms: parking_lot::Mutex::new(validate::expires_at(now, spec.ttl_secs)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init,
             dir,
@@ -696,11 +696,9 @@ impl Runtime {
     }
 
     pub fn set_ttl(&self, id: &SandboxId, ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
-        if ttl_secs == Some(0) {
-            return Err(Error::invalid("ttl_secs", "0 (use None for no expiry)"));
-        }
+        validate::ttl("ttl_secs", ttl_secs)?;
         let sb = self.sandbox(id)?;
-        *sb.expires_at_ms.lock() = ttl_secs.map(|t| now_ms() + t * 1000);
+        *sb.expires_at_ms.lock() = validate::expires_at(now_ms(), ttl_secs);
         self.persist(&sb)?;
         Ok(sb.info())
     }
@@ -715,6 +713,20 @@ impl Runtime {
         req: ExecRequest,
         on_output: &mut dyn FnMut(OutputChunk),
     ) -> Result<ExecResult, Error> {
+        self.exec_stream_while(id, req, &mut |c| {
+            on_output(c);
+            true
+        })
+    }
+
+    /// Like [`Runtime::exec_stream`]; when `on_output` returns false (nobody reads the output any more)
+    /// the command is killed and this returns an error.
+    pub fn exec_stream_while(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputChunk) -> bool,
+    ) -> Result<ExecResult, Error> {
         let sb = self.running(id)?;
         sb.activity.touch();
         let argv = validate::exec_argv(&req)?;
@@ -724,6 +736,9 @@ impl Runtime {
             .cwd
             .or_else(|| sb.spec.workdir.clone())
             .unwrap_or_else(|| "/".into());
+        let max_keep = req
+            .max_output_bytes
+            .unwrap_or(crate::types::DEFAULT_MAX_OUTPUT) as usize;
         let spec = ExecSpec {
             argv,
             env,
@@ -732,7 +747,7 @@ impl Runtime {
             timeout_ms: req.timeout_ms,
             background: req.background,
         };
-        client::exec(&sb.init, spec, on_output).map_err(|e| self.client_error(&sb, e))
+        client::exec(&sb.init, spec, max_keep, on_output).map_err(|e| self.client_error(&sb, e))
     }
 
     fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
@@ -813,6 +828,12 @@ impl Runtime {
         self.root_of(id)?.read(path)
     }
 
+    /// A regular file of the sandbox opened for reading (anything else is refused), and its size:
+    /// callers stream it rather than hold it.
+    pub fn open_file(&self, id: &SandboxId, path: &str) -> Result<(std::fs::File, u64), Error> {
+        self.root_of(id)?.open_read(path)
+    }
+
     pub fn write_file(
         &self,
         id: &SandboxId,
@@ -821,6 +842,17 @@ impl Runtime {
         mode: Option<u32>,
     ) -> Result<(), Error> {
         self.root_of(id)?.write(path, data, mode)
+    }
+
+    /// Streams `data` into a file of the sandbox; returns the bytes written.
+    pub fn write_file_from(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: &mut dyn std::io::Read,
+        mode: Option<u32>,
+    ) -> Result<u64, Error> {
+        self.root_of(id)?.write_from(path, data, mode)
     }
 
     pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {

@@ -40,12 +40,7 @@ pub async fn create(
             ));
         }
     }
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid(
-            "ttl_secs",
-            "must be at least 1 (leave it out for no expiry)",
-        ));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     check_labels("labels", &req.labels)?;
     let tag = tag.map(|Extension(Tag(t))| t);
     if let Some(t) = &tag {
@@ -456,12 +451,7 @@ pub async fn set_ttl(
     ApiJson(req): ApiJson<TtlRequest>,
 ) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid(
-            "ttl_secs",
-            "must be at least 1 (null for no expiry)",
-        ));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     let rt = app.runtime.clone();
     let info = blocking(move || rt.set_ttl(&id, req.ttl_secs).map_err(ApiError::from)).await?;
     Ok(Json(Sandbox::from(&info)))

@@ -92,9 +92,7 @@ pub async fn fork(
             format!("must be 1..={MAX_BATCH}, got {}", req.count),
         ));
     }
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid("ttl_secs", "must be at least 1"));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     check_labels("labels", &req.labels)?;
     let snaps = app.snapshots()?;
     let tag = tag.map(|Extension(Tag(t))| t);

@@ -352,6 +352,11 @@ purpose = "groved-tests"
         d
     }
 
+    /// The daemon's pid (tests that watch its memory read /proc/<pid>/status).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("groved.log")).unwrap_or_default()
     }
