@@ -13,6 +13,10 @@ use crate::events::EventTx;
 use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
 
+/// The largest request body read into memory (JSON bodies; an exec's stdin rides in one, base64).
+/// Bulk data (files, tars, images, snapshots) streams and is not held to this.
+pub const MAX_JSON_BODY: usize = 16 << 20;
+
 pub struct App {
     pub config: Config,
     pub runtime: Arc<Runtime>,
@@ -38,6 +42,7 @@ impl App {
     ) -> Arc<App> {
         let events = crate::events::channel();
         crate::events::bridge(&runtime, events.clone());
+        let idempotency = Idempotency::open(crate::idempotency::journal_dir(&config.state_dir));
         Arc::new(App {
             config,
             runtime,
@@ -45,7 +50,7 @@ impl App {
             snapshots,
             fsd,
             metrics: Metrics::default(),
-            idempotency: Idempotency::default(),
+            idempotency,
             events,
             draining: AtomicBool::new(false),
             shutdown: watch::channel(false).0,

@@ -57,6 +57,14 @@ pub trait Snapshots: Send + Sync {
     fn is_paused(&self, id: &SandboxId) -> bool;
     /// At an orderly stop with no sandbox left: removes the snapshotter's scratch it can.
     fn close(&self);
+    /// Snapshots (by name) whose background import failed, with the reason.
+    fn import_failures(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Queues the failed imports again; returns how many.
+    fn retry_imports(&self) -> usize {
+        0
+    }
 }
 
 /// Names of images and snapshots: what a ref may be called.

@@ -55,6 +55,49 @@ pub enum ConfigError {
     PortRange(String),
     #[error("instance {0:?} must start with \"grove\" and be [A-Za-z0-9_-]")]
     Instance(String),
+    #[error("peers[{index}].url {url:?}: {why}")]
+    PeerUrl {
+        index: usize,
+        url: String,
+        why: &'static str,
+    },
+}
+
+/// `[[peers]]`: another groved this node pulls snapshots from, and the key it takes. Pulls from
+/// anywhere else carry no key unless the request gives one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerFile {
+    /// `http://<ip>:<port>`, the peer's API.
+    pub url: String,
+    /// File holding the peer's bearer key.
+    pub api_key_file: Option<PathBuf>,
+}
+
+/// A configured peer: where it is, and the key to send it.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub api_key: Option<String>,
+}
+
+/// A peer's address from `http://<ip>:<port>` (a trailing `/` allowed, port 80 by default). An IP,
+/// not a name: peers are known by address, and a name would make every pull wait on DNS.
+pub fn peer_addr(url: &str) -> Result<SocketAddr, &'static str> {
+    let uri: axum::http::Uri = url.parse().map_err(|_| "not a URL")?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// peers are supported");
+    }
+    let authority = uri.authority().ok_or("no host")?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let ip: std::net::IpAddr = host.parse().map_err(|_| "the host must be an IP address")?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("give the peer's base URL, without a path");
+    }
+    Ok(SocketAddr::new(ip, authority.port_u16().unwrap_or(80)))
 }
 
 /// The file's shape; every key optional.
@@ -107,6 +150,10 @@ pub struct FileConfig {
     pub auto_pools: Option<u32>,
     /// Largest size of an automatic pool.
     pub auto_pool_max: Option<u32>,
+    /// `[[peers]]`: the groveds whose snapshots this node pulls with a key.
+    pub peers: Vec<PeerFile>,
+    /// How often failed background imports of snapshot images are retried (s, default 30).
+    pub import_retry_secs: Option<u64>,
 }
 
 /// Command-line overrides.
@@ -163,6 +210,8 @@ pub struct Config {
     pub fsd_memory_max_mb: u64,
     pub jobs: JobsConfig,
     pub pools: PoolsConfig,
+    pub peers: Vec<Peer>,
+    pub import_retry: Duration,
 }
 
 impl Config {
@@ -224,21 +273,23 @@ impl Config {
                     .map_err(|_| ConfigError::Listen { addr: a.clone() })
             })
             .collect::<Result<Vec<SocketAddr>, _>>()?;
-        let key_file = o.api_key_file.clone().or(f.api_key_file);
-        let api_key = match key_file {
-            Some(p) => {
-                let k = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
-                    path: p.clone(),
-                    source,
+        let api_key = read_key(o.api_key_file.clone().or(f.api_key_file))?;
+        let peers = f
+            .peers
+            .into_iter()
+            .enumerate()
+            .map(|(index, p)| {
+                let addr = peer_addr(&p.url).map_err(|why| ConfigError::PeerUrl {
+                    index,
+                    url: p.url.clone(),
+                    why,
                 })?;
-                let k = k.trim().to_string();
-                if k.is_empty() {
-                    return Err(ConfigError::EmptyKey { path: p });
-                }
-                Some(k)
-            }
-            None => None,
-        };
+                Ok(Peer {
+                    addr,
+                    api_key: read_key(p.api_key_file)?,
+                })
+            })
+            .collect::<Result<Vec<Peer>, ConfigError>>()?;
         if !listen.is_empty() && api_key.is_none() {
             return Err(ConfigError::NoApiKey);
         }
@@ -305,7 +356,17 @@ impl Config {
             fsd_memory_max_mb: f.fsd_memory_max_mb.unwrap_or(DEFAULT_FSD_MEMORY_MAX_MB),
             jobs,
             pools,
+            peers,
+            import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
         })
+    }
+
+    /// The key to send the peer at `addr`: only a configured peer's own.
+    pub fn peer_key(&self, addr: &SocketAddr) -> Option<&str> {
+        self.peers
+            .iter()
+            .find(|p| p.addr == *addr)
+            .and_then(|p| p.api_key.as_deref())
     }
 
     pub fn runtime_config(&self) -> RuntimeConfig {
@@ -325,6 +386,20 @@ impl Config {
         rc.reserved_ports = self.listen.iter().map(|a| a.port()).collect();
         rc
     }
+}
+
+/// The trimmed contents of a key file, if one is named.
+fn read_key(file: Option<PathBuf>) -> Result<Option<String>, ConfigError> {
+    let Some(p) = file else { return Ok(None) };
+    let k = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let k = k.trim().to_string();
+    if k.is_empty() {
+        return Err(ConfigError::EmptyKey { path: p });
+    }
+    Ok(Some(k))
 }
 
 /// `GROVE_INIT_BINARY`, then the config, then `grove-init` next to the running executable or where
@@ -422,6 +497,43 @@ mod tests {
         .unwrap();
         let l = Config::resolve(f, &Overrides::default()).unwrap();
         assert_eq!(l.runtime_config().reserved_ports, vec![18090]);
+    }
+
+    #[test]
+    fn peers_are_known_by_address_and_only_they_get_a_key() {
+        std::env::set_var("GROVE_INIT_BINARY", "/bin/true");
+        let tmp = tempfile::tempdir().unwrap();
+        let key = tmp.path().join("peer.key");
+        std::fs::write(&key, "s3cret\n").unwrap();
+        let f: FileConfig = toml::from_str(&format!(
+            "[[peers]]\nurl = \"http://10.0.0.2:7070/\"\napi_key_file = \"{}\"\n",
+            key.display()
+        ))
+        .unwrap();
+        let c = Config::resolve(f, &Overrides::default()).unwrap();
+        assert_eq!(
+            c.peer_key(&"10.0.0.2:7070".parse().unwrap()),
+            Some("s3cret")
+        );
+        assert_eq!(c.peer_key(&"10.0.0.2:7071".parse().unwrap()), None);
+        assert_eq!(c.peer_key(&"10.0.0.3:7070".parse().unwrap()), None);
+        assert_eq!(
+            peer_addr("http://[::1]").unwrap(),
+            "[::1]:80".parse().unwrap()
+        );
+        for bad in [
+            "https://10.0.0.2:1",
+            "http://peer.example:1",
+            "http://10.0.0.2:1/v1",
+            "x",
+        ] {
+            assert!(peer_addr(bad).is_err(), "{bad}");
+        }
+        let f: FileConfig = toml::from_str("[[peers]]\nurl = \"http://name:1\"\n").unwrap();
+        assert!(matches!(
+            Config::resolve(f, &Overrides::default()),
+            Err(ConfigError::PeerUrl { index: 0, .. })
+        ));
     }
 
     #[test]

@@ -67,6 +67,85 @@ impl ApiError {
 /// Renders an error and its chain of causes on one line.
 pub use nodefs::chain;
 
+/// A condition of the node found anywhere in an error's chain of causes, whatever layer wraps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// ENOSPC / EDQUOT: 507.
+    NoSpace,
+    /// A dependency is down (grove-fsd unreachable, a FUSE root whose server is gone): 503.
+    Down,
+}
+
+fn errno_cause(errno: i32) -> Option<Cause> {
+    match errno {
+        libc::ENOSPC | libc::EDQUOT => Some(Cause::NoSpace),
+        libc::ENOTCONN => Some(Cause::Down),
+        _ => None,
+    }
+}
+
+/// The first cause in `e`'s chain that is a storage or availability condition. grove-fsd's own
+/// failures cross its socket as text, so for those the errno is read from the message.
+pub fn cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if let Some(k) = io.raw_os_error().and_then(errno_cause) {
+                return Some(k);
+            }
+            if io.kind() == std::io::ErrorKind::StorageFull {
+                return Some(Cause::NoSpace);
+            }
+        }
+        if let Some(n) = c.downcast_ref::<nix::errno::Errno>() {
+            if let Some(k) = errno_cause(*n as i32) {
+                return Some(k);
+            }
+        }
+        match c.downcast_ref::<nodefs::Error>() {
+            Some(nodefs::Error::Unreachable(_)) => return Some(Cause::Down),
+            Some(nodefs::Error::Fsd(m)) if text_says_no_space(m) => return Some(Cause::NoSpace),
+            _ => {}
+        }
+        cur = c.source();
+    }
+    None
+}
+
+/// An errno rendered by `std::io::Error` or `nix` inside a message from grove-fsd.
+fn text_says_no_space(m: &str) -> bool {
+    ["(os error 28)", "(os error 122)", "ENOSPC", "EDQUOT"]
+        .iter()
+        .any(|s| m.contains(s))
+}
+
+impl ApiError {
+    /// 507 or 503 when `e`'s chain shows a full disk or a dependency that is down; else `fallback`.
+    pub fn from_cause(e: &(dyn std::error::Error + 'static), fallback: ApiError) -> ApiError {
+        match cause(e) {
+            Some(Cause::NoSpace) => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                format!(
+                    "out of disk space (a sandbox quota or the node's disk): {}",
+                    fallback.message
+                ),
+            ),
+            Some(Cause::Down) => {
+                let mut a = ApiError::unavailable(fallback.message);
+                a.retry_after = Some(1);
+                a
+            }
+            None => fallback,
+        }
+    }
+}
+
+/// The idempotency journal could not be written: the request is refused before it does anything.
+pub fn journal_error(e: &crate::idempotency::JournalError) -> ApiError {
+    ApiError::from_cause(e, ApiError::internal(chain(e)))
+}
+
 impl From<grove_runtime::Error> for ApiError {
     fn from(e: grove_runtime::Error) -> Self {
         use grove_runtime::Error as E;
@@ -79,6 +158,8 @@ impl From<grove_runtime::Error> for ApiError {
             E::CapacityExceeded { .. } | E::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
             E::PathOutsideSandbox { .. } => StatusCode::BAD_REQUEST,
             E::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
+            E::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            E::InsufficientStorage { .. } => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let mut out = ApiError::new(status, e.code(), chain(&e));
@@ -88,6 +169,14 @@ impl From<grove_runtime::Error> for ApiError {
         }
         if matches!(e, E::ImageNotFound { .. }) {
             out.field = Some("image".into());
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            out.retry_after = Some(1);
+        }
+        // Whatever layer failed, a full disk is a 507 and a server that is gone a 503.
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            let msg = out.message.clone();
+            out = ApiError::from_cause(&e, ApiError::internal(msg));
         }
         if status == StatusCode::TOO_MANY_REQUESTS {
             out.retry_after = Some(match &e {

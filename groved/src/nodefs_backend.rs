@@ -109,7 +109,12 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         store,
         snapshotter: snapshotter.clone(),
     });
-    let snapshots = snapshotter.map(|s| Arc::new(NodefsSnapshots { s }) as Arc<dyn Snapshots>);
+    let snapshots = snapshotter.map(|s| {
+        Arc::new(NodefsSnapshots {
+            s,
+            runtime: runtime.clone(),
+        }) as Arc<dyn Snapshots>
+    });
     Ok(Backend {
         runtime,
         images,
@@ -134,7 +139,11 @@ fn store_err(e: nodefs::Error) -> ApiError {
         E::UnknownRef(_) | E::UnknownManifest(_) => "image_not_found",
         _ => "store",
     };
-    ApiError::new(status, code, chain(&e))
+    let a = ApiError::new(status, code, chain(&e));
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        return ApiError::from_cause(&e, a);
+    }
+    a
 }
 
 fn snap_err(e: grove_snapshotter::Error) -> ApiError {
@@ -155,8 +164,40 @@ fn snap_err(e: grove_snapshotter::Error) -> ApiError {
             };
             let mut a = ApiError::new(status, other.code(), chain(&other));
             a.field = field;
+            if status == StatusCode::INTERNAL_SERVER_ERROR {
+                return ApiError::from_cause(&other, a);
+            }
             a
         }
+    }
+}
+
+/// How long a `durable` snapshot waits for its images to be stored.
+const DURABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A durable snapshot that could not be made: 507 when the store is full (the snapshotter reports
+/// the import's failure as text), else what the snapshotter said.
+fn durable_err(e: grove_snapshotter::Error) -> ApiError {
+    let msg = chain(&e);
+    let full = [
+        "No space left on device",
+        "(os error 28)",
+        "(os error 122)",
+        "ENOSPC",
+    ]
+    .iter()
+    .any(|s| msg.contains(s));
+    if full {
+        return ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            format!("the store is out of space, no snapshot was made: {msg}"),
+        )
+        .with_field("durable");
+    }
+    match snap_err(e) {
+        a if a.status == StatusCode::NOT_IMPLEMENTED => ApiError::internal(a.message),
+        a => a,
     }
 }
 
@@ -260,10 +301,16 @@ impl Images for NodefsImages {
 
 pub struct NodefsSnapshots {
     s: Arc<Snapshotter>,
+    runtime: Arc<Runtime>,
 }
 
 fn to_wire(i: &SnapshotInfo) -> Snapshot {
+    to_wire_with(i, None)
+}
+
+fn to_wire_with(i: &SnapshotInfo, error: Option<String>) -> Snapshot {
     Snapshot {
+        error,
         id: i.id.clone(),
         name: i.name.clone().unwrap_or_else(|| i.id.clone()),
         source_sandbox: Some(i.source.clone()),
@@ -276,16 +323,32 @@ fn to_wire(i: &SnapshotInfo) -> Snapshot {
 }
 
 impl Snapshots for NodefsSnapshots {
+    /// `durable` waits here rather than in the snapshotter: a snapshot whose images cannot be
+    /// stored is deleted again (a failed request leaves nothing), and the source is stopped only
+    /// once its snapshot is durable.
     fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> ApiResult<Snapshot> {
         let opts = SnapshotOptions {
             name: req.name.clone(),
-            stop: req.stop,
-            durable: req.durable,
+            stop: req.stop && !req.durable,
+            durable: false,
         };
-        self.s
-            .snapshot(id, opts)
-            .map(|i| to_wire(&i))
-            .map_err(snap_err)
+        let info = self.s.snapshot(id, opts).map_err(snap_err)?;
+        if !req.durable {
+            return Ok(to_wire(&info));
+        }
+        let info = match self.s.wait_durable(&info.id, DURABLE_WAIT) {
+            Ok(i) => i,
+            Err(e) => {
+                if let Err(d) = self.s.delete(&info.id) {
+                    tracing::warn!(snapshot = %info.id, "deleting a snapshot that is not durable: {}", chain(&d));
+                }
+                return Err(durable_err(e));
+            }
+        };
+        if req.stop {
+            self.runtime.destroy(id).map_err(ApiError::from)?;
+        }
+        Ok(to_wire(&info))
     }
 
     fn fork(&self, name: &str, req: &ForkRequest) -> ApiResult<Vec<ApiResult<SandboxInfo>>> {
@@ -299,11 +362,32 @@ impl Snapshots for NodefsSnapshots {
     }
 
     fn list(&self) -> ApiResult<Vec<Snapshot>> {
-        Ok(self.s.list().iter().map(to_wire).collect())
+        let mut failed = self.s.import_failures();
+        Ok(self
+            .s
+            .list()
+            .iter()
+            .map(|i| to_wire_with(i, failed.remove(&i.id)))
+            .collect())
     }
 
     fn get(&self, name: &str) -> ApiResult<Snapshot> {
-        self.s.get(name).map(|i| to_wire(&i)).map_err(snap_err)
+        let i = self.s.get(name).map_err(snap_err)?;
+        let error = self.s.import_failures().remove(&i.id);
+        Ok(to_wire_with(&i, error))
+    }
+
+    fn import_failures(&self) -> Vec<(String, String)> {
+        let failed = self.s.import_failures();
+        self.s
+            .list()
+            .iter()
+            .filter_map(|i| Some((to_wire(i).name, failed.get(&i.id)?.clone())))
+            .collect()
+    }
+
+    fn retry_imports(&self) -> usize {
+        self.s.retry_imports()
     }
 
     fn delete(&self, name: &str) -> ApiResult<()> {

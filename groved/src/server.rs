@@ -137,6 +137,7 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
 async fn reap(app: Arc<App>) {
     let mut tick = tokio::time::interval(app.config.reap_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut imports = ImportRetry::default();
     loop {
         tick.tick().await;
         let rt = app.runtime.clone();
@@ -148,6 +149,54 @@ async fn reap(app: Arc<App>) {
             Err(e) => tracing::error!("reaper: {e}"),
         }
         crate::api::pause::reclaim_idle(&app).await;
+        imports.tick(&app).await;
+    }
+}
+
+/// Background imports of snapshot images that failed (a full disk): each failure is an event once,
+/// and every `import_retry` they are queued again, so a snapshot becomes durable when space returns.
+#[derive(Default)]
+struct ImportRetry {
+    reported: std::collections::HashSet<String>,
+    last_retry: Option<tokio::time::Instant>,
+}
+
+impl ImportRetry {
+    async fn tick(&mut self, app: &Arc<App>) {
+        let Some(snaps) = app.snapshots.clone() else {
+            return;
+        };
+        let due = self
+            .last_retry
+            .is_none_or(|t| t.elapsed() >= app.config.import_retry);
+        let failed = match tokio::task::spawn_blocking(move || {
+            let failed = snaps.import_failures();
+            if due && !failed.is_empty() {
+                snaps.retry_imports();
+            }
+            failed
+        })
+        .await
+        {
+            Ok(f) => f,
+            Err(e) => return tracing::error!("import retry: {e}"),
+        };
+        if due {
+            self.last_retry = Some(tokio::time::Instant::now());
+        }
+        if self.reported.len() > 10_000 {
+            self.reported.clear();
+        }
+        for (name, why) in &failed {
+            if self.reported.insert(format!("{name}\0{why}")) {
+                app.emit(crate::events::own(
+                    "snapshot_import_failed",
+                    None,
+                    Some(name.clone()),
+                    Some(why.clone()),
+                ));
+            }
+        }
     }
 }
 

@@ -303,6 +303,11 @@ pub struct TtlRequest {
     pub ttl_secs: Option<u64>,
 }
 
+/// A `ttl_secs` as requested: 1 ..= 10 years (beyond it deadlines would overflow), else 422.
+pub fn check_ttl(ttl_secs: Option<u64>) -> crate::error::ApiResult<()> {
+    grove_runtime::check_ttl("ttl_secs", ttl_secs).map_err(crate::error::ApiError::from)
+}
+
 /// An `Option` field that must be present (as a value or `null`).
 fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     Option::<u64>::deserialize(d)
@@ -330,6 +335,8 @@ pub struct ExecRequestWire {
     pub timeout_ms: Option<u64>,
     /// How stdout/stderr are returned: "utf8" (lossy, default) or "base64".
     pub encoding: Option<Encoding>,
+    /// Most bytes of stdout (and of stderr) the result keeps; default 16 MiB, at most 64 MiB.
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -341,6 +348,11 @@ pub struct ExecResultWire {
     pub stderr: String,
     pub encoding: Encoding,
     pub duration_ms: u64,
+    /// The command wrote more than `max_output_bytes` to stdout: `stdout` is its first part.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    #[serde(default)]
+    pub stderr_truncated: bool,
 }
 
 pub fn encode(data: &[u8], enc: Encoding) -> String {
@@ -361,6 +373,8 @@ impl ExecResultWire {
             stderr: encode(&r.stderr, enc),
             encoding: enc,
             duration_ms: r.duration_ms,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
         }
     }
 }
@@ -431,6 +445,9 @@ pub struct Snapshot {
     /// The images are in the content store (snapshots become durable in the background).
     pub durable: bool,
     pub labels: BTreeMap<String, String>,
+    /// Why the background import of the images failed (it is retried); absent while none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -466,7 +483,7 @@ pub struct DeltaExportRequest {
 }
 
 /// POST /v1/snapshots/pull: fetch snapshot `name` from the peer groved at `source` (`http://host:port`),
-/// with `source_api_key` or else this node's own key.
+/// with `source_api_key`, else the key configured for that peer (`[[peers]]`), else no key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PullRequest {

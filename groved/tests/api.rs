@@ -1055,12 +1055,13 @@ fn snapshot_fork_export_import() {
         .expect(200)
         .body
     };
-    // pull: from a peer (here this node's own TCP address, where the key is the same)
+    // pull: from a peer (here this node's own TCP address; its key is given for that source, since
+    // the node's own key is never sent anywhere)
     let pull = |source: &str, snap: &str| {
         d.call(
             Method::POST,
             "/v1/snapshots/pull",
-            Some(json!({"source": source, "name": snap})),
+            Some(json!({"source": source, "name": snap, "source_api_key": d.api_key})),
         )
     };
     let me = format!("http://{}", d.tcp);

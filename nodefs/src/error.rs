@@ -69,6 +69,10 @@ pub enum Error {
     /// message holds its whole error chain).
     #[error("grove-fsd: {0}")]
     Fsd(String),
+    /// `grove-fsd` cannot be reached or its answer is broken (it died, or is restarting): a
+    /// dependency that is down, not an answer about the request.
+    #[error("grove-fsd unreachable: {0}")]
+    Unreachable(String),
 }
 
 /// Attach a path to an io::Error.

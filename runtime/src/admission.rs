@@ -1,12 +1,46 @@
 //! Admission: the node's capacity, what live sandboxes hold, and reserve/release of a sandbox's
 //! limits. A create that does not fit fails before anything is made.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{OnceLock, Weak};
 
 use parking_lot::Mutex;
 
 use crate::error::Error;
+use crate::runtime::Runtime;
 use crate::types::{Capacity, CapacityOverrides, Limits, Resources};
+
+/// The disk as admission sees it, read at each reservation: free space moves with everything
+/// else on the filesystem (images, the store, snapshots), so a figure taken at start-up goes
+/// stale. A seam, so tests can give the numbers.
+pub trait DiskSpace: Send + Sync {
+    /// MB free to unprivileged writers (statvfs `f_bavail`) where sandboxes write; None: unknown.
+    fn free_mb(&self) -> Option<u64>;
+    /// MB the admitted sandboxes have written so far: already gone from `free_mb`, and no
+    /// longer owed from their quotas.
+    fn written_mb(&self) -> u64;
+}
+
+/// The runtime's disk: the filesystem of its state dir, and what its sandboxes' roots hold.
+pub(crate) struct RuntimeDisk {
+    pub dir: PathBuf,
+    pub rt: Weak<Runtime>,
+}
+
+impl DiskSpace for RuntimeDisk {
+    fn free_mb(&self) -> Option<u64> {
+        statvfs_of(&self.dir).map(|s| (s.blocks_available() * s.fragment_size()) >> 20)
+    }
+
+    fn written_mb(&self) -> u64 {
+        let Some(rt) = self.rt.upgrade() else {
+            return 0;
+        };
+        // Not under the sandboxes lock: a root's usage may be a call to its file server.
+        let live: Vec<_> = rt.sandboxes.lock().values().cloned().collect();
+        live.iter().map(|s| s.root.usage().bytes).sum::<u64>() >> 20
+    }
+}
 
 /// CPU quota is a ceiling, not a reservation: the node admits this many times its cores.
 pub const CPU_OVERCOMMIT: u64 = 16;
@@ -16,6 +50,14 @@ pub const DEFAULT_MEMORY_RESERVE_MB: u64 = 1024;
 pub struct Admission {
     total: Resources,
     allocated: Mutex<Resources>,
+    /// Disk admitted on free space (see `reserve`); without it, on `total.disk_mb` alone.
+    disk: OnceLock<LiveDisk>,
+}
+
+struct LiveDisk {
+    space: Box<dyn DiskSpace>,
+    /// The operator set `capacity.disk_mb`: that cap holds as well.
+    capped: bool,
 }
 
 fn read_num(path: &str) -> Option<u64> {
@@ -31,11 +73,16 @@ fn mem_total_mb() -> u64 {
     crate::host_mem::meminfo_kb("MemTotal").unwrap_or(0) / 1024
 }
 
-/// Free space of the filesystem that holds (or will hold) `dir`: its nearest existing ancestor's.
-fn disk_free_mb(dir: &Path) -> u64 {
+/// The filesystem that holds (or will hold) `dir`: its nearest existing ancestor's.
+fn statvfs_of(dir: &Path) -> Option<nix::sys::statvfs::Statvfs> {
     dir.ancestors()
         .find_map(|d| nix::sys::statvfs::statvfs(d).ok())
-        .map(|s| (s.blocks_available() * s.fragment_size()) >> 20)
+}
+
+/// Size of the filesystem that holds `dir`: no quota larger than this can ever be met.
+fn disk_size_mb(dir: &Path) -> u64 {
+    statvfs_of(dir)
+        .map(|s| (s.blocks() * s.fragment_size()) >> 20)
         .unwrap_or(0)
 }
 
@@ -50,7 +97,7 @@ pub fn detect(o: &CapacityOverrides, disk_dirs: &[&Path]) -> Resources {
     let file_max = read_num("/proc/sys/fs/file-max").unwrap_or(1 << 20);
     let disk = disk_dirs
         .iter()
-        .map(|d| disk_free_mb(d))
+        .map(|d| disk_size_mb(d))
         .filter(|&m| m > 0)
         .min()
         .unwrap_or(0);
@@ -94,17 +141,57 @@ impl Admission {
         Admission {
             total,
             allocated: Mutex::new(Resources::default()),
+            disk: OnceLock::new(),
         }
     }
 
-    /// Reserves `l` or fails with CapacityExceeded naming the first resource that does not fit.
+    /// Admits disk on `space` from now on. `capped`: `total.disk_mb` is the operator's cap and
+    /// is checked too; otherwise it is the filesystem's size and only free space counts.
+    pub fn set_disk(&self, space: Box<dyn DiskSpace>, capped: bool) {
+        let _ = self.disk.set(LiveDisk { space, capped });
+    }
+
+    /// MB a new quota can still have: free space less what admitted sandboxes may still write
+    /// (their quotas less what they wrote). `allocated`: the quotas admitted. None: not known.
+    fn disk_room(&self, allocated: u64, extra: u64) -> Option<u64> {
+        let d = self.disk.get()?;
+        let free = d.space.free_mb()?;
+        // Roomy enough without asking what they wrote (that may be a call per sandbox).
+        if free >= allocated.saturating_add(extra) {
+            return Some(free - allocated);
+        }
+        let owed = allocated.saturating_sub(d.space.written_mb());
+        Some(free.saturating_sub(owed))
+    }
+
+    /// Reserves `l` or fails with CapacityExceeded naming the first resource that does not fit,
+    /// or InsufficientStorage when the disk lacks free space for its quota.
     pub fn reserve(&self, l: &Limits) -> Result<(), Error> {
         let want = demand(l);
+        // Measured before the lock (a usage probe may be slow); the check under the lock uses
+        // the quotas admitted by then, so racing reservations only make it stricter.
+        let seen = self.allocated.lock().disk_mb;
+        let room = self.disk_room(seen, want.disk_mb);
+        let live = self.disk.get().is_some() && room.is_some();
+        let capped = self.disk.get().is_none_or(|d| d.capped) || !live;
         let mut alloc = self.allocated.lock();
+        if let Some(room) = room {
+            let room = room.saturating_sub(alloc.disk_mb.saturating_sub(seen));
+            if want.disk_mb > room {
+                return Err(Error::InsufficientStorage {
+                    field: "limits.disk_mb".into(),
+                    requested_mb: want.disk_mb,
+                    available_mb: room,
+                });
+            }
+        }
         for ((name, total), ((_, used), (_, req))) in fields(&self.total)
             .into_iter()
             .zip(fields(&alloc).into_iter().zip(fields(&want)))
         {
+            if name == "disk_mb" && !capped {
+                continue;
+            }
             let available = total.saturating_sub(used);
             if req > available {
                 return Err(Error::CapacityExceeded {
@@ -131,10 +218,19 @@ impl Admission {
 
     pub fn capacity(&self) -> Capacity {
         let alloc = *self.allocated.lock();
+        let mut allocatable = add(&self.total, &alloc, false);
+        if let Some(room) = self.disk_room(alloc.disk_mb, 0) {
+            let capped = self.disk.get().is_some_and(|d| d.capped);
+            allocatable.disk_mb = if capped {
+                room.min(allocatable.disk_mb)
+            } else {
+                room
+            };
+        }
         Capacity {
             total: self.total,
             allocated: alloc,
-            allocatable: add(&self.total, &alloc, false),
+            allocatable,
         }
     }
 }
@@ -202,10 +298,96 @@ mod tests {
     #[test]
     fn disk_of_a_dir_not_made_yet_is_its_filesystems() {
         let tmp = tempfile::tempdir().unwrap();
-        let made = disk_free_mb(tmp.path());
-        let later = disk_free_mb(&tmp.path().join("state/not/yet"));
-        assert!(made > 0, "a tempdir has free space");
-        // Same filesystem; other writers may move it a little between the two calls.
-        assert!(later.abs_diff(made) <= made / 100 + 16, "{later} vs {made}");
+        let made = disk_size_mb(tmp.path());
+        let later = disk_size_mb(&tmp.path().join("state/not/yet"));
+        assert!(made > 0, "a tempdir's filesystem has a size");
+        assert_eq!(later, made);
+    }
+
+    /// Free space and what sandboxes wrote, set by the test.
+    struct Fake(std::sync::Arc<Mutex<(u64, u64)>>);
+
+    impl DiskSpace for Fake {
+        fn free_mb(&self) -> Option<u64> {
+            Some(self.0.lock().0)
+        }
+        fn written_mb(&self) -> u64 {
+            self.0.lock().1
+        }
+    }
+
+    fn disk_only(disk_mb: u64) -> Limits {
+        Limits {
+            cpu_millis: 100,
+            memory_mb: 1,
+            pids: 1,
+            open_files: 1,
+            disk_mb,
+        }
+    }
+
+    #[test]
+    fn disk_is_admitted_on_free_space_less_what_admitted_sandboxes_may_still_write() {
+        let total = Resources {
+            cpu_millis: 1 << 20,
+            memory_mb: 1 << 20,
+            pids: 1 << 20,
+            open_files: 1 << 20,
+            // The filesystem's size: far more than is free.
+            disk_mb: 1000,
+            sandboxes: 100,
+        };
+        let numbers = std::sync::Arc::new(Mutex::new((300, 0)));
+        let a = Admission::new(total);
+        a.set_disk(Box::new(Fake(numbers.clone())), false);
+        let refused = |r: Result<(), Error>| match r {
+            Err(Error::InsufficientStorage {
+                field,
+                requested_mb,
+                available_mb,
+            }) => (field, requested_mb, available_mb),
+            other => panic!("expected InsufficientStorage, got {other:?}"),
+        };
+        // 300 MB free: a 400 MB quota fits the filesystem's size but not its free space.
+        assert_eq!(
+            refused(a.reserve(&disk_only(400))),
+            ("limits.disk_mb".to_string(), 400, 300)
+        );
+        a.reserve(&disk_only(200)).unwrap();
+        // The first sandbox may still write 200 MB of the 300 free.
+        assert_eq!(refused(a.reserve(&disk_only(150))).2, 100);
+        // It wrote 120 MB: 180 free, of which it may still take 80.
+        *numbers.lock() = (180, 120);
+        a.reserve(&disk_only(100)).unwrap();
+        assert_eq!(a.capacity().allocatable.disk_mb, 0);
+        // Something else filled the disk: nothing more fits, whatever the quotas say.
+        *numbers.lock() = (10, 120);
+        assert_eq!(refused(a.reserve(&disk_only(20))).2, 0);
+        a.release(&disk_only(200));
+        a.release(&disk_only(100));
+        *numbers.lock() = (300, 0);
+        a.reserve(&disk_only(300)).unwrap();
+    }
+
+    #[test]
+    fn an_operators_disk_cap_still_holds() {
+        let total = Resources {
+            cpu_millis: 1 << 20,
+            memory_mb: 1 << 20,
+            pids: 1 << 20,
+            open_files: 1 << 20,
+            disk_mb: 100,
+            sandboxes: 100,
+        };
+        let a = Admission::new(total);
+        a.set_disk(
+            Box::new(Fake(std::sync::Arc::new(Mutex::new((5000, 0))))),
+            true,
+        );
+        a.reserve(&disk_only(80)).unwrap();
+        assert!(matches!(
+            a.reserve(&disk_only(80)),
+            Err(Error::CapacityExceeded { .. })
+        ));
     }
 }

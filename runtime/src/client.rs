@@ -74,11 +74,24 @@ pub fn signal(init: &InitHandle, pid: i32, signal: i32) -> Result<(), ClientErro
     simple(init, &Request::Signal { pid, signal }).map(|_| ())
 }
 
-/// Runs a command, streaming its output to `on_output` (and collecting it in the result).
+/// Keeps what fits of `data` under `cap` bytes in `buf`; says when something was dropped.
+fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    if data.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+/// Runs a command, streaming its output to `on_output` and keeping the first `max_keep` bytes of
+/// each stream in the result (the rest is dropped, never buffered: output may be unbounded). When
+/// `on_output` returns false (its reader went away) the connection is dropped, and init kills the
+/// command.
 pub fn exec(
     init: &InitHandle,
     spec: ExecSpec,
-    on_output: &mut dyn FnMut(OutputChunk),
+    max_keep: usize,
+    on_output: &mut dyn FnMut(OutputChunk) -> bool,
 ) -> Result<ExecResult, ClientError> {
     let start = Instant::now();
     let background = spec.background;
@@ -99,15 +112,20 @@ pub fn exec(
         res.duration_ms = start.elapsed().as_millis() as u64;
         return Ok(res);
     }
+    let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
         match proto::read_frame(&mut s)? {
             Some((KIND_STDOUT, data)) => {
-                res.stdout.extend_from_slice(&data);
-                on_output(OutputChunk::Stdout(data));
+                keep(&mut res.stdout, &data, max_keep, &mut res.stdout_truncated);
+                if !on_output(OutputChunk::Stdout(data)) {
+                    return Err(gone());
+                }
             }
             Some((KIND_STDERR, data)) => {
-                res.stderr.extend_from_slice(&data);
-                on_output(OutputChunk::Stderr(data));
+                keep(&mut res.stderr, &data, max_keep, &mut res.stderr_truncated);
+                if !on_output(OutputChunk::Stderr(data)) {
+                    return Err(gone());
+                }
             }
             Some((KIND_JSON, body)) => {
                 match serde_json::from_slice(&body)

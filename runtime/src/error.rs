@@ -53,6 +53,17 @@ pub enum Error {
     },
     #[error("cleanup of {id} incomplete: {reason}")]
     Cleanup { id: SandboxId, reason: String },
+    /// Something the request needs is down (the file server of a sandbox's root, grove-fsd): a
+    /// retry may work once it is back.
+    #[error("{what} is unavailable: {reason}")]
+    Unavailable { what: String, reason: String },
+    /// The node's disk lacks the free space a request needs (admission of a disk quota).
+    #[error("not enough free disk for {field}: requested {requested_mb} MB, {available_mb} MB free for new sandboxes")]
+    InsufficientStorage {
+        field: String,
+        requested_mb: u64,
+        available_mb: u64,
+    },
     #[error("job {job} waited {waited_ms} ms in the create queue: {reason}")]
     QueueTimeout {
         job: String,
@@ -67,7 +78,9 @@ impl Error {
     /// The spec field at fault, for InvalidSpec.
     pub fn field(&self) -> Option<&str> {
         match self {
-            Error::InvalidSpec { field, .. } => Some(field),
+            Error::InvalidSpec { field, .. } | Error::InsufficientStorage { field, .. } => {
+                Some(field)
+            }
             _ => None,
         }
     }
@@ -90,6 +103,8 @@ impl Error {
             Error::Restore { .. } => "restore",
             Error::Io { .. } => "io",
             Error::Cleanup { .. } => "cleanup",
+            Error::Unavailable { .. } => "unavailable",
+            Error::InsufficientStorage { .. } => "insufficient_storage",
             // The same condition as CapacityExceeded to a client, after waiting.
             Error::QueueTimeout { .. } => "capacity_exceeded",
         }

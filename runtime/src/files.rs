@@ -7,6 +7,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 
 use crate::error::Error;
 use crate::init_handle::{HandleError, InitHandle};
@@ -97,13 +98,32 @@ impl Root {
         Ok(fd)
     }
 
-    pub fn read(&self, path: &str) -> Result<Vec<u8>, Error> {
+    /// Opens a regular file for reading without ever opening anything else: the path is opened
+    /// `O_PATH` (no open on a FIFO, socket or device, so nothing can block or wake a driver), its
+    /// type checked with fstat, and only a regular file reopened (the same inode, via our own fd).
+    /// Returns the file and its size when opened.
+    pub fn open_read(&self, path: &str) -> Result<(File, u64), Error> {
         let rel = join(&components(path)?);
-        let fd = self.open_at(path, &rel, libc::O_RDONLY, 0)?;
-        let mut f = File::from(fd);
-        if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-            return Err(Error::invalid("path", format!("{path:?} is a directory")));
-        }
+        let fd = self.open_at(path, &rel, libc::O_PATH, 0)?;
+        let meta = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+        not_regular(path, meta.st_mode)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| Error::io(format!("open {path:?}"), e))?;
+        let meta = f
+            .metadata()
+            .map_err(|e| Error::io(format!("stat {path:?}"), e))?;
+        not_regular(path, meta.mode())?;
+        Ok((f, meta.len()))
+    }
+
+    /// The whole file in memory: for the runtime's own small reads. The API streams with
+    /// [`Root::open_read`] instead.
+    pub fn read(&self, path: &str) -> Result<Vec<u8>, Error> {
+        let (mut f, _) = self.open_read(path)?;
         let mut out = Vec::new();
         f.read_to_end(&mut out)
             .map_err(|e| Error::io(format!("read {path:?}"), e))?;
@@ -137,24 +157,71 @@ impl Root {
     }
 
     pub fn write(&self, path: &str, data: &[u8], mode: Option<u32>) -> Result<(), Error> {
+        self.write_from(path, &mut &data[..], mode).map(|_| ())
+    }
+
+    /// Streams `data` into the file (a bounded buffer at a time; the sandbox's disk quota stops it
+    /// with ENOSPC as it goes). A file this call created is removed again when the copy fails, so a
+    /// failed upload leaves no half file behind. Returns the bytes written.
+    pub fn write_from(
+        &self,
+        path: &str,
+        data: &mut dyn Read,
+        mode: Option<u32>,
+    ) -> Result<u64, Error> {
         let comps = components(path)?;
-        if comps.is_empty() {
+        let Some((last, parent)) = comps.split_last() else {
             return Err(Error::invalid("path", "is the root directory"));
-        }
-        self.mkdir_p(path, &comps[..comps.len() - 1])?;
+        };
+        self.mkdir_p(path, parent)?;
         let mode = mode.unwrap_or(0o644) & 0o7777;
-        let fd = self.open_at(
-            path,
-            &join(&comps),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-            mode,
-        )?;
+        let rel = join(&comps);
+        // Never open a FIFO or device for writing: look first, then open non-blocking (a FIFO
+        // swapped in meanwhile fails or is refused below instead of blocking).
+        match self.open_at(path, &rel, libc::O_PATH, 0) {
+            Ok(fd) => {
+                let st = nix::sys::stat::fstat(fd.as_raw_fd())
+                    .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+                not_regular(path, st.st_mode)?;
+            }
+            Err(Error::FileNotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let (fd, created) = match self.open_at(path, &rel, flags | libc::O_EXCL, mode) {
+            Ok(fd) => (fd, true),
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => (
+                self.open_at(path, &rel, flags | libc::O_TRUNC, mode)?,
+                false,
+            ),
+            Err(e) => return Err(e),
+        };
         let mut f = File::from(fd);
-        f.write_all(data)
-            .map_err(|e| Error::io(format!("write {path:?}"), e))?;
-        use std::os::unix::fs::PermissionsExt;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(|e| Error::io(format!("chmod {path:?}"), e))
+        not_regular(path, f.metadata().map(|m| m.mode()).unwrap_or(0))?;
+        let res = copy_bounded(data, &mut f)
+            .map_err(|e| Error::io(format!("write {path:?}"), e))
+            .and_then(|n| {
+                f.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| Error::io(format!("chmod {path:?}"), e))?;
+                Ok(n)
+            })
+            .and_then(|n| {
+                // A cached write the filesystem refuses later (quota) is reported at close.
+                nix::unistd::close(std::os::fd::IntoRawFd::into_raw_fd(f))
+                    .map_err(|e| Error::io(format!("close {path:?}"), e.into()))?;
+                Ok(n)
+            });
+        if res.is_err() && created {
+            if let Ok(pfd) = self.open_at(path, &join(parent), libc::O_PATH | libc::O_DIRECTORY, 0)
+            {
+                let _ = nix::unistd::unlinkat(
+                    Some(pfd.as_raw_fd()),
+                    last.as_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+            }
+        }
+        res
     }
 
     pub fn list(&self, path: &str) -> Result<Vec<DirEntry>, Error> {
@@ -209,11 +276,7 @@ impl Root {
             match entry.header().entry_type() {
                 tar::EntryType::Directory => self.mkdir_p(&shown, &comps)?,
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let mut data = Vec::new();
-                    entry
-                        .read_to_end(&mut data)
-                        .map_err(|e| Error::io("read tar data", e))?;
-                    self.write(&shown, &data, Some(mode))?;
+                    self.write_from(&shown, &mut entry, Some(mode))?;
                 }
                 tar::EntryType::Symlink => {
                     let target = entry
@@ -289,10 +352,11 @@ impl Root {
                         stack.push(rel);
                     }
                     "file" => {
-                        let data = self.read(&path)?;
+                        let (f, size) = self.open_read(&path)?;
                         h.set_entry_type(tar::EntryType::Regular);
-                        h.set_size(data.len() as u64);
-                        b.append_data(&mut h, &name, &data[..]).map_err(io)?;
+                        h.set_size(size);
+                        b.append_data(&mut h, &name, Exactly::new(f, size))
+                            .map_err(io)?;
                     }
                     "symlink" => {
                         let target = self.readlink(&comps, &e.name)?;
@@ -312,6 +376,72 @@ impl Root {
         let target = nix::fcntl::readlinkat(Some(pfd.as_raw_fd()), name)
             .map_err(|e| Error::io(format!("readlink {name:?}"), e.into()))?;
         Ok(target.to_string_lossy().into_owned())
+    }
+}
+
+/// Copies with one fixed buffer: memory stays bounded however large the stream.
+fn copy_bounded(from: &mut dyn Read, to: &mut File) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    loop {
+        let got = match from.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..got])?;
+        n += got as u64;
+    }
+}
+
+/// Refuses anything but a regular file: a directory is listed, and a FIFO, socket or device would
+/// block a worker or reach a driver with the daemon's privileges.
+fn not_regular(path: &str, mode: u32) -> Result<(), Error> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => Ok(()),
+        libc::S_IFDIR => Err(Error::invalid(
+            "path",
+            format!("{path:?} is a directory (use files/list or archive)"),
+        )),
+        _ => Err(Error::invalid(
+            "path",
+            format!("{path:?} is not a regular file"),
+        )),
+    }
+}
+
+/// Exactly `size` bytes of a file the sandbox may change meanwhile: a tar member must match its
+/// header, so a file that shrank is padded with zeros and one that grew is cut.
+struct Exactly {
+    inner: std::io::Take<File>,
+    left: u64,
+}
+
+impl Exactly {
+    fn new(f: File, size: u64) -> Exactly {
+        Exactly {
+            inner: f.take(size),
+            left: size,
+        }
+    }
+}
+
+impl Read for Exactly {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let n = match self.inner.read(buf)? {
+            0 => {
+                let n = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+                buf[..n].fill(0);
+                n
+            }
+            n => n,
+        };
+        self.left -= n as u64;
+        Ok(n)
     }
 }
 

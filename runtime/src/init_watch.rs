@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::init_handle::HandleError;
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
-use crate::types::{EventKind, SandboxState};
+use crate::types::SandboxState;
 
 /// The runtime's end of the watcher's wake-up channel: a byte makes the watcher look at the
 /// live sandboxes again; closing it (the runtime dropped) ends the watcher.
@@ -92,26 +92,13 @@ fn watch(rt: Weak<Runtime>, rx: UnixStream) {
 }
 
 impl Runtime {
-    /// Marks `failed` (with an event) a live sandbox whose init exited. A sandbox no longer in
-    /// the map (being destroyed) or not running/paused is left alone.
+    /// Marks `failed` (with an event) a live sandbox whose init exited.
     pub(crate) fn init_died(&self, sb: &Arc<Sandbox>) {
-        {
-            let live = self.sandboxes.lock();
-            if !live.get(&sb.id).is_some_and(|s| Arc::ptr_eq(s, sb)) {
-                return;
-            }
-            let mut state = sb.state.lock();
-            if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-                return;
-            }
-            *state = SandboxState::Failed;
-        }
         let reason = format!(
             "its init (pid {}) exited: every process of the sandbox is gone",
             sb.init.pid()
         );
-        tracing::error!(sandbox = %sb.id, %reason, "marked failed");
-        self.emit(&sb.id, EventKind::Failed, Some(reason));
+        self.mark_failed(sb, reason);
     }
 
     /// What a request hears when its sandbox's init cannot be reached. A dead init fails the

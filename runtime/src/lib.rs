@@ -38,3 +38,4 @@ pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
 pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
 pub use runtime::{CheckpointView, ExternalMount, RestoreFn, RestoreTarget, Runtime};
 pub use types::*;
+pub use validate::{ttl as check_ttl, MAX_TTL_SECS, MIN_CPU_MILLIS};

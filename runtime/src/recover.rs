@@ -96,9 +96,11 @@ impl Runtime {
         }
     }
 
-    /// Processes a killed predecessor left working for it — a CRIU dump or restore, a lazy-pages
-    /// daemon (CRIU working in our run dir), a sandbox setup (its argv names our instance) — would
-    /// race the cleanup, so they go first. Processes inside a sandbox cgroup are never touched here.
+    /// Processes a killed predecessor left working for it — a CRIU dump or restore (CRIU working
+    /// in our run dir), a sandbox setup (its argv names our instance) — would race the cleanup, so
+    /// they go first. Processes inside a sandbox cgroup are never touched here. A `criu
+    /// lazy-pages` daemon is not stopped: the branch it serves reads zeros wherever it has not
+    /// delivered a page yet; the snapshotter adopts it (or stops it if its branch is gone).
     fn stop_strays(&self) {
         let run_dir = format!("{}/", self.config.run_dir.display());
         let marker = format!("/{}/", self.config.cgroup_root);
@@ -106,7 +108,8 @@ impl Runtime {
         for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
             let our_criu = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
-                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()));
+                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()))
+                && !args.iter().any(|a| *a == b"lazy-pages");
             let our_setup = setup_owner(&cmd).is_some_and(|(i, _)| i == self.config.cgroup_root);
             if !our_criu && !our_setup {
                 continue;

@@ -175,6 +175,13 @@ impl Runtime {
             _instance_lock: instance_lock,
             init_watch: std::sync::OnceLock::new(),
         });
+        rt.admission.set_disk(
+            Box::new(admission::RuntimeDisk {
+                dir: rt.config.state_dir.clone(),
+                rt: Arc::downgrade(&rt),
+            }),
+            rt.config.capacity.disk_mb.is_some(),
+        );
         rt.recover();
         let watch = InitWatch::start(Arc::downgrade(&rt))
             .map_err(io_err("start the init watcher".into()))?;
@@ -469,7 +476,7 @@ impl Runtime {
             limits: *limits,
             hostname,
             created_at_ms: created_at.unwrap_or(now),
-            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
+            expires_at_ms: parking_lot::Mutex::new(validate::expires_at(now, spec.ttl_secs)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init,
             dir,
@@ -695,11 +702,9 @@ impl Runtime {
     }
 
     pub fn set_ttl(&self, id: &SandboxId, ttl_secs: Option<u64>) -> Result<SandboxInfo, Error> {
-        if ttl_secs == Some(0) {
-            return Err(Error::invalid("ttl_secs", "0 (use None for no expiry)"));
-        }
+        validate::ttl("ttl_secs", ttl_secs)?;
         let sb = self.sandbox(id)?;
-        *sb.expires_at_ms.lock() = ttl_secs.map(|t| now_ms() + t * 1000);
+        *sb.expires_at_ms.lock() = validate::expires_at(now_ms(), ttl_secs);
         self.persist(&sb)?;
         Ok(sb.info())
     }
@@ -714,6 +719,20 @@ impl Runtime {
         req: ExecRequest,
         on_output: &mut dyn FnMut(OutputChunk),
     ) -> Result<ExecResult, Error> {
+        self.exec_stream_while(id, req, &mut |c| {
+            on_output(c);
+            true
+        })
+    }
+
+    /// Like [`Runtime::exec_stream`]; when `on_output` returns false (nobody reads the output any more)
+    /// the command is killed and this returns an error.
+    pub fn exec_stream_while(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputChunk) -> bool,
+    ) -> Result<ExecResult, Error> {
         let sb = self.running(id)?;
         sb.activity.touch();
         let argv = validate::exec_argv(&req)?;
@@ -723,6 +742,9 @@ impl Runtime {
             .cwd
             .or_else(|| sb.spec.workdir.clone())
             .unwrap_or_else(|| "/".into());
+        let max_keep = req
+            .max_output_bytes
+            .unwrap_or(crate::types::DEFAULT_MAX_OUTPUT) as usize;
         let spec = ExecSpec {
             argv,
             env,
@@ -731,12 +753,17 @@ impl Runtime {
             timeout_ms: req.timeout_ms,
             background: req.background,
         };
-        client::exec(&sb.init, spec, on_output).map_err(|e| self.client_error(&sb, e))
+        client::exec(&sb.init, spec, max_keep, on_output).map_err(|e| self.client_error(&sb, e))
     }
 
     fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
         let id = &sb.id;
         match e {
+            // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
+            ClientError::Init(m) if m.contains("ENOTCONN") => Error::Unavailable {
+                what: format!("the root filesystem of {id}"),
+                reason: m,
+            },
             ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
                 field: "cwd".into(),
                 reason: m,
@@ -807,6 +834,12 @@ impl Runtime {
         self.root_of(id)?.read(path)
     }
 
+    /// A regular file of the sandbox opened for reading (anything else is refused), and its size:
+    /// callers stream it rather than hold it.
+    pub fn open_file(&self, id: &SandboxId, path: &str) -> Result<(std::fs::File, u64), Error> {
+        self.root_of(id)?.open_read(path)
+    }
+
     pub fn write_file(
         &self,
         id: &SandboxId,
@@ -815,6 +848,17 @@ impl Runtime {
         mode: Option<u32>,
     ) -> Result<(), Error> {
         self.root_of(id)?.write(path, data, mode)
+    }
+
+    /// Streams `data` into a file of the sandbox; returns the bytes written.
+    pub fn write_file_from(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        data: &mut dyn std::io::Read,
+        mode: Option<u32>,
+    ) -> Result<u64, Error> {
+        self.root_of(id)?.write_from(path, data, mode)
     }
 
     pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {
@@ -936,23 +980,44 @@ impl Runtime {
             let Some(sb) = self.sandboxes.lock().get(&id).cloned() else {
                 continue;
             };
-            {
-                let mut state = sb.state.lock();
-                if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-                    continue;
-                }
-                *state = SandboxState::Failed;
-            }
-            tracing::error!(sandbox = %id, "its root filesystem's server exited; marked failed");
-            self.emit(
-                &id,
-                EventKind::Failed,
-                Some(
-                    "the server of its root filesystem (grove-fsd) exited: its files are gone"
-                        .into(),
-                ),
+            self.mark_failed(
+                &sb,
+                "the server of its root filesystem (grove-fsd) exited: its files are gone".into(),
             );
         }
+    }
+
+    /// Marks a running or paused sandbox `failed` with `reason` (in a `failed` event) and kills
+    /// its processes: what they run on is wrong (a lazy restore lost the rest of its memory).
+    /// It stays listed until destroyed; a restart finds its init gone and reports it failed.
+    pub fn fail(&self, id: &SandboxId, reason: &str) -> Result<(), Error> {
+        let sb = self.sandbox(id)?;
+        if self.mark_failed(&sb, reason.into()) {
+            if let Err(e) = self.cgroups.kill_all(id.as_str()) {
+                tracing::warn!(sandbox = %id, error = %e, "kill the processes of a failed sandbox");
+            }
+        }
+        Ok(())
+    }
+
+    /// The one way into `failed`: from running or paused, for a sandbox still in the map (a
+    /// destroy takes it out first), with a reason in the log and a `failed` event. Says whether
+    /// it happened.
+    pub(crate) fn mark_failed(&self, sb: &Arc<Sandbox>, reason: String) -> bool {
+        {
+            let live = self.sandboxes.lock();
+            if !live.get(&sb.id).is_some_and(|s| Arc::ptr_eq(s, sb)) {
+                return false;
+            }
+            let mut state = sb.state.lock();
+            if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
+                return false;
+            }
+            *state = SandboxState::Failed;
+        }
+        tracing::error!(sandbox = %sb.id, %reason, "marked failed");
+        self.emit(&sb.id, EventKind::Failed, Some(reason));
+        true
     }
 
     /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.

@@ -198,7 +198,15 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Return at once with the pid; output goes to a log file in the sandbox.
     pub background: bool,
+    /// Most bytes of stdout (and, separately, of stderr) kept in the result; the rest is read and
+    /// dropped while the command runs on (`*_truncated` says so). None: [`DEFAULT_MAX_OUTPUT`].
+    pub max_output_bytes: Option<u64>,
 }
+
+/// Output kept per stream when a request does not say.
+pub const DEFAULT_MAX_OUTPUT: u64 = 16 << 20;
+/// The most a request may ask to keep per stream.
+pub const MAX_OUTPUT: u64 = 64 << 20;
 
 impl ExecRequest {
     pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
@@ -227,6 +235,11 @@ pub struct ExecResult {
     /// For background execs: the log file inside the sandbox.
     #[serde(default)]
     pub log_path: Option<String>,
+    /// More stdout came than `max_output_bytes`: `stdout` holds only the first part.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    #[serde(default)]
+    pub stderr_truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

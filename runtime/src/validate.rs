@@ -4,7 +4,37 @@ use std::net::Ipv4Addr;
 
 use crate::config::PortRange;
 use crate::error::Error;
-use crate::types::{EgressRule, ExecRequest, Limits, NetworkPolicy, PortMapping, SandboxSpec};
+use crate::types::{
+    EgressRule, ExecRequest, Limits, NetworkPolicy, PortMapping, SandboxSpec, MAX_OUTPUT,
+};
+
+/// The longest time-to-live a sandbox may ask for (ten years): a deadline far beyond any node's
+/// life, and far from overflowing milliseconds since the epoch.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// The smallest CPU share: the kernel refuses a CFS quota under 1 ms per (100 ms) period.
+pub const MIN_CPU_MILLIS: u32 = 10;
+
+/// A time-to-live in seconds: at least 1 (leave it out for none), at most [`MAX_TTL_SECS`].
+pub fn ttl(field: &str, ttl_secs: Option<u64>) -> Result<(), Error> {
+    match ttl_secs {
+        Some(0) => Err(Error::invalid(
+            field,
+            "must be at least 1 (omit it for no expiry)",
+        )),
+        Some(t) if t > MAX_TTL_SECS => Err(Error::invalid(
+            field,
+            format!("{t} is more than {MAX_TTL_SECS} (10 years)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The expiry deadline in ms since the epoch; saturates instead of wrapping into the past, so a
+/// huge ttl can never mean an immediate reap (callers validate with [`ttl`] first).
+pub fn expires_at(now_ms: u64, ttl_secs: Option<u64>) -> Option<u64> {
+    ttl_secs.map(|t| now_ms.saturating_add(t.saturating_mul(1000)))
+}
 
 /// Limits outside these bounds are refused as absurd (capacity is checked separately).
 pub fn limits(l: &Limits) -> Result<(), Error> {
@@ -18,7 +48,12 @@ pub fn limits(l: &Limits) -> Result<(), Error> {
             Ok(())
         }
     };
-    check("cpu_millis", u64::from(l.cpu_millis), 1, 1_024_000)?;
+    check(
+        "cpu_millis",
+        u64::from(l.cpu_millis),
+        u64::from(MIN_CPU_MILLIS),
+        1_024_000,
+    )?;
     check("memory_mb", l.memory_mb, 16, 1 << 24)?;
     check("pids", u64::from(l.pids), 8, 4_194_304)?;
     check("open_files", u64::from(l.open_files), 64, 1 << 20)?;
@@ -118,9 +153,7 @@ pub fn spec(s: &SandboxSpec) -> Result<(), Error> {
             ));
         }
     }
-    if s.ttl_secs == Some(0) {
-        return Err(Error::invalid("ttl_secs", "0 (omit it for no expiry)"));
-    }
+    ttl("ttl_secs", s.ttl_secs)?;
     if s.idle.is_some_and(|i| i.timeout_secs == 0) {
         return Err(Error::invalid(
             "idle.timeout_secs",
@@ -175,6 +208,12 @@ pub fn exec_argv(r: &ExecRequest) -> Result<Vec<String>, Error> {
     }
     if r.timeout_ms == Some(0) {
         return Err(Error::invalid("timeout_ms", "0"));
+    }
+    if let Some(m) = r.max_output_bytes.filter(|m| *m > MAX_OUTPUT) {
+        return Err(Error::invalid(
+            "max_output_bytes",
+            format!("{m} is more than {MAX_OUTPUT}"),
+        ));
     }
     Ok(argv)
 }
@@ -231,5 +270,30 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(limits(&absurd).unwrap_err().field(), Some("limits.pids"));
+        // Below the kernel's 1 ms CFS quota the cgroup write would fail: refused as input instead.
+        let tiny_cpu = Limits {
+            cpu_millis: 1,
+            ..Limits::default()
+        };
+        assert_eq!(
+            limits(&tiny_cpu).unwrap_err().field(),
+            Some("limits.cpu_millis")
+        );
+    }
+
+    #[test]
+    fn ttl_bounds_and_no_overflow() {
+        assert!(ttl("ttl_secs", None).is_ok());
+        assert!(ttl("ttl_secs", Some(MAX_TTL_SECS)).is_ok());
+        for bad in [0, MAX_TTL_SECS + 1, u64::MAX / 1000 + 1, u64::MAX] {
+            assert_eq!(
+                ttl("ttl_secs", Some(bad)).unwrap_err().field(),
+                Some("ttl_secs")
+            );
+        }
+        let now = 1_700_000_000_000;
+        assert_eq!(expires_at(now, Some(u64::MAX)), Some(u64::MAX));
+        assert_eq!(expires_at(now, Some(u64::MAX / 1000 + 1)), Some(u64::MAX));
+        assert_eq!(expires_at(now, Some(2)), Some(now + 2000));
     }
 }

@@ -94,11 +94,11 @@ impl Snapshotter {
 
     fn import_one(&self, id: &str) {
         if let Err(e) = self.store_images(id) {
-            tracing::error!(snapshot = id, error = %nodefs::chain(&e), "storing a snapshot's images failed; retried at the next start");
+            tracing::error!(snapshot = id, error = %nodefs::chain(&e), "storing a snapshot's images failed; retried later");
             self.imports
                 .failed
                 .lock()
-                .insert(id.to_string(), e.to_string());
+                .insert(id.to_string(), nodefs::chain(&e));
         }
         let _g = self.imports.ended_lock.lock();
         self.imports.ended.notify_all();
@@ -150,6 +150,26 @@ impl Snapshotter {
             "snapshot durable"
         );
         Ok(())
+    }
+
+    /// Snapshots (by id) whose background import failed, with the reason, until retried.
+    pub fn import_failures(&self) -> HashMap<String, String> {
+        self.imports.failed.lock().clone()
+    }
+
+    /// Queues every failed import again (space may have come back); returns how many.
+    pub fn retry_imports(&self) -> usize {
+        let failed: Vec<String> = self
+            .imports
+            .failed
+            .lock()
+            .drain()
+            .map(|(id, _)| id)
+            .collect();
+        for id in &failed {
+            self.queue_import(id);
+        }
+        failed.len()
     }
 
     /// Waits (up to `limit`) until `snapshot`'s images are in the content store.

@@ -69,8 +69,14 @@ impl RootProvider for NodefsRoot {
         }))
     }
 
+    /// Only the store's own answer says an image is absent: a store that cannot be asked (grove-fsd
+    /// down) is not "not found", and the mount that follows reports the real failure.
     fn image_exists(&self, image: &str) -> bool {
-        self.svc.resolve(image).is_ok()
+        use nodefs::Error as E;
+        !matches!(
+            self.svc.resolve(image),
+            Err(E::UnknownRef(_) | E::UnknownManifest(_) | E::BadRefName(_))
+        )
     }
 
     /// The server still serves a mount at `target` (it outlived the daemon): adopt it.

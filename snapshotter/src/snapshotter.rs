@@ -95,6 +95,8 @@ pub struct Snapshotter {
     pub(crate) cache: ImageCache,
     /// Scratch space of dumps and restores in progress (emptied at start).
     work_root: PathBuf,
+    /// Work dirs of lazy restores, whose daemons outlive a crash (see `lazy.rs`).
+    lazy_root: PathBuf,
     /// CRIU's cgroup yard (symlinks, remade at each start).
     cgroup_yard: Option<cgroups::CgroupYard>,
     /// Sandboxes with a snapshot in progress.
@@ -266,6 +268,8 @@ impl Snapshotter {
         let work_root = scratch.join("snapshot-work");
         reset_work_root(&work_root);
         std::fs::create_dir_all(&work_root).map_err(|e| Error::io(&work_root, e))?;
+        let lazy_root = scratch.join(lazy::LAZY_DIR);
+        std::fs::create_dir_all(&lazy_root).map_err(|e| Error::io(&lazy_root, e))?;
         let cgroup_yard = cgroups::CgroupYard::make(&cfg.run_dir.join(CGROUP_YARD_DIR));
         let mut index = BTreeMap::new();
         for info in records.load_all()? {
@@ -284,12 +288,15 @@ impl Snapshotter {
                 images::MIN_IDLE,
             ),
             work_root,
+            lazy_root,
             cgroup_yard,
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
             lazy: Arc::default(),
             imports: Imports::default(),
         };
+        // Before anything may snapshot a branch whose memory a predecessor's daemon still fills.
+        s.lazy.adopt(&s.lazy_root, &s.runtime);
         s.drop_orphans();
         s.adopt_paused();
         let s = Arc::new(s);
@@ -305,6 +312,9 @@ impl Snapshotter {
             y.remove();
         }
         let _ = std::fs::remove_dir(&self.work_root);
+        // Daemons still copying keep theirs: the next start adopts them.
+        self.lazy.settle(&self.runtime, Duration::from_secs(2));
+        let _ = std::fs::remove_dir(&self.lazy_root);
         let _ = std::fs::remove_dir(self.cache.dir());
     }
 
@@ -711,7 +721,12 @@ impl Snapshotter {
         let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
         let inherit_netns = netns::is_external(images);
         let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
-            let work = self.work_root.join(format!("restore-{}-{}", t.id, now_ms()));
+            // A lazy restore's daemon may outlive us: its dir must survive a restart's reset.
+            let work = if lazy {
+                self.lazy_root.join(format!("{}-{}", t.id, now_ms()))
+            } else {
+                self.work_root.join(format!("restore-{}-{}", t.id, now_ms()))
+            };
             let opts = criu::RestoreOptions {
                 images_dir: images.to_path_buf(),
                 work_dir: work.clone(),
@@ -783,8 +798,8 @@ impl Snapshotter {
                 let ended = self.lazy.start(id, d.pid());
                 let (runtime, id) = (self.runtime.clone(), id.clone());
                 d.reap_later(move |ok| {
-                    let _ = std::fs::remove_dir_all(&work);
-                    // A waiting snapshot learns of the failure only once the branch is gone.
+                    lazy::remove_work_dir(&work);
+                    // A waiting snapshot learns of the failure only once the branch is failed.
                     if !ok {
                         lazy_failed(&runtime, &id);
                     }
@@ -793,7 +808,7 @@ impl Snapshotter {
             }
             (Some(d), Err(_)) => {
                 d.kill();
-                let _ = std::fs::remove_dir_all(&work);
+                lazy::remove_work_dir(&work);
             }
             (None, _) => {
                 let _ = std::fs::remove_dir_all(&work);
@@ -918,19 +933,15 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
-/// A lazy-pages daemon exited with an error. If its branch is still running, pages it never
-/// received would read as zeros: destroy the branch rather than let it run on wrong memory.
-/// (A branch destroyed mid-copy also ends its daemon with an error; then there is nothing left.)
+/// A lazy-pages daemon exited with an error (or was killed). If its branch is still running,
+/// pages it never received would read as zeros: the branch is marked failed rather than left
+/// running on wrong memory.
 fn lazy_failed(runtime: &Runtime, id: &SandboxId) {
-    if runtime
-        .get(id)
-        .is_ok_and(|i| i.state == SandboxState::Running)
-    {
-        tracing::error!(sandbox = %id, "the lazy restore of its memory failed; destroying it");
-        if let Err(e) = runtime.destroy(id) {
-            tracing::error!(sandbox = %id, error = %e, "destroy after a failed lazy restore");
-        }
-    }
+    lazy::fail_branch(
+        runtime,
+        id,
+        "the daemon serving its memory (criu lazy-pages) failed before every page was delivered",
+    );
 }
 
 /// The runtime wraps our restore error; give callers the typed CRIU error back.

@@ -136,22 +136,7 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     // stopped here): the snapshot waits for the memory to be complete, so a branch of that
     // snapshot holds the whole heap (a dump of the holes would read zeros). Busy CPUs keep
     // the daemon (nice 19) from finishing before it is stopped.
-    // Daemons of earlier lazy branches may still be copying: only the new one is this branch's.
-    let earlier = common::tree::children_named("lazy-pages");
-    let busy = common::tree::BusyCpus::start(2);
-    let lazy = env
-        .snap
-        .fork(&snap.id, 1, ForkOptions::default())
-        .unwrap()
-        .remove(0)
-        .expect("lazy branch");
-    let daemons: Vec<i32> = common::tree::children_named("lazy-pages")
-        .into_iter()
-        .filter(|p| !earlier.contains(p))
-        .collect();
-    assert_eq!(daemons.len(), 1, "one lazy-pages daemon per lazy branch");
-    common::tree::signal_all(&daemons, libc::SIGSTOP);
-    drop(busy);
+    let (lazy, daemons) = lazy_branch_held(&env, &snap.id);
     let again = std::thread::scope(|s| {
         let t = s.spawn(|| env.snap.snapshot(&lazy.id, SnapshotOptions::default()));
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -180,6 +165,41 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     env.rt.destroy(&c.id).unwrap();
     env.snap.delete(&again.id).unwrap();
 
+    // A lazy branch whose daemon is lost before every page is delivered (SIGKILL, while held
+    // stopped so that pages are surely missing) is marked failed, with an event, and its
+    // processes are gone: never left running on pages that read as zeros.
+    let events = env.rt.subscribe();
+    let (holed, daemons) = lazy_branch_held(&env, &snap.id);
+    common::tree::signal_all(&daemons, libc::SIGKILL);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while env.rt.get(&holed.id).unwrap().state != grove_runtime::SandboxState::Failed {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a branch whose lazy-pages daemon was killed is {:?}",
+            env.rt.get(&holed.id).unwrap().state
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let failed =
+        std::iter::from_fn(|| events.recv_timeout(std::time::Duration::from_secs(10)).ok())
+            .find(|e| e.sandbox == holed.id && e.kind == grove_runtime::EventKind::Failed)
+            .expect("a failed event for the branch");
+    assert!(
+        failed
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("lazy-pages"),
+        "{failed:?}"
+    );
+    assert!(
+        env.rt
+            .exec(&holed.id, grove_runtime::ExecRequest::shell("true"))
+            .is_err(),
+        "a failed branch runs no exec"
+    );
+    env.rt.destroy(&holed.id).unwrap();
+
     // Unknown snapshots.
     for bad in ["no-such-snapshot", &"0".repeat(64)] {
         match env.snap.fork(bad, 1, ForkOptions::default()) {
@@ -188,4 +208,35 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         }
     }
     env.finish();
+}
+
+/// A lazy branch of `snap` whose lazy-pages daemon is held stopped while still copying, and the
+/// daemon's process group (negated, for kill(2)): it runs under a shell of ours, in a group of
+/// its own. Busy CPUs keep the daemon (nice 19) from finishing first; when it finished anyway,
+/// another branch is tried. Daemons of earlier branches may still be copying: only the new one
+/// is this branch's.
+fn lazy_branch_held(env: &Env, snap: &str) -> (grove_runtime::SandboxInfo, Vec<i32>) {
+    let busy = common::tree::BusyCpus::start(2);
+    for _ in 0..8 {
+        let earlier = common::tree::children_named("lazy-pages");
+        let b = env
+            .snap
+            .fork(snap, 1, ForkOptions::default())
+            .unwrap()
+            .remove(0)
+            .expect("lazy branch");
+        let daemons: Vec<i32> = common::tree::children_named("lazy-pages")
+            .into_iter()
+            .filter(|p| !earlier.contains(p))
+            .map(|p| -p)
+            .collect();
+        common::tree::signal_all(&daemons, libc::SIGSTOP);
+        assert!(daemons.len() <= 1, "one lazy-pages daemon per lazy branch");
+        if daemons.len() == 1 {
+            drop(busy);
+            return (b, daemons);
+        }
+        env.rt.destroy(&b.id).unwrap();
+    }
+    panic!("no lazy branch whose daemon was still copying in 8 tries");
 }

@@ -9,7 +9,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine as _;
-use grove_runtime::{ExecRequest, OutputChunk};
+use grove_runtime::{ExecRequest, OutputChunk, MAX_OUTPUT};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::pause::awake;
@@ -65,6 +65,21 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
             ));
         }
     }
+    match w.max_output_bytes {
+        Some(m) if m > MAX_OUTPUT => {
+            return Err(ApiError::invalid(
+                "max_output_bytes",
+                format!("at most {MAX_OUTPUT} (64 MiB)"),
+            ))
+        }
+        Some(_) if background => {
+            return Err(ApiError::invalid(
+                "max_output_bytes",
+                "background processes return no output",
+            ))
+        }
+        _ => {}
+    }
     let stdin = match &w.stdin {
         Some(s) => Some(
             base64::engine::general_purpose::STANDARD
@@ -81,6 +96,7 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
         stdin,
         timeout_ms: w.timeout_ms,
         background,
+        max_output_bytes: w.max_output_bytes,
     };
     Ok((req, w.encoding.unwrap_or_default()))
 }
@@ -104,14 +120,16 @@ pub async fn exec(
 }
 
 /// POST /v1/sandboxes/{id}/exec/stream: output as SSE `stdout`/`stderr` events (`{"data": ...}`), then one
-/// `exit` event with the result (empty stdout/stderr) or one `error` event.
+/// `exit` event with the result (empty stdout/stderr) or one `error` event. Nothing is kept: each chunk
+/// goes through a bounded channel, so a slow client slows the command down instead of filling memory.
 pub async fn exec_stream(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     ApiJson(w): ApiJson<ExecRequestWire>,
 ) -> ApiResult<impl IntoResponse> {
     let id = sandbox_id(&id)?;
-    let (req, enc) = to_runtime(w, false)?;
+    let (mut req, enc) = to_runtime(w, false)?;
+    req.max_output_bytes = Some(0);
     let rt = awake(&app, &id).await?;
     {
         let (rt, id) = (rt.clone(), id.clone());
@@ -129,16 +147,19 @@ pub async fn exec_stream(
             let ev = Event::default()
                 .event(name)
                 .json_data(serde_json::json!({ "data": encode(&data, enc) }));
-            if let Ok(ev) = ev {
-                let _ = tx.blocking_send(Ok(ev));
+            // Blocks while the client is slow (backpressure); fails once it is gone, which ends the command.
+            match ev {
+                Ok(ev) => tx.blocking_send(Ok(ev)).is_ok(),
+                Err(_) => true,
             }
         };
-        let res = rt.exec_stream(&id, req, &mut on_output);
+        let res = rt.exec_stream_while(&id, req, &mut on_output);
         let ev = match res {
             Ok(mut r) => {
                 app2.metrics.observe(Op::Exec, t.elapsed());
-                r.stdout.clear();
-                r.stderr.clear();
+                // Everything was streamed; the result keeps none of it, which is no truncation.
+                r.stdout_truncated = false;
+                r.stderr_truncated = false;
                 Event::default()
                     .event("exit")
                     .json_data(ExecResultWire::from_result(&r, enc))

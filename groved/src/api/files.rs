@@ -7,6 +7,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use std::io::Read as _;
 
 use super::pause::awake;
 use super::{sandbox_id, sandbox_path};
@@ -21,6 +22,8 @@ fn path_of(q: &Option<String>) -> ApiResult<(String, Vec<(String, String)>)> {
     Ok((sandbox_path(query_one(&pairs, "path"))?, pairs))
 }
 
+/// GET ?path=/x: the file streamed (chunked) a bounded buffer at a time, whatever its size. Only a regular
+/// file is read: a FIFO, socket or device is refused before anything could block on it.
 pub async fn read(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -29,16 +32,57 @@ pub async fn read(
     let id = sandbox_id(&id)?;
     let (path, _) = path_of(&q)?;
     let rt = awake(&app, &id).await?;
-    let data = blocking(move || rt.read_file(&id, &path).map_err(ApiError::from)).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+    let shown = path.clone();
+    let (file, _size) = blocking(move || rt.open_file(&id, &path).map_err(ApiError::from)).await?;
+    let body = Body::from_stream(file_chunks(file, shown));
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
-/// PUT ?path=/x[&mode=644] with the raw bytes as body.
+/// Bytes read per step of a streamed file: what one file read may hold in memory.
+const READ_CHUNK: usize = 256 << 10;
+
+/// The file as a stream of chunks, each read on the blocking pool only when the client has taken the
+/// one before (so a slow client holds one chunk and no worker thread).
+fn file_chunks(
+    file: std::fs::File,
+    shown: String,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {
+    futures::stream::try_unfold(Some(file), move |file| {
+        let shown = shown.clone();
+        async move {
+            let Some(mut file) = file else {
+                return Ok(None);
+            };
+            let (file, chunk) = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; READ_CHUNK];
+                let n = loop {
+                    match file.read(&mut buf) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                };
+                buf.truncate(n);
+                Ok((file, buf))
+            })
+            .await
+            .map_err(std::io::Error::other)?
+            .inspect_err(|e| tracing::warn!(path = %shown, "file read failed mid-stream: {e}"))?;
+            if chunk.is_empty() {
+                return Ok(None);
+            }
+            Ok(Some((Bytes::from(chunk), Some(file))))
+        }
+    })
+}
+
+/// PUT ?path=/x[&mode=644] with the raw bytes as body, streamed into the file (bounded memory; the
+/// sandbox's disk quota ends it with 507). A file the upload created is gone again if it fails.
 pub async fn write(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<StatusCode> {
     let id = sandbox_id(&id)?;
     let (path, pairs) = path_of(&q)?;
@@ -56,8 +100,9 @@ pub async fn write(
         },
     };
     let rt = awake(&app, &id).await?;
+    let mut reader = ChanReader::spawn(body);
     blocking(move || {
-        rt.write_file(&id, &path, &body, mode)
+        rt.write_file_from(&id, &path, &mut reader, mode)
             .map_err(ApiError::from)
     })
     .await?;

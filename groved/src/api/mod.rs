@@ -96,7 +96,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), observe))
-        .layer(DefaultBodyLimit::disable());
+        // Only extractors that buffer (JSON) are held to it; streamed bodies are not.
+        .layer(DefaultBodyLimit::max(crate::app::MAX_JSON_BODY));
     if let Some(key) = api_key {
         r = r.layer(middleware::from_fn(move |req: Request, next: Next| {
             let key = key.clone();

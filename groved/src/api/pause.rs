@@ -114,6 +114,16 @@ pub(crate) async fn awake(app: &Arc<App>, id: &SandboxId) -> ApiResult<Arc<Runti
             Err(e) => return Err(e),
         }
     }
+    // A failed sandbox has no working root or init to reach (409, as exec says).
+    if let Ok(i) = rt.get(id) {
+        if i.state == SandboxState::Failed {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("sandbox {id} is Failed, not running"),
+            ));
+        }
+    }
     Ok(rt)
 }
 

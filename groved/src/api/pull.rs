@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, Method, Request, StatusCode, Uri};
+use axum::http::{header, Method, Request, StatusCode};
 use axum::Json;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -32,7 +32,9 @@ pub async fn pull(
     ApiJson(req): ApiJson<PullRequest>,
 ) -> ApiResult<(StatusCode, Json<PullResult>)> {
     check_name("name", &req.name)?;
-    let base = source_base(&req.source)?;
+    let addr = crate::config::peer_addr(&req.source)
+        .map_err(|why| ApiError::invalid("source", format!("{:?}: {why}", req.source)))?;
+    let base = format!("http://{addr}");
     let snaps = app.snapshots()?;
     {
         let (snaps, name) = (snaps.clone(), req.name.clone());
@@ -44,7 +46,12 @@ pub async fn pull(
             ));
         }
     }
-    let key = req.source_api_key.clone().or(app.config.api_key.clone());
+    // The node's own key never leaves it: a source gets the key the request gives for it, else the
+    // one configured for that peer, else none.
+    let key = req
+        .source_api_key
+        .clone()
+        .or_else(|| app.config.peer_key(&addr).map(str::to_string));
     let peer = Peer::new(base, key);
     let path = format!("/v1/snapshots/{}", req.name);
 
@@ -92,30 +99,6 @@ pub async fn pull(
             bytes_received: received.load(Ordering::Relaxed),
         }),
     ))
-}
-
-/// `http://<ip>:port` (a trailing `/` allowed): where the peer's API is. An IP, not a name: peers are known by
-/// address (as Ray knows its nodes), and a name would make every pull wait on DNS.
-fn source_base(source: &str) -> ApiResult<String> {
-    let bad = |why: &str| ApiError::invalid("source", format!("{source:?}: {why}"));
-    let uri: Uri = source.parse().map_err(|_| bad("not a URL"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(bad("only http:// peers are supported"));
-    }
-    let Some(authority) = uri.authority() else {
-        return Err(bad("no host"));
-    };
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    if host.parse::<std::net::IpAddr>().is_err() {
-        return Err(bad("the host must be an IP address"));
-    }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(bad("give the peer's base URL, without a path"));
-    }
-    Ok(format!("http://{authority}"))
 }
 
 /// A peer groved over TCP with a bearer key.

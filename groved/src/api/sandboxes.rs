@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -13,6 +13,7 @@ use grove_runtime::{Limits, SandboxInfo, SandboxSpec, SandboxState, Usage};
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
+use crate::idempotency::{self, Tag};
 use crate::jsonx::{query_one, query_pairs, ApiJson};
 use crate::metrics::Op;
 use crate::wire::{
@@ -28,7 +29,8 @@ const BATCH_PARALLEL: usize = 4;
 
 pub async fn create(
     State(app): State<Arc<App>>,
-    ApiJson(req): ApiJson<CreateSandboxRequest>,
+    tag: Option<Extension<Tag>>,
+    ApiJson(mut req): ApiJson<CreateSandboxRequest>,
 ) -> ApiResult<Response> {
     if let Some(n) = req.count {
         if n == 0 || n > MAX_BATCH {
@@ -38,41 +40,65 @@ pub async fn create(
             ));
         }
     }
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid(
-            "ttl_secs",
-            "must be at least 1 (leave it out for no expiry)",
-        ));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     check_labels("labels", &req.labels)?;
+    let tag = tag.map(|Extension(Tag(t))| t);
+    if let Some(t) = &tag {
+        req.labels.insert(idempotency::LABEL.into(), t.clone());
+    }
     match (&req.image, &req.snapshot) {
         (Some(_), Some(_)) => Err(ApiError::invalid(
             "snapshot",
             "give either image or snapshot, not both",
         )),
         (None, None) => Err(ApiError::invalid("image", "give an image or a snapshot")),
-        (None, Some(snap)) => from_snapshot(app, snap.clone(), req).await,
-        (Some(_), None) => from_image(app, req).await,
+        (None, Some(snap)) => from_snapshot(app, snap.clone(), req, tag).await,
+        (Some(_), None) => from_image(app, req, tag).await,
     }
 }
 
-async fn from_image(app: Arc<App>, req: CreateSandboxRequest) -> ApiResult<Response> {
+async fn from_image(
+    app: Arc<App>,
+    req: CreateSandboxRequest,
+    tag: Option<String>,
+) -> ApiResult<Response> {
     let spec = build_spec(&req, &app.config.defaults)?;
     let rt = app.runtime.clone();
     let total = blocking(move || Ok(rt.capacity().total)).await?;
     if let Some(l) = &spec.limits {
         fits_node(l, &total)?;
     }
+    let made = made_before(&app, tag).await?;
     let Some(count) = req.count else {
-        let info = create_one(&app, spec).await?;
+        let info = match made.into_iter().next() {
+            Some(i) => i,
+            None => create_one(&app, spec).await?,
+        };
         return Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response());
     };
-    let results: Vec<ApiResult<SandboxInfo>> = futures::stream::iter(0..count)
-        .map(|_| create_one(&app, spec.clone()))
-        .buffered(BATCH_PARALLEL)
-        .collect()
-        .await;
+    let todo = (count as usize).saturating_sub(made.len());
+    let mut results: Vec<ApiResult<SandboxInfo>> = made.into_iter().map(Ok).collect();
+    results.extend(
+        futures::stream::iter(0..todo)
+            .map(|_| create_one(&app, spec.clone()))
+            .buffered(BATCH_PARALLEL)
+            .collect::<Vec<_>>()
+            .await,
+    );
     batch_response(results)
+}
+
+/// What an earlier attempt of this request (same Idempotency-Key, cut off by a crash) made: a
+/// retry makes only the rest.
+pub(crate) async fn made_before(
+    app: &Arc<App>,
+    tag: Option<String>,
+) -> ApiResult<Vec<SandboxInfo>> {
+    let Some(tag) = tag else {
+        return Ok(Vec::new());
+    };
+    let rt = app.runtime.clone();
+    blocking(move || Ok(idempotency::made_by(&rt, &tag))).await
 }
 
 async fn create_one(app: &Arc<App>, spec: SandboxSpec) -> ApiResult<SandboxInfo> {
@@ -89,6 +115,7 @@ async fn from_snapshot(
     app: Arc<App>,
     name: String,
     req: CreateSandboxRequest,
+    tag: Option<String>,
 ) -> ApiResult<Response> {
     let not_for_snapshots = [
         ("limits", req.limits.is_some()),
@@ -106,7 +133,7 @@ async fn from_snapshot(
         ));
     }
     let snaps = app.snapshots()?;
-    let fork = ForkRequest {
+    let mut fork = ForkRequest {
         count: req.count.unwrap_or(1),
         labels: req.labels.clone(),
         ttl_secs: req.ttl_secs,
@@ -118,7 +145,12 @@ async fn from_snapshot(
     } else {
         Op::Fork
     };
-    let results = timed(&app, op, blocking(move || snaps.fork(&name, &fork))).await?;
+    let made = made_before(&app, tag).await?;
+    fork.count = fork.count.saturating_sub(made.len() as u32);
+    let mut results: Vec<ApiResult<SandboxInfo>> = made.into_iter().map(Ok).collect();
+    if fork.count > 0 {
+        results.extend(timed(&app, op, blocking(move || snaps.fork(&name, &fork))).await?);
+    }
     if single {
         let info = results
             .into_iter()
@@ -250,6 +282,12 @@ fn fits_node(l: &Limits, total: &grove_runtime::Resources) -> ApiResult<()> {
 
 pub(crate) fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> ApiResult<()> {
     for (k, v) in labels {
+        if k == idempotency::LABEL {
+            return Err(ApiError::invalid(
+                &format!("{field}.{k}"),
+                "is set by groved from the request's Idempotency-Key",
+            ));
+        }
         let ok = !k.is_empty()
             && k.len() <= 63
             && k.bytes()
@@ -413,12 +451,7 @@ pub async fn set_ttl(
     ApiJson(req): ApiJson<TtlRequest>,
 ) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid(
-            "ttl_secs",
-            "must be at least 1 (null for no expiry)",
-        ));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     let rt = app.runtime.clone();
     let info = blocking(move || rt.set_ttl(&id, req.ttl_secs).map_err(ApiError::from)).await?;
     Ok(Json(Sandbox::from(&info)))

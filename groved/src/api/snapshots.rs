@@ -6,17 +6,18 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::sandboxes::{batch_response, check_labels, MAX_BATCH};
+use super::sandboxes::{batch_response, check_labels, made_before, MAX_BATCH};
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
 use crate::backend::check_name;
 use crate::error::{ApiError, ApiResult};
 use crate::events::own;
+use crate::idempotency::{self, Tag};
 use crate::jsonx::{ApiJson, OptionalJson};
 use crate::metrics::Op;
 use crate::pipe::{ChanReader, ChanWriter};
@@ -81,7 +82,8 @@ pub async fn delete(
 pub async fn fork(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
-    ApiJson(req): ApiJson<ForkRequest>,
+    tag: Option<Extension<Tag>>,
+    ApiJson(mut req): ApiJson<ForkRequest>,
 ) -> ApiResult<Response> {
     check_name("name", &name)?;
     if req.count == 0 || req.count > MAX_BATCH {
@@ -90,13 +92,21 @@ pub async fn fork(
             format!("must be 1..={MAX_BATCH}, got {}", req.count),
         ));
     }
-    if req.ttl_secs == Some(0) {
-        return Err(ApiError::invalid("ttl_secs", "must be at least 1"));
-    }
+    crate::wire::check_ttl(req.ttl_secs)?;
     check_labels("labels", &req.labels)?;
     let snaps = app.snapshots()?;
-    let n = name.clone();
-    let results = timed(&app, Op::Fork, blocking(move || snaps.fork(&n, &req))).await?;
+    let tag = tag.map(|Extension(Tag(t))| t);
+    if let Some(t) = &tag {
+        req.labels.insert(idempotency::LABEL.into(), t.clone());
+    }
+    // A retry after a crash forks only the branches the first attempt did not make.
+    let made = made_before(&app, tag).await?;
+    req.count = req.count.saturating_sub(made.len() as u32);
+    let mut results: Vec<ApiResult<_>> = made.into_iter().map(Ok).collect();
+    if req.count > 0 {
+        let n = name.clone();
+        results.extend(timed(&app, Op::Fork, blocking(move || snaps.fork(&n, &req))).await?);
+    }
     let failed = results.iter().filter(|r| r.is_err()).count();
     let reason = (failed > 0).then(|| format!("{failed} of {} branches failed", results.len()));
     app.emit(own("forked", None, Some(name), reason));

@@ -287,7 +287,8 @@ cpu_millis = 500
 memory_mb = 256
 pids = 256
 open_files = 1024
-disk_mb = 512
+# Admission holds each quota against the disk's free space: keep the suite's demand modest.
+disk_mb = 64
 [labels]
 purpose = "groved-tests"
 "#,
@@ -297,16 +298,18 @@ purpose = "groved-tests"
         );
         std::fs::write(dir.join("groved.toml"), config).unwrap();
         let log = std::fs::File::create(dir.join("groved.log")).unwrap();
-        let child = Command::new(groved_bin())
-            .arg("--config")
-            .arg(dir.join("groved.toml"))
-            .env("GROVE_INIT_BINARY", init_binary())
-            .env("GROVE_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn groved");
+        let child = Command::new(
+            std::env::var_os("GROVE_FAULTS_GROVED").map_or_else(groved_bin, PathBuf::from),
+        )
+        .arg("--config")
+        .arg(dir.join("groved.toml"))
+        .env("GROVE_INIT_BINARY", init_binary())
+        .env("GROVE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn groved");
         let socket = dir.join("run/groved.sock");
         let d = Daemon {
             pid: child.id() as i32,
@@ -347,6 +350,11 @@ purpose = "groved-tests"
             std::thread::sleep(Duration::from_millis(50));
         }
         d
+    }
+
+    /// The daemon's pid (tests that watch its memory read /proc/<pid>/status).
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 
     pub fn log(&self) -> String {

@@ -49,7 +49,7 @@ pub struct Client {
 
 /// A transport failure (the server is gone or misbehaves), as opposed to its answer.
 fn transport(socket: &Path, what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Fsd(format!("{what} ({}): {e}", socket.display()))
+    Error::Unreachable(format!("{what} ({}): {e}", socket.display()))
 }
 
 impl Client {

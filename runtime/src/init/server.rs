@@ -403,7 +403,9 @@ fn drain(e: &mut Exec, ready: &HashMap<RawFd, i16>, all: bool) {
                 }
                 Ok(n) => {
                     if !e.abandoned && !send_blocking(&mut e.conn, kind, &buf[..n]) {
+                        // Nobody reads the output any more: the command goes, as on a hang-up.
                         e.abandoned = true;
+                        procs::kill_tree(e.pid);
                     }
                     if !all {
                         break;

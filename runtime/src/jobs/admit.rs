@@ -36,7 +36,11 @@ impl Runtime {
     fn reserve_evicting(&self, limits: &Limits) -> Result<(), Error> {
         loop {
             match self.admission.reserve(limits) {
-                Err(Error::CapacityExceeded { .. }) if self.evict_pooled() => continue,
+                Err(Error::CapacityExceeded { .. } | Error::InsufficientStorage { .. })
+                    if self.evict_pooled() =>
+                {
+                    continue
+                }
                 r => return r,
             }
         }

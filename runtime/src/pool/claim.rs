@@ -92,7 +92,7 @@ impl Runtime {
             limits: pooled.limits,
             hostname,
             created_at_ms: now,
-            expires_at_ms: parking_lot::Mutex::new(spec.ttl_secs.map(|t| now + t * 1000)),
+            expires_at_ms: parking_lot::Mutex::new(crate::validate::expires_at(now, spec.ttl_secs)),
             state: parking_lot::Mutex::new(SandboxState::Running),
             init: init.clone(),
             dir: pooled.dir.clone(),

@@ -118,7 +118,7 @@ impl Runtime {
             }
             Step::Fill(key) => match self.fill_one(&key) {
                 Ok(()) => true,
-                Err(Error::CapacityExceeded { .. }) => false,
+                Err(Error::CapacityExceeded { .. } | Error::InsufficientStorage { .. }) => false,
                 Err(e) => {
                     tracing::warn!(image = %key.image, error = %e, "pool refill failed");
                     false

@@ -99,7 +99,12 @@ impl Criu {
 
     /// A CRIU command that inherits `netns` at [`args::NETNS_FD`] (see `RestoreOptions`).
     fn command_with(&self, netns: Option<BorrowedFd<'_>>) -> Command {
-        let mut cmd = Command::new(&self.binary);
+        self.command_of(&self.binary, netns)
+    }
+
+    /// `program` (CRIU, or a shell around it) with CRIU's environment and descriptors.
+    fn command_of(&self, program: &Path, netns: Option<BorrowedFd<'_>>) -> Command {
+        let mut cmd = Command::new(program);
         cmd.stdin(Stdio::null());
         let shim = self.shim.as_ref().map(|s| s.raw());
         if shim.is_some() {
@@ -238,18 +243,28 @@ impl Criu {
     /// uses the same `work_dir`; returns once it listens. The daemon exits by itself once every
     /// page has been copied into the restored tree (or the tree is gone); `LazyPages::reap_later`
     /// waits for it on a thread so it never lingers as a zombie.
+    ///
+    /// The restored tree's memory depends on the daemon until then, so the daemon must outlive
+    /// a crash of groved: it runs in a process group of its own (a signal to groved's group
+    /// spares it), under a shell that writes its exit status to [`LAZY_STATUS`] in `work_dir`
+    /// (the next groved, not its parent, learns from that whether every page was delivered).
     pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
+        use std::os::unix::process::CommandExt;
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
-        let mut child = self
-            .command()
+        let mut cmd = self.command_of(Path::new("/bin/sh"), None);
+        cmd.arg("-c")
+            .arg(LAZY_WRAPPER)
+            .arg(LAZY_WRAPPER_NAME)
+            .arg(work_dir)
+            .arg(&self.binary)
             .args(args::lazy_pages_args(images_dir, work_dir))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| Error::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
         let socket = work_dir.join("lazy-pages.socket");
         let deadline = Instant::now() + Duration::from_secs(5);
         while !socket.exists() {
@@ -260,8 +275,7 @@ impl Criu {
                 });
             }
             if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+                LazyPages { child }.kill();
                 return Err(Error::RestoreFailed {
                     dir: images_dir.to_path_buf(),
                     log_tail: vec!["lazy-pages daemon did not start listening".into()],
@@ -299,7 +313,42 @@ impl Criu {
     }
 }
 
-/// A running `criu lazy-pages` daemon.
+/// The shell around a `criu lazy-pages` daemon (`$1`: its work dir, then CRIU's command line):
+/// runs it, records its exit status in the work dir, and exits with it.
+const LAZY_WRAPPER: &str = r#"w=$1; shift; "$@"; s=$?; echo $s > "$w/lazy-pages.status"; exit $s"#;
+
+/// `$0` of that shell: names a lazy-pages helper among processes (see [`is_lazy_helper`]).
+pub const LAZY_WRAPPER_NAME: &str = "grove-lazy-pages";
+
+/// Where the shell records the daemon's exit status, in its work dir.
+pub const LAZY_STATUS: &str = "lazy-pages.status";
+
+/// How the daemon that worked in `work_dir` ended, as its shell recorded it: Some(true) when it
+/// exited 0 (every page delivered, or its tree gone), Some(false) when it failed or was killed,
+/// None while it runs or when nothing was recorded (its shell was killed too).
+pub fn lazy_status(work_dir: &Path) -> Option<bool> {
+    let text = std::fs::read_to_string(work_dir.join(LAZY_STATUS)).ok()?;
+    match text.trim() {
+        "" => None,
+        s => Some(s == "0"),
+    }
+}
+
+/// Whether a process's NUL-separated command line is the shell of a lazy-pages daemon
+/// working in `work_dir` (true) or the daemon itself (false); None when it is neither.
+pub fn is_lazy_helper(cmdline: &[u8], work_dir: &Path) -> Option<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let dir = work_dir.as_os_str().as_bytes();
+    let serves = args.iter().any(|a| *a == b"lazy-pages")
+        && args.windows(2).any(|w| w[0] == b"-W" && w[1] == dir);
+    if !serves {
+        return None;
+    }
+    Some(args.get(1) == Some(&&b"-c"[..]) && args.get(3) == Some(&LAZY_WRAPPER_NAME.as_bytes()))
+}
+
+/// A running `criu lazy-pages` daemon (under its shell, in its own process group).
 #[derive(Debug)]
 pub struct LazyPages {
     child: std::process::Child,
@@ -308,10 +357,11 @@ pub struct LazyPages {
 impl LazyPages {
     /// Stops the daemon now (the restore it was for failed).
     pub fn kill(mut self) {
-        let _ = self.child.kill();
+        kill_group(self.child.id());
         let _ = self.child.wait();
     }
 
+    /// The shell's pid, which is also the process group of the shell and the daemon.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -319,8 +369,7 @@ impl LazyPages {
     /// Sets the daemon's niceness: its background copy then competes less with everything else.
     /// Meant for after the restore, which needs the daemon's answers at full priority.
     pub fn set_nice(&self, nice: i32) {
-        // SAFETY: setpriority on our own child's pid, a plain syscall.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.child.id(), nice) };
+        set_group_nice(self.child.id(), nice);
     }
 
     /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` with whether
@@ -331,6 +380,20 @@ impl LazyPages {
             then(ok);
         });
     }
+}
+
+/// SIGKILL to the process group `pgid` (a lazy-pages shell and its daemon).
+pub fn kill_group(pgid: u32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Sets the niceness of every process in the group `pgid`.
+pub fn set_group_nice(pgid: u32, nice: i32) {
+    // SAFETY: setpriority on a process group, a plain syscall; at worst it is gone (ESRCH).
+    unsafe { libc::setpriority(libc::PRIO_PGRP, pgid, nice) };
 }
 
 /// Removes the /tmp staging dirs a failed or killed CRIU named in its log and left behind.

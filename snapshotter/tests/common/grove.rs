@@ -205,7 +205,7 @@ impl Env {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         assert!(left.is_empty(), "mounts or processes (criu) left: {left:?}");
-        for sub in ["snapshots", "snapshot-work", "sandboxes"] {
+        for sub in ["snapshots", "snapshot-work", "lazy-pages", "sandboxes"] {
             let left: Vec<_> = std::fs::read_dir(self.run_dir.join(sub))
                 .map(|d| d.flatten().map(|e| e.path()).collect())
                 .unwrap_or_default();
