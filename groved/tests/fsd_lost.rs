@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{daemon, leftovers};
+use common::{daemon, leftovers_while_running};
 use hyper::Method;
 use serde_json::json;
 
@@ -109,9 +109,9 @@ fn destroying_sandboxes_whose_fs_server_died_leaves_nothing() {
     let residue = d.residue();
     assert_eq!(residue["items"], json!([]), "{residue}");
     assert!(
-        leftovers(&d.dir, &d.cgroup_root).is_empty(),
+        leftovers_while_running(&d.dir, &d.cgroup_root).is_empty(),
         "{:?}",
-        leftovers(&d.dir, &d.cgroup_root)
+        leftovers_while_running(&d.dir, &d.cgroup_root)
     );
 
     // A new grove-fsd serves the next sandbox.

@@ -107,9 +107,16 @@ impl Runtime {
         let mut killed = Vec::new();
         for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            let our_criu = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
-                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()))
-                && !args.iter().any(|a| *a == b"lazy-pages");
+            let criu_here = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
+                && args.iter().any(|a| a.starts_with(run_dir.as_bytes()));
+            let lazy = args.iter().any(|a| *a == b"lazy-pages");
+            if criu_here && lazy {
+                // Its branch is pinged below and faults on every page not yet delivered: the copy
+                // runs at full priority from here on (it ran niced behind the forks).
+                // SAFETY: setpriority(2) with plain integers; at worst the pid is gone.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, 0) };
+            }
+            let our_criu = criu_here && !lazy;
             let our_setup = setup_owner(&cmd).is_some_and(|(i, _)| i == self.config.cgroup_root);
             if !our_criu && !our_setup {
                 continue;
@@ -155,7 +162,9 @@ impl Runtime {
         if rec.state == SandboxState::Running {
             // Recorded running but frozen: a snapshot was interrupted between freeze and thaw.
             let _ = self.cgroups.thaw(rec.id.as_str());
-            client::ping_within(&init, Duration::from_secs(2))
+            // Generous: a lazily restored branch may first fault in pages a predecessor's
+            // lazy-pages daemon is still delivering.
+            client::ping_within(&init, Duration::from_secs(5))
                 .map_err(|e| format!("init {} does not answer: {e}", rec.init_pid))?;
         }
         Ok(Arc::new(Sandbox {

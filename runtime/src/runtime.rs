@@ -106,7 +106,8 @@ pub struct Runtime {
     pub(crate) jobs: Jobs,
     subscribers: Mutex<Vec<Sender<Event>>>,
     /// This instance's claim on its cgroup root (`residue::lock_instance`).
-    _instance_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// Released by `shutdown`: a runtime that has shut down owns nothing any more.
+    instance_lock: Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
     /// The thread that notices inits dying (set once `new` has adopted what it could).
     init_watch: std::sync::OnceLock<InitWatch>,
 }
@@ -172,7 +173,7 @@ impl Runtime {
             pools: Pools::default(),
             jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
-            _instance_lock: instance_lock,
+            instance_lock: Mutex::new(instance_lock),
             init_watch: std::sync::OnceLock::new(),
         });
         rt.admission.set_disk(
@@ -1020,7 +1021,8 @@ impl Runtime {
         true
     }
 
-    /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir.
+    /// Destroys every sandbox, then removes the (empty) parent cgroup dirs and run dir, and gives
+    /// up this instance's names (another runtime may take them from then on).
     pub fn shutdown(&self) {
         self.drain_pools();
         let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
@@ -1044,6 +1046,7 @@ impl Runtime {
             let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));
             let _ = std::fs::remove_dir(&self.config.run_dir);
         }
+        self.instance_lock.lock().take();
     }
 
     /// Host paths bind-mounted into every sandbox (declare them to CRIU).

@@ -301,7 +301,9 @@ fn upper_layers_live_under_the_state_dir_and_leave_nothing() {
     env.rt.destroy(&id).unwrap();
     assert!(!upper.exists(), "destroy removed {}", upper.display());
 
-    // A runtime starting over the same state dir (a daemon restart) removes the stray.
+    // A runtime starting over the same state dir (a daemon restart, once the first has stopped)
+    // removes the stray.
+    env.rt.shutdown();
     let restarted = env.restarted_runtime(instance);
     assert!(!stray.exists(), "recovery removed {}", stray.display());
     restarted.shutdown();

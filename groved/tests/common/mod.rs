@@ -567,6 +567,17 @@ pub fn leftovers(dir: &Path, cgroup_root: &str) -> Vec<String> {
     out
 }
 
+/// What a groved that is still running holds that is not its own: [`leftovers`] less its copy of
+/// grove-init (a tmpfs at `<run_dir>/init`) and its own cgroups (`<cgroup root>/daemon`).
+pub fn leftovers_while_running(dir: &Path, cgroup_root: &str) -> Vec<String> {
+    let own_mount = format!(" {}/run/init ", dir.display());
+    let own_cgroup = format!("/{cgroup_root}/daemon");
+    leftovers(dir, cgroup_root)
+        .into_iter()
+        .filter(|l| !l.contains(&own_mount) && !l.ends_with(&own_cgroup))
+        .collect()
+}
+
 pub fn rand_suffix() -> String {
     format!("{:08x}", rand::random::<u32>())
 }

@@ -125,11 +125,21 @@ impl CgroupBackend for V1 {
                     .map_err(|e| CgroupError::new("mkdir", &d, e))?;
                 made.push(d);
             }
-            // The cgroup2 device program as well as the v1 controller: either alone holds.
+            // The cgroup2 device program as well as the v1 controller: either alone holds. The
+            // v1 controller is the one this backend needs; where bpf(2) is refused (a container
+            // whose seccomp filter bans it, as systemd-nspawn's does), it holds alone.
             if let Some(u) = self.unified_dir(id) {
-                self.fs
-                    .attach_device_filter(&u)
-                    .map_err(|e| CgroupError::new("attach device filter", &u, e))?;
+                match self.fs.attach_device_filter(&u) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                        static SAID: std::sync::Once = std::sync::Once::new();
+                        SAID.call_once(|| {
+                            tracing::warn!(error = %e, "bpf(2) refused here: sandboxes' devices \
+                                are held by the cgroup v1 devices controller alone");
+                        });
+                    }
+                    Err(e) => return Err(CgroupError::new("attach device filter", &u, e)),
+                }
             }
             Ok(())
         })();
