@@ -52,8 +52,16 @@ pub(super) fn remove(fs: &dyn CgroupFs, parent: &Path, names: &[&str]) {
     for n in names {
         let d = daemons.join(n);
         if fs.exists(&d) {
-            if let Err(e) = fs.rmdir(&d) {
-                tracing::info!(dir = %d.display(), error = %e, "daemon cgroup kept");
+            // grove-fsd was just told to stop: its cgroup empties a moment after its socket
+            // closes (an fsd kept for the next start keeps it, after half a second).
+            let mut tries = 0;
+            while let Err(e) = fs.rmdir(&d) {
+                tries += 1;
+                if e.raw_os_error() != Some(libc::EBUSY) || tries == 20 {
+                    tracing::info!(dir = %d.display(), error = %e, "daemon cgroup kept");
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(25));
             }
         }
     }
