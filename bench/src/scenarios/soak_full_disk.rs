@@ -314,7 +314,7 @@ async fn cycle(c: &Client, i: u64, kept: &mut Vec<(String, String)>, t: &mut Tal
         t.create_507 += 1;
     }
     // Fork a kept snapshot (not only the newest) now and then.
-    if i % 2 == 1 && !kept.is_empty() {
+    if !i.is_multiple_of(2) && !kept.is_empty() {
         let (name, hash) = kept[(i as usize / 2) % kept.len()].clone();
         fork_and_check(c, &name, &hash, t).await?;
     }
@@ -368,7 +368,7 @@ async fn fill_and_snapshot(
         c,
         Method::POST,
         &format!("/v1/sandboxes/{id}/snapshot"),
-        Some(json!({"durable": i % 2 == 0})),
+        Some(json!({"durable": i.is_multiple_of(2)})),
     )
     .await?;
     match ok_or_507(a, t)? {
