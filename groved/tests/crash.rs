@@ -527,11 +527,13 @@ fn groved_survives_sigkill_at_random_moments() {
 }
 
 /// The kill stream with the state dir on a small filesystem (creates, writes and snapshots hit
-/// ENOSPC) and execs that read image files through the passthrough cache. A few dozen kills.
+/// ENOSPC) and execs that read image files through the passthrough cache. A few dozen kills
+/// (never fewer than 30: the stream needs that long to fill the disk).
 #[test]
 fn groved_survives_sigkills_on_a_full_disk_with_the_passthrough_cache() {
     if runnable() {
-        kill_stream(Roots::Nodefs, kills(200) / 6, Some(FULL_DISK_STATE_MB));
+        let n = (kills(200) / 6).max(30);
+        kill_stream(Roots::Nodefs, n, Some(FULL_DISK_STATE_MB));
     }
 }
 
