@@ -13,12 +13,25 @@ pub struct Daemon {
     child: Child,
     pub dir: PathBuf,
     pub cgroup_root: String,
+    /// The state dir is a tmpfs of this daemon's (unmounted by `unmount_state` or on drop).
+    state_fs: bool,
 }
 
 impl Daemon {
     /// Starts groved in a fresh dir named after `name`; `config` is appended to the generated
     /// groved.toml (capacity, defaults). Returns once the API answers.
     pub fn start(ctx: &Ctx, name: &str, net_pool: &str, config: &str) -> Result<Daemon> {
+        Self::start_on_fs(ctx, name, net_pool, config, None)
+    }
+
+    /// [`Daemon::start`] with the state dir on a tmpfs of `state_fs_mb` MiB (a disk that fills).
+    pub fn start_on_fs(
+        ctx: &Ctx,
+        name: &str,
+        net_pool: &str,
+        config: &str,
+        state_fs_mb: Option<u64>,
+    ) -> Result<Daemon> {
         let exe = std::env::current_exe()?;
         let groved = std::env::var_os("GROVED_BIN")
             .map(PathBuf::from)
@@ -33,6 +46,18 @@ impl Daemon {
             );
         }
         let dir = ctx.fresh_dir(name)?;
+        if let Some(mb) = state_fs_mb {
+            let state = dir.join("state");
+            std::fs::create_dir_all(&state)?;
+            nix::mount::mount(
+                Some("tmpfs"),
+                &state,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={mb}m,mode=0700").as_str()),
+            )
+            .with_context(|| format!("mounting a {mb} MiB tmpfs on {}", state.display()))?;
+        }
         let cgroup_root = format!("grove-bench-{}-{name}", std::process::id());
         let toml = format!(
             "state_dir = \"{d}/state\"\nrun_dir = \"{d}/run\"\nroot_provider = \"nodefs\"\n\
@@ -41,7 +66,7 @@ impl Daemon {
         );
         std::fs::write(dir.join("groved.toml"), toml)?;
         let log = std::fs::File::create(dir.join("groved.log"))?;
-        let child = Command::new(&groved)
+        let spawned = Command::new(&groved)
             .arg("--config")
             .arg(dir.join("groved.toml"))
             .env("GROVE_INIT_BINARY", &init)
@@ -50,11 +75,21 @@ impl Daemon {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {}", groved.display()))?;
+            .with_context(|| format!("starting {}", groved.display()));
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                if state_fs_mb.is_some() {
+                    let _ = nix::mount::umount(&dir.join("state"));
+                }
+                return Err(e);
+            }
+        };
         let mut d = Daemon {
             child,
             dir,
             cgroup_root,
+            state_fs: state_fs_mb.is_some(),
         };
         let t = Instant::now();
         while std::os::unix::net::UnixStream::connect(d.socket()).is_err() {
@@ -105,10 +140,26 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Unmounts the tmpfs state dir once groved has stopped (a no-op without one).
+    pub fn unmount_state(&mut self) -> Result<()> {
+        if !self.state_fs {
+            return Ok(());
+        }
+        let state = self.dir.join("state");
+        nix::mount::umount(&state).with_context(|| format!("unmounting {}", state.display()))?;
+        self.state_fs = false;
+        Ok(())
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.stop();
+        }
+        if self.state_fs {
+            let _ = nix::mount::umount2(&self.dir.join("state"), nix::mount::MntFlags::MNT_DETACH);
         }
     }
 }

@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, elastic,
-    /// storage, soak (the soak runs only when named here).
+    /// storage, soak, soak-full-disk (the soaks run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Base image root the sandboxes and peers run on.
@@ -51,6 +51,9 @@ struct Args {
     /// Cycles of the soak scenario (default 10,000; 120 with --quick).
     #[arg(long)]
     soak_cycles: Option<u64>,
+    /// Size in MiB of the tmpfs that holds groved's state dir in soak-full-disk (default 256).
+    #[arg(long)]
+    state_fs_mb: Option<u64>,
 }
 
 fn main() {
@@ -110,6 +113,7 @@ fn run(args: Args) -> Result<bool> {
         criu: args.criu.clone(),
         grove: grove::GroveEnv::new(&args.image, &work, &args.criu),
         soak_cycles: args.soak_cycles,
+        state_fs_mb: args.state_fs_mb,
     };
     let mut rep = Report {
         started_utc: util::utc_now(),

@@ -7,6 +7,10 @@
 //! outlive groved (kernel overlayfs; nodefs served by grove-fsd), so every such sandbox must be
 //! adopted with the files it wrote, through SIGKILLs and through an orderly stop that keeps them.
 //!
+//! A bounded variant puts the state dir on a small tmpfs, so creates, writes and snapshots hit
+//! ENOSPC, and its execs read image files through the passthrough cache (`ls`, `python3 -c
+//! 'import json'` open cached whole-file copies): no answer about space may be a 500.
+//!
 //! GROVE_CRASH_KILLS overrides the number of kills (default 200).
 
 mod common;
@@ -41,18 +45,44 @@ enum Roots {
     Overlay,
 }
 
+/// The state dir of the full-disk variant: the image (~106 MiB in the store), its passthrough
+/// cache, a few snapshots and sandboxes of `FULL_DISK_QUOTA_MB` do not all fit.
+const FULL_DISK_STATE_MB: u64 = 224;
+/// Each sandbox's disk quota in the full-disk variant (admission needs this much free).
+const FULL_DISK_QUOTA_MB: u64 = 16;
+/// Committed snapshots the full-disk stream keeps (older ones are deleted), so the end can fork.
+const FULL_DISK_SNAPSHOTS: usize = 4;
+
 /// One groved on a private state dir, run dir and cgroup root, restartable.
 struct Node {
     dir: PathBuf,
     cgroup_root: String,
     child: Option<Child>,
+    /// The state dir is a tmpfs of this many MiB (unmounted by `unmount_state`).
+    state_fs_mb: Option<u64>,
 }
 
 impl Node {
-    fn new(roots: Roots) -> Node {
+    fn new(roots: Roots, state_fs_mb: Option<u64>) -> Node {
         let dir = PathBuf::from(format!("/tmp/grove-crash-{}", rand_suffix()));
         let cgroup_root = format!("grove-k{}", &rand_suffix()[..6]);
+        std::fs::create_dir_all(dir.join("state")).unwrap();
+        if let Some(mb) = state_fs_mb {
+            nix::mount::mount(
+                Some("tmpfs"),
+                &dir.join("state"),
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={mb}m,mode=0700").as_str()),
+            )
+            .expect("mount a tmpfs state dir");
+        }
         std::fs::create_dir_all(dir.join("state/images")).unwrap();
+        let disk_mb = if state_fs_mb.is_some() {
+            FULL_DISK_QUOTA_MB
+        } else {
+            128
+        };
         let provider = match roots {
             Roots::Nodefs => "nodefs",
             Roots::Overlay => {
@@ -78,7 +108,7 @@ cpu_millis = 500
 memory_mb = 128
 pids = 64
 open_files = 256
-disk_mb = 128
+disk_mb = {disk_mb}
 "#,
             state = dir.join("state").display(),
             run = dir.join("run").display(),
@@ -89,6 +119,15 @@ disk_mb = 128
             dir,
             cgroup_root,
             child: None,
+            state_fs_mb,
+        }
+    }
+
+    /// Unmounts the tmpfs state dir (groved stopped); a no-op without one.
+    fn unmount_state(&mut self) {
+        if self.state_fs_mb.take().is_some() {
+            nix::mount::umount2(&self.dir.join("state"), nix::mount::MntFlags::MNT_DETACH)
+                .expect("unmount the state dir");
         }
     }
 
@@ -158,6 +197,9 @@ impl Drop for Node {
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let _ = child.wait();
             eprintln!("crash test: log kept in {}", self.dir.display());
+        }
+        if self.state_fs_mb.is_some() {
+            let _ = nix::mount::umount2(&self.dir.join("state"), nix::mount::MntFlags::MNT_DETACH);
         }
     }
 }
@@ -260,18 +302,44 @@ struct Counts {
     created: AtomicU32,
     committed: AtomicU32,
     forked: AtomicU32,
+    /// 507 answers (a full disk, honestly reported).
+    no_space: AtomicU32,
+    /// Answers of 500 that are about space (ENOSPC or a quota): each is a bug.
+    space_500: Mutex<Vec<String>>,
+    /// Execs in a running sandbox that could not read its image files (ls, python3).
+    read_failures: Mutex<Vec<String>>,
+}
+
+/// Whether an error answer talks about space (so must have been a 507).
+fn about_space(v: &Value) -> bool {
+    let m = v.to_string().to_lowercase();
+    [
+        "no space",
+        "os error 28",
+        "enospc",
+        "quota",
+        "edquot",
+        "os error 122",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
 }
 
 /// One op of the stream. Errors (the daemon died under it, a conflict with a lost sandbox) are
 /// expected; only what the API reported as done is booked.
-fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
+fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots, full_disk: bool) {
     let live = book.lock().unwrap().live();
     let snaps = book.lock().unwrap().snapshots.clone();
     let mut roll = pick(100);
     if roots == Roots::Overlay && (50..80).contains(&roll) {
         roll -= 30; // no snapshot or fork: exec instead
     }
-    let r = if live.len() < 2 || (roll < 25 && live.len() < MAX_LIVE) {
+    let r = if full_disk && snaps.len() > FULL_DISK_SNAPSHOTS && roll >= 80 {
+        // Keep the store from staying full: drop the oldest snapshot from the book first (a
+        // delete the kill cut may or may not have happened; the end deletes whatever is listed).
+        let name = book.lock().unwrap().snapshots.remove(0);
+        api.call(Method::DELETE, &format!("/v1/snapshots/{name}"), None)
+    } else if live.len() < 2 || (roll < 25 && live.len() < MAX_LIVE) {
         let r = api.call(
             Method::POST,
             "/v1/sandboxes",
@@ -283,6 +351,27 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
                 .created
                 .insert(v["id"].as_str().unwrap().to_string());
             counts.created.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    } else if full_disk && roll < 40 {
+        // Reads through the passthrough cache, then fills the quota (ENOSPC is expected there).
+        let id = &live[pick(live.len())];
+        let r = api.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(
+                json!({ "shell": "ls / >/dev/null && python3 -c 'import json' && echo read-ok; \
+                head -c 6M /dev/urandom > /var/tmp/fill.$$; true" }),
+            ),
+        );
+        if let Ok((200, v)) = &r {
+            if !v["stdout"].as_str().unwrap_or("").contains("read-ok") {
+                counts
+                    .read_failures
+                    .lock()
+                    .unwrap()
+                    .push(format!("{id}: {v}"));
+            }
         }
         r
     } else if roll < 50 {
@@ -342,6 +431,13 @@ fn one_op(api: &Api, book: &Mutex<Book>, counts: &Counts, roots: Roots) {
         }
         r
     };
+    if let Ok((s, v)) = &r {
+        if *s == 507 {
+            counts.no_space.fetch_add(1, Ordering::Relaxed);
+        } else if *s == 500 && about_space(v) {
+            counts.space_500.lock().unwrap().push(v.to_string());
+        }
+    }
     match r {
         Ok((s, _)) if s < 300 => counts.ok.fetch_add(1, Ordering::Relaxed),
         Ok(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
@@ -426,20 +522,33 @@ fn kills(default: usize) -> usize {
 #[test]
 fn groved_survives_sigkill_at_random_moments() {
     if runnable() {
-        kill_stream(Roots::Nodefs, kills(200));
+        kill_stream(Roots::Nodefs, kills(200), None);
+    }
+}
+
+/// The kill stream with the state dir on a small filesystem (creates, writes and snapshots hit
+/// ENOSPC) and execs that read image files through the passthrough cache. A few dozen kills
+/// (never fewer than 30: the stream needs that long to fill the disk).
+#[test]
+fn groved_survives_sigkills_on_a_full_disk_with_the_passthrough_cache() {
+    if runnable() {
+        let n = (kills(200) / 6).max(30);
+        kill_stream(Roots::Nodefs, n, Some(FULL_DISK_STATE_MB));
     }
 }
 
 #[test]
 fn sandboxes_on_overlay_roots_keep_running_through_sigkills() {
     if runnable() {
-        kill_stream(Roots::Overlay, kills(200) / 4);
+        kill_stream(Roots::Overlay, kills(200) / 4, None);
     }
 }
 
-fn kill_stream(roots: Roots, kills: usize) {
+/// `state_fs_mb`: the state dir on a tmpfs of that size (the full-disk variant).
+fn kill_stream(roots: Roots, kills: usize, state_fs_mb: Option<u64>) {
     let started = Instant::now();
-    let mut node = Node::new(roots);
+    let full_disk = state_fs_mb.is_some();
+    let mut node = Node::new(roots, state_fs_mb);
     node.start();
     let api = Api::new(node.socket());
     if roots == Roots::Nodefs {
@@ -462,7 +571,7 @@ fn kill_stream(roots: Roots, kills: usize) {
             let api = Api::new(socket);
             while !stop.load(Ordering::Relaxed) {
                 let _open = gate.read().unwrap();
-                one_op(&api, &book, &counts, roots);
+                one_op(&api, &book, &counts, roots, full_disk);
             }
         })
     };
@@ -498,6 +607,14 @@ fn kill_stream(roots: Roots, kills: usize) {
     node.stop();
     node.start();
     check_sandboxes(&api, &book, roots);
+    // Forks need room for their quota: on a small disk, the sandboxes (checked) go first.
+    if full_disk {
+        let (s, v) = api.must(Method::POST, "/v1/node/fsck", None);
+        assert!(s == 200 && v["ok"] == true, "fsck after the kills: {v}");
+        delete_all_sandboxes(&api);
+        let (s, v) = api.must(Method::POST, "/v1/node/gc", None);
+        assert_eq!(s, 200, "gc on a full disk: {v}");
+    }
     // Every committed snapshot is listed and forks into a working sandbox.
     for name in &book.snapshots {
         let (s, v) = api.must(
@@ -525,12 +642,7 @@ fn kill_stream(roots: Roots, kills: usize) {
         assert_eq!(s, 204, "delete fork {id}: {v}");
     }
     // Delete everything; then nothing may be left.
-    let (_, list) = api.must(Method::GET, "/v1/sandboxes?limit=1000", None);
-    for sb in list["items"].as_array().unwrap() {
-        let id = sb["id"].as_str().unwrap();
-        let (s, v) = api.must(Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
-        assert_eq!(s, 204, "delete {id}: {v}");
-    }
+    delete_all_sandboxes(&api);
     let (_, snaps) = api.must(Method::GET, "/v1/snapshots", None);
     for snap in snaps["items"].as_array().into_iter().flatten() {
         let name = snap["name"].as_str().unwrap();
@@ -540,8 +652,27 @@ fn kill_stream(roots: Roots, kills: usize) {
     let (_, residue) = api.must(Method::GET, "/v1/node/residue", None);
     assert_eq!(residue["items"], json!([]), "residue: {residue}");
     node.stop();
+    node.unmount_state();
     let left = leftovers(&node.dir, &node.cgroup_root);
     assert!(left.is_empty(), "left behind: {left:?}");
+    let space_500 = counts.space_500.lock().unwrap();
+    assert!(
+        space_500.is_empty(),
+        "{} answers about space were 500, not 507; first: {}",
+        space_500.len(),
+        space_500[0]
+    );
+    let unread = counts.read_failures.lock().unwrap();
+    assert!(
+        unread.is_empty(),
+        "{} execs could not read image files; first: {}",
+        unread.len(),
+        unread[0]
+    );
+    let no_space = counts.no_space.load(Ordering::Relaxed);
+    if full_disk {
+        assert!(no_space > 0, "the disk never filled: nothing answered 507");
+    }
     let sandbox_dirs = std::fs::read_dir(node.dir.join("run/sandboxes"))
         .map(|rd| rd.count())
         .unwrap_or(0);
@@ -550,8 +681,8 @@ fn kill_stream(roots: Roots, kills: usize) {
     assert!(fsd.is_empty(), "grove-fsd still running: {fsd:?}");
     eprintln!(
         "crash ({roots:?} roots): {kills} SIGKILLs in {stream_secs:.1} s (total {:.1} s); ops ok {}, failed {}; \
-         sandboxes created {}, snapshots committed {}, fork branches {}; restart to serving \
-         median {} ms, max {} ms",
+         sandboxes created {}, snapshots committed {}, fork branches {}, 507s {no_space}; \
+         restart to serving median {} ms, max {} ms",
         started.elapsed().as_secs_f64(),
         counts.ok.load(Ordering::Relaxed),
         counts.failed.load(Ordering::Relaxed),
@@ -567,6 +698,16 @@ fn kill_stream(roots: Roots, kills: usize) {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{}", node.cgroup_root));
     }
     std::fs::remove_dir_all(&node.dir).unwrap();
+}
+
+/// Deletes every listed sandbox (each must answer 204).
+fn delete_all_sandboxes(api: &Api) {
+    let (_, list) = api.must(Method::GET, "/v1/sandboxes?limit=1000", None);
+    for sb in list["items"].as_array().unwrap() {
+        let id = sb["id"].as_str().unwrap();
+        let (s, v) = api.must(Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
+        assert_eq!(s, 204, "delete {id}: {v}");
+    }
 }
 
 /// The workload of `a_fork_reported_done_is_complete_after_a_crash`: a 128 MiB heap whose
@@ -599,7 +740,7 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
     if !runnable() {
         return;
     }
-    let mut node = Node::new(Roots::Nodefs);
+    let mut node = Node::new(Roots::Nodefs, None);
     node.start();
     let api = Api::new(node.socket());
     let (s, v) = api.must(

@@ -9,6 +9,7 @@ pub mod filesystem;
 pub mod lifecycle;
 pub mod rounds;
 pub mod soak;
+pub mod soak_full_disk;
 pub mod storage;
 
 use std::path::PathBuf;
@@ -31,6 +32,8 @@ pub struct Ctx {
     pub grove: crate::grove::GroveEnv,
     /// `--soak-cycles`: overrides the soak's cycle count.
     pub soak_cycles: Option<u64>,
+    /// `--state-fs-mb`: the size of the full-disk soak's state filesystem.
+    pub state_fs_mb: Option<u64>,
 }
 
 impl Ctx {
@@ -135,6 +138,14 @@ pub fn all() -> Vec<Scenario> {
             opt_in: true,
             est_full: 900.0,
             run: soak::run,
+        },
+        Scenario {
+            name: soak_full_disk::NAME,
+            title: "Full-disk soak: groved's state dir on a small filesystem that fills and empties",
+            est_quick: 60.0,
+            opt_in: true,
+            est_full: 300.0,
+            run: soak_full_disk::run,
         },
     ]
 }

@@ -403,7 +403,7 @@ async fn workload(c: &Client, id: &str, w: &Workload) -> Result<Value> {
     Ok(r)
 }
 
-async fn api_residue(c: &Client) -> Result<Vec<String>> {
+pub(super) async fn api_residue(c: &Client) -> Result<Vec<String>> {
     let r: Value = c.json(Method::GET, "/v1/node/residue", None).await?;
     Ok(r["items"]
         .as_array()
@@ -416,7 +416,7 @@ async fn api_residue(c: &Client) -> Result<Vec<String>> {
 }
 
 /// What the stopped daemon must not leave: its cgroup dirs, mounts under its dirs, its run dir.
-fn host_residue(d: &Daemon) -> Vec<String> {
+pub(super) fn host_residue(d: &Daemon) -> Vec<String> {
     let mut left = Vec::new();
     if let Ok(hier) = std::fs::read_dir("/sys/fs/cgroup") {
         for h in hier.flatten() {
