@@ -16,7 +16,7 @@ use crate::mounts;
 use crate::network::host_if;
 use crate::proto::setup_owner;
 use crate::record::{self, LostRecord, SandboxRecord};
-use crate::residue::{cgroup_of, dir_names, host_processes};
+use crate::residue::{cgroup_of, dir_names, host_processes, sandbox_of_cgroup};
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
 use crate::types::{EventKind, NetworkPolicy, SandboxId, SandboxState};
@@ -103,7 +103,6 @@ impl Runtime {
     /// delivered a page yet; the snapshotter adopts it (or stops it if its branch is gone).
     fn stop_strays(&self) {
         let run_dir = format!("{}/", self.config.run_dir.display());
-        let marker = format!("/{}/", self.config.cgroup_root);
         let mut killed = Vec::new();
         for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
@@ -121,7 +120,7 @@ impl Runtime {
             if !our_criu && !our_setup {
                 continue;
             }
-            if cgroup_of(pid).contains(&marker) {
+            if sandbox_of_cgroup(&cgroup_of(pid), &self.config.cgroup_root).is_some() {
                 continue;
             }
             tracing::warn!(pid, cmd = %String::from_utf8_lossy(&cmd).replace('\0', " "), "stopping a predecessor's helper");
@@ -164,8 +163,15 @@ impl Runtime {
             let _ = self.cgroups.thaw(rec.id.as_str());
             // Generous: a lazily restored branch may first fault in pages a predecessor's
             // lazy-pages daemon is still delivering.
-            client::ping_within(&init, Duration::from_secs(5))
-                .map_err(|e| format!("init {} does not answer: {e}", rec.init_pid))?;
+            client::ping_within(&init, Duration::from_secs(5)).map_err(|e| {
+                let mut why = e.to_string();
+                let mut cur = std::error::Error::source(&e);
+                while let Some(c) = cur {
+                    why = format!("{why}: {c}");
+                    cur = c.source();
+                }
+                format!("init {} does not answer: {why}", rec.init_pid)
+            })?;
         }
         Ok(Arc::new(Sandbox {
             id: rec.id,

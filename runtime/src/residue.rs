@@ -195,14 +195,12 @@ impl Runtime {
                 continue;
             }
             let cg = cgroup_of(pid);
-            let in_cgroup = cg.lines().find_map(|l| {
-                let path = l.splitn(3, ':').nth(2)?;
-                let rest = path.split_once(&marker)?.1;
-                rest.split('/').next()?.parse::<SandboxId>().ok()
-            });
+            let in_cgroup = sandbox_of_cgroup(&cg, &self.config.cgroup_root);
+            let ours_daemon = cg.contains(&format!("{marker}{}/", crate::cgroup::DAEMON_DIR));
             let mine = match in_cgroup {
                 Some(id) => id,
-                None if cg.contains("/grove") => continue, // another runtime's sandbox
+                // Another runtime's sandbox (a child of our own daemon's cgroup is still ours).
+                None if cg.contains("/grove") && !ours_daemon => continue,
                 None => match setup_owner(&cmd) {
                     Some((instance, id)) if instance == self.config.cgroup_root => {
                         match id.parse::<SandboxId>() {
@@ -246,6 +244,18 @@ pub(crate) fn host_processes() -> Vec<(i32, Vec<u8>)> {
 }
 
 /// A process's /proc/<pid>/cgroup (empty once it is gone).
+/// The sandbox of this runtime (cgroup root `root`) whose cgroup a `/proc/<pid>/cgroup` text
+/// names, if any. The daemons' own cgroups (`<root>/daemon/…`) name none: groved's helpers live
+/// there.
+pub(crate) fn sandbox_of_cgroup(cg: &str, root: &str) -> Option<SandboxId> {
+    let marker = format!("/{root}/");
+    cg.lines().find_map(|l| {
+        let path = l.splitn(3, ':').nth(2)?;
+        let rest = path.split_once(&marker)?.1;
+        rest.split('/').next()?.parse::<SandboxId>().ok()
+    })
+}
+
 pub(crate) fn cgroup_of(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }
@@ -295,5 +305,24 @@ pub(crate) fn lock_instance(
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sandbox_of_cgroup;
+
+    #[test]
+    fn a_daemon_cgroup_is_no_sandbox_of_ours() {
+        let sandbox = "12:memory:/grove-a/sb-0123456789ab\n0::/grove-a/sb-0123456789ab\n";
+        assert_eq!(
+            sandbox_of_cgroup(sandbox, "grove-a").map(|id| id.to_string()),
+            Some("sb-0123456789ab".to_string())
+        );
+        // groved's helpers (a CRIU restore, a setup not yet in its cgroups) run in its own.
+        let daemon = "12:memory:/grove-a/daemon/groved\n0::/user.slice\n";
+        assert_eq!(sandbox_of_cgroup(daemon, "grove-a"), None);
+        // Another instance's sandbox is not ours either.
+        assert_eq!(sandbox_of_cgroup(sandbox, "grove-b"), None);
     }
 }
