@@ -45,9 +45,15 @@ fn node() -> (std::sync::MutexGuard<'static, ()>, Arc<Runtime>) {
 }
 
 extern "C" fn remove_parents() {
-    for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified"] {
+    for ctrl in [
+        "memory", "pids", "cpu", "cpuacct", "devices", "freezer", "unified",
+    ] {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{INSTANCE}"));
     }
+    // The runtime's init copy (its tmpfs): a runtime that is never shut down leaves it mounted.
+    let init = format!("/run/{INSTANCE}/init");
+    let _ = nix::mount::umount2(init.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(&init);
     let _ = std::fs::remove_dir(format!("/run/{INSTANCE}/sandboxes"));
     let _ = std::fs::remove_dir(format!("/run/{INSTANCE}"));
 }
