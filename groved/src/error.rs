@@ -52,6 +52,18 @@ impl ApiError {
         e.retry_after = Some(5);
         e
     }
+    /// A JSON body over [`crate::app::MAX_JSON_BODY`] (413, field `body`).
+    pub fn body_too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "a JSON body may be at most {} bytes",
+                crate::app::MAX_JSON_BODY
+            ),
+        )
+        .with_field("body")
+    }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }

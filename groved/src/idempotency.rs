@@ -263,16 +263,7 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
         Err(e) => {
             let e = e.into_inner();
             if e.is::<http_body_util::LengthLimitError>() {
-                return ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    format!(
-                        "a JSON body may be at most {} bytes",
-                        crate::app::MAX_JSON_BODY
-                    ),
-                )
-                .with_field("body")
-                .into_response();
+                return ApiError::body_too_large().into_response();
             }
             return ApiError::bad_request("invalid_body", "body", e.to_string()).into_response();
         }

@@ -45,15 +45,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> ApiResult<Bytes> {
     Bytes::from_request(req, state).await.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!(
-                    "a JSON body may be at most {} bytes",
-                    crate::app::MAX_JSON_BODY
-                ),
-            )
-            .with_field("body")
+            ApiError::body_too_large()
         } else {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", e.body_text())
         }
