@@ -614,6 +614,10 @@ fn kill_stream(roots: Roots, kills: usize, state_fs_mb: Option<u64>) {
         delete_all_sandboxes(&api);
         let (s, v) = api.must(Method::POST, "/v1/node/gc", None);
         assert_eq!(s, 200, "gc on a full disk: {v}");
+        // What gc keeps is whole: a manifest kept only as a later version's delta base keeps
+        // no marker that fsck would walk into children gc dropped.
+        let (s, v) = api.must(Method::POST, "/v1/node/fsck", None);
+        assert!(s == 200 && v["ok"] == true, "fsck after gc: {v}");
     }
     // Every committed snapshot is listed and forks into a working sandbox.
     for name in &book.snapshots {

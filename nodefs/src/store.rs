@@ -755,6 +755,10 @@ impl Store {
                 })?;
             }
         }
+        // A manifest marker stays only for a manifest still reached whole. A root tree kept only
+        // as the delta base of a later version keeps its bytes, not its children: its marker
+        // goes, or fsck (which walks every marker) would look for children gc dropped.
+        let whole = keep.clone();
         self.add_delta_bases(&mut keep);
         let before = self.disk_usage();
         // Derived data first: it frees space and costs nothing to lose.
@@ -768,7 +772,7 @@ impl Store {
                 .file_name()
                 .to_str()
                 .and_then(|s| s.parse::<ObjectId>().ok())
-                .is_some_and(|id| keep.contains(&id));
+                .is_some_and(|id| whole.contains(&id));
             if !keep_it {
                 let _ = fs::remove_file(e.path());
             }
