@@ -28,7 +28,7 @@ use http_body_util::BodyExt as _;
 use hyper::Method;
 use serde_json::{json, Value};
 
-use common::{groved_bin, init_binary, leftovers, rand_suffix, BASE_IMAGE_DIR, IMAGE};
+use common::{fsd_of, groved_bin, init_binary, leftovers, rand_suffix, BASE_IMAGE_DIR, IMAGE};
 
 /// At most this many sandboxes alive at once (the stream creates more when below).
 const MAX_LIVE: usize = 4;
@@ -485,22 +485,6 @@ fn check_sandboxes(api: &Api, book: &Book, roots: Roots) {
             other => panic!("{id} is {other}: not usable ({roots:?} roots)"),
         }
     }
-}
-
-/// Pids of grove-fsd processes serving a socket under `dir`.
-fn fsd_of(dir: &std::path::Path) -> Vec<i32> {
-    let needle = dir.display().to_string();
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd);
-            (cmd.contains("grove-fsd") && cmd.contains(&needle)).then_some(pid)
-        })
-        .collect()
 }
 
 fn runnable() -> bool {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use groved::client::Client;
 use hyper::Method;
 
-use common::{groved_bin, init_binary, leftovers, rand_suffix, BASE_IMAGE_DIR};
+use common::{fsd_of, groved_bin, init_binary, leftovers, rand_suffix, BASE_IMAGE_DIR};
 
 const GROVED_MB: u64 = 700;
 const FSD_MB: u64 = 600;
@@ -53,21 +53,6 @@ fn start(dir: &Path) -> Child {
         std::thread::sleep(Duration::from_millis(10));
     }
     child
-}
-
-fn fsd_of(dir: &Path) -> Vec<i32> {
-    let needle = dir.display().to_string();
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmd = String::from_utf8_lossy(&cmd);
-            (cmd.contains("grove-fsd") && cmd.contains(&needle)).then_some(pid)
-        })
-        .collect()
 }
 
 /// The dir of `pid`'s memory cgroup, as the kernel has it (v1 memory hierarchy, or cgroup2).

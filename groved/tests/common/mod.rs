@@ -578,6 +578,22 @@ pub fn leftovers_while_running(dir: &Path, cgroup_root: &str) -> Vec<String> {
         .collect()
 }
 
+/// Pids of grove-fsd processes serving a socket under `dir`.
+pub fn fsd_of(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd);
+            (cmd.contains("grove-fsd") && cmd.contains(&needle)).then_some(pid)
+        })
+        .collect()
+}
+
 pub fn rand_suffix() -> String {
     format!("{:08x}", rand::random::<u32>())
 }
