@@ -76,6 +76,9 @@ fn file_chunks(
     })
 }
 
+/// The most of a failed upload's remaining body read (and dropped) before the answer goes out.
+const DRAIN_MAX: u64 = 64 << 20;
+
 /// PUT ?path=/x[&mode=644] with the raw bytes as body, streamed into the file (bounded memory; the
 /// sandbox's disk quota ends it with 507). A file the upload created is gone again if it fails.
 pub async fn write(
@@ -102,8 +105,13 @@ pub async fn write(
     let rt = awake(&app, &id).await?;
     let mut reader = ChanReader::spawn(body);
     blocking(move || {
-        rt.write_file_from(&id, &path, &mut reader, mode)
-            .map_err(ApiError::from)
+        let written = rt.write_file_from(&id, &path, &mut reader, mode);
+        if written.is_err() {
+            // The client is still sending: take (and drop) what is left, up to a bound, so that
+            // it reads the answer (a 507 on a full quota) rather than a broken pipe.
+            let _ = std::io::copy(&mut (&mut reader).take(DRAIN_MAX), &mut std::io::sink());
+        }
+        written.map_err(ApiError::from)
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
