@@ -10,13 +10,18 @@ Connects to the local groved over /run/grove/groved.sock (GROVE_SOCKET), or to G
 
 from ._api import EntryInfo, ExecResult, SandboxInfo
 from ._transport import AsyncClient, Client, RetryPolicy
-from .async_sandbox import AsyncSandbox, AsyncSnapshot
-from .errors import (CapacityExceeded, Conflict, ConnectionFailed, ForkError, GroveError, InvalidRequest, NotFound,
-                     ServerError, Unauthorized, Unavailable, Unsupported)
-from .sandbox import Sandbox, Snapshot, Transfer
+from .async_sandbox import AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbox, AsyncSnapshot
+from .errors import (CapacityExceeded, Conflict, ConnectionFailed, ConnectionLost, ForkError, GroveError,
+                     InvalidRequest, NotFound, RequestTimeout, ServerError, StorageFull, Unauthorized, Unavailable,
+                     Unsupported)
+from .images import AsyncImage, Image
+from .lifetime import AsyncLease, Lease
+from .sandbox import Commands, Files, FsEvent, Port, Process, Sandbox, Snapshot, Transfer
 
 __all__ = [
-    "AsyncClient", "AsyncSandbox", "AsyncSnapshot", "CapacityExceeded", "Client", "Conflict", "ConnectionFailed",
-    "EntryInfo", "ExecResult", "ForkError", "GroveError", "InvalidRequest", "NotFound", "RetryPolicy", "Sandbox",
-    "SandboxInfo", "ServerError", "Snapshot", "Transfer", "Unauthorized", "Unavailable", "Unsupported",
+    "AsyncClient", "AsyncCommands", "AsyncFiles", "AsyncImage", "AsyncLease", "AsyncProcess", "AsyncSandbox",
+    "AsyncSnapshot", "CapacityExceeded", "Client", "Commands", "Conflict", "ConnectionFailed", "ConnectionLost",
+    "EntryInfo", "ExecResult", "Files", "ForkError", "FsEvent", "GroveError", "Image", "InvalidRequest", "Lease",
+    "NotFound", "Port", "Process", "RequestTimeout", "RetryPolicy", "Sandbox", "SandboxInfo", "ServerError",
+    "Snapshot", "StorageFull", "Transfer", "Unauthorized", "Unavailable", "Unsupported",
 ]

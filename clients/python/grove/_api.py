@@ -4,10 +4,90 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from .errors import InvalidRequest
+
 Network = Union[None, str, Sequence[Union[str, dict]]]
+
+
+def invalid(field: str, message: str) -> InvalidRequest:
+    """A bad argument, caught before anything is sent (so it has no side effect)."""
+    return InvalidRequest(message, field=field, code="invalid_argument")
+
+
+def _number(field: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
+        raise invalid(field, f"{v!r} is not a number of seconds")
+    return float(v)
+
+
+def command_timeout_ms(field: str, v: Optional[float]) -> Optional[int]:
+    """A command's deadline. None or 0: no limit (as in E2B); else seconds > 0, rounded up to a millisecond."""
+    if v is None:
+        return None
+    t = _number(field, v)
+    if t < 0:
+        raise invalid(field, f"{v!r} is negative: give seconds > 0, or 0/None for no limit")
+    return None if t == 0 else max(1, math.ceil(t * 1000))
+
+
+def lifetime_secs(field: str, v: Optional[float]) -> Optional[int]:
+    """A sandbox's or snapshot's lifetime in seconds (> 0, rounded up). None: the node's default. 0 is refused:
+    an expiry of zero would destroy it at once; `set_timeout(None)` removes an expiry."""
+    if v is None:
+        return None
+    t = _number(field, v)
+    if t <= 0:
+        raise invalid(field, f"{v!r}: give seconds > 0 (None: the node's default; set_timeout(None): no expiry)")
+    return math.ceil(t)
+
+
+def positive_seconds(field: str, v: Optional[float]) -> Optional[float]:
+    """A client-side wait (> 0 seconds); None: no limit."""
+    if v is None:
+        return None
+    t = _number(field, v)
+    if t <= 0:
+        raise invalid(field, f"{v!r}: give seconds > 0, or None for no limit")
+    return t
+
+
+def positive_int(field: str, v: Optional[int]) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise invalid(field, f"{v!r} is not a positive integer")
+    return v
+
+
+def cpu_millis(v: Optional[float]) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v) or v <= 0:
+        raise invalid("cpu", f"{v!r} is not a positive number of cores (0.5 = half a core)")
+    return max(1, int(round(v * 1000)))
+
+
+def ports_body(ports: Optional[Sequence[Union[int, Tuple[int, int], dict]]]) -> Optional[List[dict]]:
+    """Published ports: `8080` (the same number outside), `(host_port, sandbox_port)` or a dict of both."""
+    if ports is None:
+        return None
+    out = []
+    for i, p in enumerate(ports):
+        if isinstance(p, dict):
+            host, inner = p.get("host_port"), p.get("sandbox_port")
+        elif isinstance(p, (tuple, list)) and len(p) == 2:
+            host, inner = p
+        else:
+            host = inner = p
+        for v in (host, inner):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+                raise invalid(f"ports[{i}]", f"{p!r} is not a port (1-65535) or a (host_port, sandbox_port) pair")
+        out.append({"host_port": host, "sandbox_port": inner})
+    return out
 
 
 def network_body(network: Network) -> Optional[dict]:
@@ -36,7 +116,9 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
                 timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
                 labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
                 workdir: Optional[str] = None, count: Optional[int] = None, idle_timeout: Optional[float] = None,
-                on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None) -> dict:
+                on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None,
+                ports: Optional[Sequence[Any]] = None) -> dict:
+    """The POST /v1/sandboxes body; every argument checked here first, in the caller's terms."""
     body: Dict[str, Any] = {}
     if job is not None:
         body["job"] = job
@@ -47,20 +129,23 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
     if snapshot is not None:
         body["snapshot"] = snapshot
     limits: Dict[str, Any] = {}
-    if cpu is not None:
-        limits["cpu_millis"] = int(round(cpu * 1000))
-    if memory_mb is not None:
-        limits["memory_mb"] = memory_mb
-    if disk_mb is not None:
-        limits["disk_mb"] = disk_mb
-    if pids is not None:
-        limits["pids"] = pids
+    for k, v in (("cpu_millis", cpu_millis(cpu)), ("memory_mb", positive_int("memory_mb", memory_mb)),
+                 ("disk_mb", positive_int("disk_mb", disk_mb)), ("pids", positive_int("pids", pids))):
+        if v is not None:
+            limits[k] = v
     if limits:
         body["limits"] = limits
-    if timeout is not None:
-        body["ttl_secs"] = int(timeout) if timeout >= 1 else 1
-    if idle_timeout is not None:
-        body["idle_timeout_secs"] = int(idle_timeout) if idle_timeout >= 1 else 1
+    ttl = lifetime_secs("timeout", timeout)
+    if ttl is not None:
+        body["ttl_secs"] = ttl
+    idle = lifetime_secs("idle_timeout", idle_timeout)
+    if idle is not None:
+        body["idle_timeout_secs"] = idle
+    if count is not None:
+        positive_int("count", count)
+    p = ports_body(ports)
+    if p:
+        body["ports"] = p
     if on_idle is not None:
         body["on_idle"] = on_idle
     if env:
@@ -86,8 +171,9 @@ def exec_body(cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None
         body["shell"] = cmd
     else:
         body["argv"] = list(cmd)
-    if timeout is not None:
-        body["timeout_ms"] = max(1, int(timeout * 1000))
+    ms = command_timeout_ms("timeout", timeout)
+    if ms is not None:
+        body["timeout_ms"] = ms
     if env:
         body["env"] = dict(env)
     if cwd is not None:
@@ -101,8 +187,9 @@ def exec_body(cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None
 
 
 def http_timeout(command_timeout: Optional[float]) -> Optional[float]:
-    """How long to wait for an answer: the command's own timeout plus slack; no limit when it has none."""
-    return None if command_timeout is None else command_timeout + 30.0
+    """How long to wait for an answer: the command's own timeout plus slack; no limit when it has none. Past
+    it the client closes the connection, which ends the command in the sandbox."""
+    return None if not command_timeout else command_timeout + 30.0
 
 
 @dataclass

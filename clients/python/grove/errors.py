@@ -56,7 +56,20 @@ class ServerError(GroveError):
 
 
 class ConnectionFailed(GroveError):
-    """groved could not be reached (after retries)."""
+    """groved could not be reached (after retries); the message names the socket or URL."""
+
+
+class ConnectionLost(ConnectionFailed):
+    """The connection broke while a call that is not idempotent was under way: it was not sent again, and it
+    may or may not have taken effect (a command ends in the sandbox once its client is gone)."""
+
+
+class RequestTimeout(GroveError):
+    """A client-side deadline passed (the call's own `timeout`, or the client's for short calls)."""
+
+
+class StorageFull(GroveError):
+    """507: the sandbox's disk quota or the node's store is full."""
 
 
 class ForkError(GroveError):
@@ -81,5 +94,6 @@ def from_response(status: int, body: dict, retry_after: Optional[float] = None) 
         429: CapacityExceeded,
         501: Unsupported,
         503: Unavailable,
+        507: StorageFull,
     }.get(status, ServerError if status >= 500 else GroveError)
     return cls(message or f"HTTP {status}", status=status, code=code, field=field, retry_after=retry_after)

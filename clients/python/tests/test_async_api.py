@@ -14,9 +14,9 @@ async def test_async_sandbox_api(aclient):
         await sbx.files.write("/tmp/a", b"\x01\x02")
         assert await sbx.files.read("/tmp/a", format="bytes") == b"\x01\x02"
         assert [e.name for e in await sbx.files.list("/tmp") if e.name == "a"] == ["a"]
-        pid = await sbx.commands.run("sleep 60", background=True)
-        assert any(p["pid"] == pid for p in await sbx.commands.list())
-        await sbx.commands.kill(pid)
+        proc = await sbx.commands.run("sleep 60", background=True)
+        assert any(p.pid == proc.pid for p in await sbx.commands.list())
+        await proc.kill()
         await sbx.pause()
         with pytest.raises(grove.Conflict):
             await sbx.pause()
@@ -30,4 +30,4 @@ async def test_async_sandbox_api(aclient):
         await sbx.exec("true")
     with pytest.raises(grove.InvalidRequest) as e:
         await grove.AsyncSandbox.create(cpu=0, client=aclient)
-    assert "cpu_millis" in e.value.field
+    assert e.value.field == "cpu" and "cores" in e.value.message
