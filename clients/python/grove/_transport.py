@@ -129,6 +129,14 @@ class _Body:
         for c in self.chunks:
             yield bytes(c)
 
+
+class _AsyncBody:
+    """The same for httpx's AsyncClient, which takes only async iterables."""
+
+    def __init__(self, chunks: Any):
+        self.chunks = chunks
+        self.started = False
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         self.started = True
         if hasattr(self.chunks, "__aiter__"):
@@ -142,12 +150,13 @@ class _Body:
 class _Attempts:
     """The retry decisions both transports share."""
 
-    def __init__(self, options: Options, call: Call):
+    def __init__(self, options: Options, call: Call, asynchronous: bool = False):
         self.o, self.call = options, call
         self.idempotent = _idempotent(call)
         self.t0 = time.monotonic()
         c = call.content
-        self.body = _Body(c) if c is not None and not isinstance(c, (bytes, bytearray, memoryview, str)) else None
+        streamed = c is not None and not isinstance(c, (bytes, bytearray, memoryview, str))
+        self.body: Any = (_AsyncBody if asynchronous else _Body)(c) if streamed else None
 
     def kwargs(self) -> dict:
         c = self.call
@@ -277,7 +286,7 @@ class AsyncClient:
         await self.aclose()
 
     async def send(self, call: Call) -> httpx.Response:
-        a = _Attempts(self.options, call)
+        a = _Attempts(self.options, call, asynchronous=True)
         attempt = 0
         while True:
             try:
