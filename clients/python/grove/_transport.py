@@ -157,6 +157,13 @@ class _Attempts:
         c = call.content
         streamed = c is not None and not isinstance(c, (bytes, bytearray, memoryview, str))
         self.body: Any = (_AsyncBody if asynchronous else _Body)(c) if streamed else None
+        #: Whether the response sink has been given bytes: then a second attempt would repeat them.
+        self.received = False
+
+    def sink(self, chunk: bytes) -> Optional[bool]:
+        self.received = True
+        assert self.call.sink is not None
+        return self.call.sink(chunk)
 
     def kwargs(self) -> dict:
         c = self.call
@@ -167,7 +174,7 @@ class _Attempts:
         return kw
 
     def replayable(self) -> bool:
-        return self.body is None or not self.body.started
+        return (self.body is None or not self.body.started) and not self.received
 
     def on_error(self, e: Exception, attempt: int) -> float:
         """Seconds to wait before the next attempt, or raises the error as a GroveError."""
@@ -254,7 +261,7 @@ class Client:
                 r.read()
                 return r
             for chunk in r.iter_bytes():
-                if call.sink(chunk):
+                if a.sink(chunk):
                     break
             return r
 
@@ -310,7 +317,7 @@ class AsyncClient:
                 await r.aread()
                 return r
             async for chunk in r.aiter_bytes():
-                if call.sink(chunk):
+                if a.sink(chunk):
                     break
             return r
 

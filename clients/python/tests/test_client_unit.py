@@ -251,3 +251,30 @@ def test_create_from_a_snapshot_sends_no_image(mode):
     with pytest.raises(grove.InvalidRequest) as e:
         mode.run(mode.Sandbox.create(snapshot="snap-1", memory_mb=64, client=c))
     assert e.value.field == "memory_mb"
+
+
+def test_a_download_broken_midway_is_not_retried_into_the_same_buffer(mode):
+    calls = []
+
+    class Broken(httpx.SyncByteStream, httpx.AsyncByteStream):
+        def __init__(self, req):
+            self.req = req
+
+        def __iter__(self):
+            yield b"first-half "
+            raise httpx.ReadError("reset", request=self.req)
+
+        async def __aiter__(self):
+            yield b"first-half "
+            raise httpx.ReadError("reset", request=self.req)
+
+    def handler(req):
+        calls.append(req.url.path)
+        if req.url.path.endswith("/files"):
+            return httpx.Response(200, stream=Broken(req))
+        return httpx.Response(201, json=SBX)
+
+    sbx = mode.run(mode.Sandbox.create(client=mode.client(handler)))
+    with pytest.raises(grove.ConnectionLost):
+        mode.run(sbx.files.read("/x"))
+    assert calls.count("/v1/sandboxes/sb-000000000001/files") == 1
