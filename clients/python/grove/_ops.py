@@ -11,12 +11,15 @@ import io
 import os
 import posixpath
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 from urllib.parse import quote
+
+import httpx
 
 from . import errors
 from ._api import (EntryInfo, ExecResult, Network, SandboxInfo, SseParser, batch_split, create_body, exec_body,
@@ -572,11 +575,13 @@ class SandboxCore:
         return [Port(p["sandbox_port"], p["host_port"]) for p in self._info.raw.get("ports") or []]
 
     def get_host(self, port: int) -> str:
-        """`host:port` where the sandbox's published `port` is reached from outside."""
+        """`host:port` where other machines reach the sandbox's published `port`: the node's host as this
+        client addresses it (its URL), or over the local socket this machine's name. (Published ports are
+        mapped for traffic from outside the node, not for the node's own loopback.)"""
         for p in self.ports:
             if p.sandbox_port == port:
                 base = self._c.options.base_url
-                host = (base.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") if base else "127.0.0.1")
+                host = httpx.URL(base).host if base else socket.gethostname()
                 return f"{host}:{p.host_port}"
         raise invalid("port", f"port {port} is not published (create with ports=[{port}])")
 

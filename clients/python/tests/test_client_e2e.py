@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import textwrap
 import threading
 import time
@@ -188,7 +187,7 @@ async def test_snapshot_create_images_ports_batch_delete(api):
     sbx = await api.create(ports=[(hp, 8000)], network=["192.0.2.1/32"])  # ports need a network
     try:
         assert sbx.ports == [grove.Port(sandbox_port=8000, host_port=hp)]
-        assert sbx.get_host(8000) == f"127.0.0.1:{hp}"
+        assert sbx.get_host(8000) == f"{socket.gethostname()}:{hp}"
         C = grove.AsyncClient if api.asynchronous else grove.Client
         far = C(base_url="http://10.1.2.3:7070")
         assert api.Sandbox(sbx.info.raw, far).get_host(8000) == f"10.1.2.3:{hp}"
