@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Generator, Optional, Set
 
-from .errors import GroveError
+from .errors import GroveError, RequestTimeout
 
 
 class _Default:
@@ -43,7 +43,9 @@ class Call:
     idempotent: Optional[bool] = None
     sink: Optional[Callable[[bytes], Optional[bool]]] = None
     queue_timeout: Optional[float] = None
-    meta: Dict[str, Any] = field(default_factory=dict)
+    #: Sent (best effort) when the caller gives up on this call: its deadline passed, the task was
+    #: cancelled, Ctrl-C. An exec's ends the command in the sandbox.
+    on_abandon: Optional["Call"] = None
 
 
 @dataclass
@@ -60,6 +62,35 @@ def op(fn: Callable[..., Op]) -> Callable[..., Op]:
     return fn
 
 
+def _abandon_sync(step: Any) -> None:
+    a = getattr(step, "on_abandon", None)
+    if a is not None:
+        try:
+            a.client.send(a)
+        except GroveError:
+            pass
+
+
+_abandoning: Set["asyncio.Future[Any]"] = set()
+
+
+def _abandon_async(step: Any) -> None:
+    """Sends the call's `on_abandon` without waiting for it (a cancelled caller must not be held up)."""
+    a = getattr(step, "on_abandon", None)
+    if a is None:
+        return
+
+    async def go() -> None:
+        try:
+            await a.client.send(a)
+        except GroveError:
+            pass
+
+    f = asyncio.ensure_future(go())
+    _abandoning.add(f)
+    f.add_done_callback(_abandoning.discard)
+
+
 def drive_sync(gen: Op) -> Any:
     value: Any = None
     exc: Optional[BaseException] = None
@@ -74,8 +105,14 @@ def drive_sync(gen: Op) -> Any:
                 time.sleep(step.seconds)
             else:
                 value = step.client.send(step)
+        except RequestTimeout as e:
+            _abandon_sync(step)
+            exc = e
         except GroveError as e:
             exc = e
+        except KeyboardInterrupt:
+            _abandon_sync(step)
+            raise
 
 
 async def drive_async(gen: Op) -> Any:
@@ -93,8 +130,14 @@ async def drive_async(gen: Op) -> Any:
                     await asyncio.sleep(step.seconds)
                 else:
                     value = await step.client.send(step)
+            except RequestTimeout as e:
+                _abandon_async(step)
+                exc = e
             except GroveError as e:
                 exc = e
+            except asyncio.CancelledError:
+                _abandon_async(step)
+                raise
     finally:
         gen.close()
 

@@ -15,6 +15,7 @@ import socket
 import tarfile
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 from urllib.parse import quote
@@ -37,6 +38,10 @@ CHUNK = 1 << 20
 #: A file at most this big is sent as one buffer.
 SMALL = 256 << 10
 LOG_DIR = "/run/grove/logs"
+#: Marks the processes of one exec, so a client that gives up on it can end them.
+EXEC_MARK = "GROVE_EXEC_ID"
+_KILL_MARKED = (f'for e in /proc/[0-9]*/environ; do if tr "\\0" "\\n" < "$e" 2>/dev/null | grep -qx "{EXEC_MARK}=$1"; '
+                'then p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; fi; done; true')
 
 
 def _q(s: str) -> str:
@@ -640,13 +645,18 @@ class SandboxCore:
         """Runs `cmd` (a string runs under /bin/sh -c) to completion, however long it takes, or until `timeout`
         seconds (None or 0: no limit), when it is killed in the sandbox. Never sent twice: a connection lost
         midway raises `ConnectionLost`, and the command is ended by groved when its client is gone."""
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+        mark = uuid.uuid4().hex
+        body = exec_body(cmd, timeout=timeout, env={**(env or {}), EXEC_MARK: mark}, cwd=cwd, stdin=stdin)
         wait = http_timeout(timeout)
+        # Should the caller give up (its deadline, a cancelled task, Ctrl-C), its processes are killed.
+        end = Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", timeout=30,
+                   json=exec_body(["/bin/sh", "-c", _KILL_MARKED, "sh", mark], timeout=20))
         if on_stdout is None and on_stderr is None:
-            r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", json=body, timeout=wait)
+            r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", json=body, timeout=wait, on_abandon=end)
             return parse_exec(r.json())
         ev = _ExecEvents(on_stdout, on_stderr)
-        yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec/stream", json=body, timeout=wait, sink=ev)
+        yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec/stream", json=body, timeout=wait, sink=ev,
+                   on_abandon=end)
         if ev.error is not None:
             raise errors.from_response(500, ev.error)
         if ev.result is None:
