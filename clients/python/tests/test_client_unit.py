@@ -278,3 +278,29 @@ def test_a_download_broken_midway_is_not_retried_into_the_same_buffer(mode):
     with pytest.raises(grove.ConnectionLost):
         mode.run(sbx.files.read("/x"))
     assert calls.count("/v1/sandboxes/sb-000000000001/files") == 1
+
+
+def test_an_exec_given_up_on_is_ended_in_the_sandbox(mode):
+    bodies = []
+
+    def handler(req):
+        if req.url.path.endswith("/exec"):
+            bodies.append(json.loads(req.content))
+            if len(bodies) == 1:
+                raise httpx.ReadTimeout("deadline", request=req)
+            return httpx.Response(200, json=EXEC_OK)
+        return httpx.Response(201, json=SBX)
+
+    async def go_async(c):
+        sbx = await grove.AsyncSandbox.create(client=c)
+        try:
+            await sbx.exec("sleep 1000")
+        finally:
+            await asyncio.sleep(0.05)  # the kill is sent without holding the caller up
+
+    c = mode.client(handler)
+    with pytest.raises(grove.RequestTimeout):
+        asyncio.run(go_async(c)) if mode.asynchronous else grove.Sandbox.create(client=c).exec("sleep 1000")
+    assert len(bodies) == 2
+    mark = bodies[0]["env"]["GROVE_EXEC_ID"]
+    assert bodies[1]["argv"][-1] == mark and "kill -9" in bodies[1]["argv"][2]
