@@ -114,7 +114,7 @@ async def test_background_process_handles(api):
                                             cwd="/etc"))
         assert server.pid > 0 and server.log_path
         fetch = ("import urllib.request, time\n"
-                 "for i in range(50):\n"
+                 "for i in range(300):\n"
                  "    try:\n"
                  "        print(len(urllib.request.urlopen('http://127.0.0.1:8000/hostname').read())); break\n"
                  "    except OSError: time.sleep(0.1)\n")
@@ -198,15 +198,15 @@ async def test_snapshot_create_images_ports_batch_delete(api):
 
 async def test_lease_keeps_its_sandboxes_alive_then_deletes_them(api):
     if api.asynchronous:
-        lease = api.Lease(api.client, ttl=3, heartbeat=0.5)
+        lease = api.Lease(api.client, ttl=4, heartbeat=0.5)
         async with lease:
             sbxs = [await A(lease.create()) for _ in range(2)]
-            await asyncio.sleep(4)  # past the ttl: the heartbeat kept them
+            await asyncio.sleep(5)  # past the ttl: the heartbeat kept them
             assert all([await A(s.is_running()) for s in sbxs])
     else:
-        with api.Lease(api.client, ttl=3, heartbeat=0.5) as lease:
+        with api.Lease(api.client, ttl=4, heartbeat=0.5) as lease:
             sbxs = [lease.create() for _ in range(2)]
-            time.sleep(4)
+            time.sleep(5)
             assert all(s.is_running() for s in sbxs)
     assert await A(api.Sandbox.list(labels={"grove.lease": lease.id}, client=api.client)) == []
 
@@ -226,8 +226,12 @@ async def test_a_cancelled_exec_ends_the_command_in_the_sandbox(aclient):
     """The client-side deadline of asyncio (wait_for, task cancel) closes the connection, and groved ends the
     command with it: nothing keeps running orphaned."""
     async with await grove.AsyncSandbox.create(client=aclient) as sbx:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(sbx.exec("sleep 31 && echo late > /tmp/late"), 1)
+        task = asyncio.ensure_future(sbx.exec("touch /tmp/started; sleep 31 && echo late > /tmp/late"))
+        while not await sbx.files.exists("/tmp/started"):
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
         deadline = time.monotonic() + 10
         while (await sbx.exec("ps -eo args | grep -c '^sleep 31' || true")).stdout.strip() != "0":
             assert time.monotonic() < deadline, "the command outlived its cancelled request"
@@ -287,7 +291,15 @@ async def test_a_connection_killed_during_exec_runs_the_command_once(api, groved
     via = C(base_url=proxy.url, api_key=groved.api_key)
     try:
         far = await A(api.Sandbox.connect(sbx.id, client=via))
-        threading.Timer(1.0, proxy.cut).start()
+        local = grove.Sandbox(sbx.info.raw, grove.Client(socket=groved.socket))
+
+        def cut_once_running():
+            while not local.files.exists("/tmp/runs"):
+                time.sleep(0.05)
+            proxy.cut()
+            local._c.close()
+
+        threading.Thread(target=cut_once_running, daemon=True).start()
         with pytest.raises(grove.ConnectionLost) as e:
             await A(far.exec("echo run >> /tmp/runs; sleep 3"))
         assert "may have run" in str(e.value)
@@ -303,7 +315,7 @@ TRAINER = textwrap.dedent("""
     import sys, time
     import grove
     c = grove.Client(socket=sys.argv[1])
-    lease = grove.Lease(c, ttl=3, heartbeat=0.5, name=sys.argv[2])
+    lease = grove.Lease(c, ttl=4, heartbeat=0.5, name=sys.argv[2])
     with lease:
         for _ in range(3):
             lease.create(labels={"rollout": "1"})
@@ -318,13 +330,13 @@ def test_a_killed_trainers_sandboxes_are_gone_after_the_ttl(groved, client):
     p = subprocess.Popen([sys.executable, "-c", TRAINER, groved.socket, name], stdout=subprocess.PIPE, env=env)
     try:
         assert p.stdout.readline() == b"ready\n"
-        time.sleep(4)  # past the ttl while alive: its heartbeat holds them
+        time.sleep(5)  # past the ttl while alive: its heartbeat holds them
         assert len(grove.Sandbox.list(labels={"grove.lease": name}, client=client)) == 3
         p.kill()  # mid-rollout, no cleanup
         p.wait()
         killed = time.monotonic()
         while grove.Sandbox.list(labels={"grove.lease": name}, client=client):
-            assert time.monotonic() - killed < 3 + 5, "a dead trainer's sandboxes outlived their ttl"
+            assert time.monotonic() - killed < 4 + 5, "a dead trainer's sandboxes outlived their ttl"
             time.sleep(0.2)
     finally:
         p.kill()
