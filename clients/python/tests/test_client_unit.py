@@ -304,3 +304,30 @@ def test_an_exec_given_up_on_is_ended_in_the_sandbox(mode):
     assert len(bodies) == 2
     mark = bodies[0]["env"]["GROVE_EXEC_ID"]
     assert bodies[1]["argv"][-1] == mark and "kill -9" in bodies[1]["argv"][2]
+
+
+def test_snapshot_transfer_moves_only_missing_objects(mode):
+    seen = {}
+
+    def source(req):
+        if req.url.path.endswith("/objects"):
+            return httpx.Response(200, json={"objects": ["a" * 64, "b" * 64]})
+        seen["export"] = json.loads(req.content)
+        return httpx.Response(200, content=b"GRVSNAP1-delta")
+
+    def target(req):
+        if req.url.path == "/v1/snapshots/missing":
+            return httpx.Response(200, json={"objects": ["b" * 64]})
+        seen["import"] = req.content
+        return httpx.Response(201, json={"id": "s1", "name": "snap"})
+
+    S = grove.AsyncSnapshot if mode.asynchronous else grove.Snapshot
+
+    async def go_async():
+        return await S({"id": "s1", "name": "snap"}, mode.client(source)).transfer(mode.client(target))
+
+    t = asyncio.run(go_async()) if mode.asynchronous else \
+        S({"id": "s1", "name": "snap"}, mode.client(source)).transfer(mode.client(target))
+    assert seen["export"] == {"missing": ["b" * 64]} and seen["import"] == b"GRVSNAP1-delta"
+    assert (t.objects, t.objects_sent, t.bytes_sent, t.snapshot.name) == (2, 1, 14, "snap")
+    assert isinstance(t.snapshot, S)
