@@ -94,25 +94,28 @@ def _abandon_async(step: Any) -> None:
 def drive_sync(gen: Op) -> Any:
     value: Any = None
     exc: Optional[BaseException] = None
-    while True:
-        try:
-            step = gen.throw(exc) if exc is not None else gen.send(value)
-        except StopIteration as s:
-            return s.value
-        value, exc = None, None
-        try:
-            if isinstance(step, Sleep):
-                time.sleep(step.seconds)
-            else:
-                value = step.client.send(step)
-        except RequestTimeout as e:
-            _abandon_sync(step)
-            exc = e
-        except GroveError as e:
-            exc = e
-        except KeyboardInterrupt:
-            _abandon_sync(step)
-            raise
+    try:
+        while True:
+            try:
+                step = gen.throw(exc) if exc is not None else gen.send(value)
+            except StopIteration as s:
+                return s.value
+            value, exc = None, None
+            try:
+                if isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                else:
+                    value = step.client.send(step)
+            except RequestTimeout as e:
+                _abandon_sync(step)
+                exc = e
+            except GroveError as e:
+                exc = e
+            except KeyboardInterrupt:
+                _abandon_sync(step)
+                raise
+    finally:
+        gen.close()  # an interrupted operation's own cleanup (temp files) runs now
 
 
 async def drive_async(gen: Op) -> Any:

@@ -59,6 +59,22 @@ class LeaseCore:
         return sbx
 
     @op
+    def create_many(self, count: int, image: Optional[str] = None, *, labels: Optional[Dict[str, str]] = None,
+                    **kw: Any) -> Op:
+        """`Sandbox.create_many` under the lease: one request for `count` sandboxes."""
+        if "timeout" in kw:
+            raise invalid("timeout", "a leased sandbox lives for the lease's ttl")
+        many = SandboxCore.create_many.__func__  # type: ignore[attr-defined]
+        try:
+            made = yield from many(self._sandbox_cls, count, image, client=self._c, labels=self._labels(labels),
+                                   timeout=self.ttl, **kw)
+        except errors.ForkError as e:
+            self.sandboxes.update({s.id: s for s in e.sandboxes})
+            raise
+        self.sandboxes.update({s.id: s for s in made})
+        return made
+
+    @op
     def fork(self, snapshot: Any, n: int = 1, *, labels: Optional[Dict[str, str]] = None, **kw: Any) -> Op:
         """`snapshot.fork(n)` under the lease."""
         try:

@@ -200,12 +200,12 @@ async def test_lease_keeps_its_sandboxes_alive_then_deletes_them(api):
     if api.asynchronous:
         lease = api.Lease(api.client, ttl=4, heartbeat=0.5)
         async with lease:
-            sbxs = [await A(lease.create()) for _ in range(2)]
+            sbxs = [await A(lease.create())] + await A(lease.create_many(1))
             await asyncio.sleep(5)  # past the ttl: the heartbeat kept them
             assert all([await A(s.is_running()) for s in sbxs])
     else:
         with api.Lease(api.client, ttl=4, heartbeat=0.5) as lease:
-            sbxs = [lease.create() for _ in range(2)]
+            sbxs = [lease.create()] + lease.create_many(1)
             time.sleep(5)
             assert all(s.is_running() for s in sbxs)
     assert await A(api.Sandbox.list(labels={"grove.lease": lease.id}, client=api.client)) == []
