@@ -4,7 +4,9 @@ same operations as the sync classes by construction (tests/test_surface.py holds
 from __future__ import annotations
 
 from ._core import shell
-from ._ops import CommandsCore, FilesCore, ProcessCore, SandboxCore, SnapshotCore
+from ._commands import CommandsCore, ProcessCore
+from ._files import FilesCore
+from ._ops import SandboxCore, SnapshotCore
 from ._transport import AsyncClient, default_async_client
 
 __all__ = ["AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbox", "AsyncSnapshot"]

@@ -6,7 +6,7 @@ from typing import Any, BinaryIO, Iterable, Optional, Union
 
 from ._api import invalid
 from ._core import Call, Op, op, shell
-from ._ops import ProgressCallback, _body, _q
+from ._streams import ProgressCallback, _body, _q
 from ._transport import default_async_client, default_client
 
 

@@ -6,8 +6,10 @@ Each class is the sync shell of its core in `_ops` (one description of the calls
 from __future__ import annotations
 
 from ._core import shell
-from ._ops import (DEFAULT_IMAGE, CommandsCore, FilesCore, FsEvent, Port, ProcessCore, SandboxCore, SnapshotCore,
-                   Transfer, _q)
+from ._commands import CommandsCore, ProcessCore
+from ._files import FilesCore, FsEvent
+from ._ops import DEFAULT_IMAGE, Port, SandboxCore, SnapshotCore, Transfer
+from ._streams import _q
 from ._transport import Client, default_client
 
 __all__ = ["Client", "Commands", "DEFAULT_IMAGE", "Files", "FsEvent", "Port", "Process", "Sandbox", "Snapshot",
