@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import stat
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, Union
 from urllib.parse import quote
 
@@ -29,21 +30,31 @@ def _abs(field: str, path: str) -> str:
     return path
 
 
-def _chunks(src: Union[bytes, BinaryIO, Iterable[bytes]], total: Optional[int],
-            on_progress: Optional[ProgressCallback]) -> Iterator[bytes]:
-    done = 0
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        view = memoryview(src)
-        it: Iterable[bytes] = (view[i:i + CHUNK] for i in range(0, len(view), CHUNK))
-    elif hasattr(src, "read"):
-        it = iter(lambda: src.read(CHUNK), b"")  # type: ignore[union-attr]
-    else:
-        it = src  # type: ignore[assignment]
-    for c in it:
-        done += len(c)
-        yield bytes(c)
-        if on_progress:
-            on_progress(done, total)
+class _Chunks:
+    """A request body sent a piece at a time, with progress; `length`, when known, goes out as Content-Length
+    (cheaper for both ends than chunked framing)."""
+
+    def __init__(self, src: Union[bytes, BinaryIO, Iterable[bytes]], length: Optional[int],
+                 on_progress: Optional[ProgressCallback]):
+        self.src, self.length, self.on_progress = src, length, on_progress
+
+    def __iter__(self) -> Iterator[bytes]:
+        src, done = self.src, 0
+        if isinstance(src, (bytes, bytearray, memoryview)):
+            view = memoryview(src)
+            it: Iterable[bytes] = (view[i:i + CHUNK] for i in range(0, len(view), CHUNK))
+        elif hasattr(src, "read"):
+            it = iter(lambda: src.read(CHUNK), b"")  # type: ignore[union-attr]
+        else:
+            it = src  # type: ignore[assignment]
+        for c in it:
+            done += len(c)
+            yield bytes(c)
+            if self.on_progress:
+                self.on_progress(done, self.length)
+
+
+_chunks = _Chunks
 
 
 def _body(data: Any, on_progress: Optional[ProgressCallback]) -> Any:
@@ -53,14 +64,15 @@ def _body(data: Any, on_progress: Optional[ProgressCallback]) -> Any:
     if isinstance(data, (bytes, bytearray, memoryview)):
         if len(data) <= SMALL and on_progress is None:
             return bytes(data)
-        return _chunks(data, len(data), on_progress)
+        return _Chunks(data, len(data), on_progress)
     total = None
     if hasattr(data, "fileno"):
         try:
-            total = os.fstat(data.fileno()).st_size - data.tell()
+            st = os.fstat(data.fileno())
+            total = st.st_size - data.tell() if stat.S_ISREG(st.st_mode) else None
         except (OSError, ValueError, io.UnsupportedOperation):
             total = None
-    return _chunks(data, total, on_progress)
+    return _Chunks(data, total, on_progress)
 
 
 class _Collect:

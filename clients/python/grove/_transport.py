@@ -167,7 +167,11 @@ class _Attempts:
 
     def kwargs(self) -> dict:
         c = self.call
-        kw: dict = {"json": c.json, "params": c.params, "headers": c.headers,
+        headers = c.headers
+        length = getattr(c.content, "length", None)
+        if self.body is not None and length is not None:
+            headers = {**(headers or {}), "content-length": str(length)}
+        kw: dict = {"json": c.json, "params": c.params, "headers": headers,
                     "content": self.body if self.body is not None else c.content}
         if c.timeout is not DEFAULT:
             kw["timeout"] = _timeout(c.timeout)
