@@ -34,6 +34,7 @@ class AsyncSandbox(shell(SandboxCore, asynchronous=True)):  # type: ignore[misc]
 
     def __init__(self, info: dict, client: AsyncClient = None):
         super().__init__(info, client)
+        # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

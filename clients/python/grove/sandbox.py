@@ -38,6 +38,7 @@ class Sandbox(shell(SandboxCore, asynchronous=False)):  # type: ignore[misc]
 
     def __init__(self, info: dict, client: Client = None):
         super().__init__(info, client)
+        # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
 
     def __enter__(self) -> "Sandbox":
         return self
