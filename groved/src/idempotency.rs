@@ -256,7 +256,7 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
             .into_response()
         }
     };
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     // These routes take JSON: held to the same cap as the JSON extractor, before it is buffered here.
     let bytes = match to_bytes(body, crate::app::MAX_JSON_BODY).await {
         Ok(b) => b,
@@ -287,6 +287,24 @@ pub async fn layer(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
         .with_field("Idempotency-Key")
         .into_response();
     };
+    // The rest runs on its own task: a client that hangs up mid-request (a killed connection) does not
+    // cut the work short, and its retry with the same key waits for this answer instead of running again.
+    let work = tokio::spawn(answer(app, key, entry, parts, bytes, next));
+    match work.await {
+        Ok(resp) => resp,
+        Err(e) => ApiError::internal(format!("request task: {e}")).into_response(),
+    }
+}
+
+/// The stored answer to `key`, or the request run (once) and its answer stored.
+async fn answer(
+    app: Arc<App>,
+    key: String,
+    entry: Arc<Entry>,
+    mut parts: axum::http::request::Parts,
+    bytes: Bytes,
+    next: Next,
+) -> Response {
     let mut slot = entry.slot.lock().await;
     if let Some(s) = slot.as_ref() {
         let mut resp = (s.status, s.headers.clone(), s.body.clone()).into_response();

@@ -64,12 +64,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
         let inner = e.into_inner();
         let msg = inner.to_string();
         match inner.classify() {
-            serde_json::error::Category::Data => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_request",
-                msg.clone(),
-            )
-            .with_field(field_of(&path, &msg)),
+            serde_json::error::Category::Data => {
+                let field = field_of(&path, &msg);
+                let said = user_terms(&field, &msg);
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", said)
+                    .with_field(field)
+            }
             _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", msg),
         }
     })?;
@@ -92,6 +92,66 @@ fn field_of(path: &str, msg: &str) -> String {
         Some(f) if msg.starts_with("missing") => format!("{path}.{f}"),
         _ if path.is_empty() => "body".to_string(),
         _ => path.to_string(),
+    }
+}
+
+/// serde's message for a well-formed body of the wrong shape, said in the API's terms: `{field}: what it
+/// must be, got what`, without Rust type names or the body's line and column.
+fn user_terms(field: &str, msg: &str) -> String {
+    let msg = match msg.rsplit_once(" at line ") {
+        Some((m, pos)) if pos.split(" column ").all(|n| n.parse::<u64>().is_ok()) => m,
+        _ => msg,
+    };
+    let leaf = field.rsplit('.').next().unwrap_or(field);
+    if msg.starts_with("missing field") {
+        return format!("{field}: is required");
+    }
+    if msg.starts_with("unknown field") {
+        let known = msg.split_once("expected ").map_or("", |(_, k)| k);
+        return format!("{field}: is not a field here ({})", known.replace('`', ""));
+    }
+    if let Some(rest) = msg.strip_prefix("unknown variant ") {
+        let (got, known) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let known = known.trim_start_matches("one of ").replace('`', "");
+        return format!(
+            "{field}: must be one of {known}, got {}",
+            got.replace('`', "")
+        );
+    }
+    let (got, expected) = match msg
+        .strip_prefix("invalid value: ")
+        .or_else(|| msg.strip_prefix("invalid type: "))
+        .and_then(|r| r.split_once(", expected "))
+    {
+        Some(x) => x,
+        None => return format!("{field}: {msg}"),
+    };
+    let got = got.replace('`', "");
+    let unsigned = ["u8", "u16", "u32", "u64", "usize"].contains(&expected);
+    let wanted = match expected {
+        _ if leaf == "cpu_millis" => "a positive number of millicores (1000 = one CPU)".to_string(),
+        _ if unsigned && leaf.ends_with("_mb") => "a positive whole number of megabytes".into(),
+        _ if unsigned && leaf.ends_with("_ms") => {
+            "a whole number of milliseconds, 0 or more".into()
+        }
+        _ if unsigned && leaf.ends_with("_secs") => "a whole number of seconds, 0 or more".into(),
+        _ if unsigned => format!("a whole number from 0 to {}", unsigned_max(expected)),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" => "true or false".into(),
+        "a sequence" => "a list".into(),
+        e if e.starts_with("a map") || e.starts_with("struct ") => "an object".into(),
+        e => e.to_string(),
+    };
+    format!("{field}: must be {wanted}, got {got}")
+}
+
+fn unsigned_max(t: &str) -> u64 {
+    match t {
+        "u8" => u8::MAX.into(),
+        "u16" => u16::MAX.into(),
+        "u32" => u32::MAX.into(),
+        _ => u64::MAX,
     }
 }
 
@@ -189,6 +249,11 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("limits.cpu"));
         let e = parse_json::<Outer>(br#"{}"#).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("image"));
+        let e = parse_json::<Outer>(br#"{"image":"x","limits":{"memory_mb":"big"}}"#).unwrap_err();
+        assert_eq!(
+            e.message,
+            "limits.memory_mb: must be a positive whole number of megabytes, got string \"big\""
+        );
         let e = parse_json::<Outer>(br#"{"image": "#).unwrap_err();
         assert_eq!((e.status.as_u16(), e.code.as_str()), (400, "invalid_json"));
     }

@@ -356,6 +356,7 @@ impl Snapshots for NodefsSnapshots {
             labels: req.labels.clone(),
             ttl_secs: req.ttl_secs,
             hostname_prefix: req.hostname_prefix.clone(),
+            queue_timeout_ms: req.queue_timeout_ms,
         };
         let results = self.s.fork(name, req.count, opts).map_err(snap_err)?;
         Ok(results.into_iter().map(|r| r.map_err(snap_err)).collect())

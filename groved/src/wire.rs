@@ -84,6 +84,9 @@ pub struct CreateSandboxRequest {
     pub job: Option<String>,
     /// Order among the job's own queued creates (higher first).
     pub priority: Option<i32>,
+    /// How long this create may wait for room (ms) instead of the node's queue timeout; 0 answers
+    /// 429 `capacity_exceeded` at once when the node is full.
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// A sandbox as the API shows it.
@@ -308,6 +311,17 @@ pub fn check_ttl(ttl_secs: Option<u64>) -> crate::error::ApiResult<()> {
     grove_runtime::check_ttl("ttl_secs", ttl_secs).map_err(crate::error::ApiError::from)
 }
 
+/// A per-request queue wait: at most an hour, as the node's own.
+pub fn check_queue_timeout(ms: Option<u64>) -> crate::error::ApiResult<()> {
+    match ms {
+        Some(ms) if ms > 3_600_000 => Err(crate::error::ApiError::invalid(
+            "queue_timeout_ms",
+            format!("at most 3600000 (an hour), got {ms}; 0 fails at once when the node is full"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// An `Option` field that must be present (as a value or `null`).
 fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     Option::<u64>::deserialize(d)
@@ -464,6 +478,8 @@ pub struct ForkRequest {
     pub labels: BTreeMap<String, String>,
     pub ttl_secs: Option<u64>,
     pub hostname_prefix: Option<String>,
+    /// As on create: how long each branch may wait for room (ms); 0 fails at once when full.
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// Object ids (64 hex digits each) of content-store objects: what a snapshot reaches

@@ -2,7 +2,10 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::init_handle::{HandleError, InitHandle};
 use crate::proto::{self, ExecSpec, Proc, Reply, Request, KIND_JSON, KIND_STDERR, KIND_STDOUT};
@@ -19,6 +22,49 @@ pub enum ClientError {
     Init(String),
     #[error("bad reply from init: {0}")]
     Protocol(String),
+    /// The exec was cancelled (see [`ExecCancel`]).
+    #[error("cancelled: the client went away")]
+    Cancelled,
+}
+
+/// Ends an exec from outside its thread (its HTTP client went away): the connection to init is shut
+/// down, which init takes as a hang-up and kills the command's tree. Cancelling before the exec
+/// connects stops it from starting; after it returned, nothing happens.
+#[derive(Debug, Clone, Default)]
+pub struct ExecCancel(Arc<Mutex<CancelState>>);
+
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: bool,
+    conn: Option<UnixStream>,
+}
+
+impl ExecCancel {
+    pub fn cancel(&self) {
+        let mut st = self.0.lock();
+        st.cancelled = true;
+        if let Some(c) = st.conn.take() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.lock().cancelled
+    }
+
+    /// Watches `s` until [`ExecCancel::detach`]; false when cancelled already.
+    fn attach(&self, s: &UnixStream) -> Result<(), ClientError> {
+        let mut st = self.0.lock();
+        if st.cancelled {
+            return Err(ClientError::Cancelled);
+        }
+        st.conn = Some(s.try_clone()?);
+        Ok(())
+    }
+
+    fn detach(&self) {
+        self.0.lock().conn = None;
+    }
 }
 
 fn connect(init: &InitHandle, req: &Request) -> Result<UnixStream, ClientError> {
@@ -91,12 +137,31 @@ pub fn exec(
     init: &InitHandle,
     spec: ExecSpec,
     max_keep: usize,
+    cancel: &ExecCancel,
+    on_output: &mut dyn FnMut(OutputChunk) -> bool,
+) -> Result<ExecResult, ClientError> {
+    if cancel.is_cancelled() {
+        return Err(ClientError::Cancelled);
+    }
+    let (background, timeout) = (spec.background, spec.timeout_ms);
+    let s = connect(init, &Request::Exec(spec))?;
+    cancel.attach(&s)?;
+    let r = exec_on(s, background, timeout, max_keep, on_output);
+    cancel.detach();
+    match r {
+        Err(_) if cancel.is_cancelled() => Err(ClientError::Cancelled),
+        r => r,
+    }
+}
+
+fn exec_on(
+    mut s: UnixStream,
+    background: bool,
+    timeout: Option<u64>,
+    max_keep: usize,
     on_output: &mut dyn FnMut(OutputChunk) -> bool,
 ) -> Result<ExecResult, ClientError> {
     let start = Instant::now();
-    let background = spec.background;
-    let timeout = spec.timeout_ms;
-    let mut s = connect(init, &Request::Exec(spec))?;
     // A safety net against a wedged init; init itself enforces the command timeout.
     s.set_read_timeout(timeout.map(|ms| Duration::from_millis(ms) + Duration::from_secs(30)))?;
     let mut res = ExecResult::default();

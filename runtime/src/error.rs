@@ -72,6 +72,9 @@ pub enum Error {
         /// When a retry might get in, estimated from the queue and the recent admission rate.
         retry_after_secs: u64,
     },
+    /// The caller of an exec went away and the command was killed (see `ExecCancel`).
+    #[error("exec in {id} cancelled: its client went away")]
+    Cancelled { id: SandboxId },
 }
 
 impl Error {
@@ -107,6 +110,7 @@ impl Error {
             Error::InsufficientStorage { .. } => "insufficient_storage",
             // The same condition as CapacityExceeded to a client, after waiting.
             Error::QueueTimeout { .. } => "capacity_exceeded",
+            Error::Cancelled { .. } => "cancelled",
         }
     }
 

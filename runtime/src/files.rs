@@ -89,6 +89,15 @@ impl Root {
                 Some(libc::EXDEV) | Some(libc::ELOOP) => Error::PathOutsideSandbox {
                     path: shown.to_string(),
                 },
+                // The caller's path names a file where a directory must be, or the reverse.
+                Some(libc::ENOTDIR) => Error::invalid(
+                    "path",
+                    format!("{shown:?}: a part of it is a file where a directory is needed"),
+                ),
+                Some(libc::EISDIR) => Error::invalid(
+                    "path",
+                    format!("{shown:?} is a directory (use files/list or archive)"),
+                ),
                 _ => Error::io(format!("open {shown:?} in the sandbox"), e),
             });
         }
@@ -226,6 +235,15 @@ impl Root {
 
     pub fn list(&self, path: &str) -> Result<Vec<DirEntry>, Error> {
         let rel = join(&components(path)?);
+        let fd = self.open_at(path, &rel, libc::O_PATH, 0)?;
+        let st = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(Error::invalid(
+                "path",
+                format!("{path:?} is a file, not a directory (read it with GET files)"),
+            ));
+        }
         let fd = self.open_at(path, &rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         let mut out = Vec::new();
         let mut dir = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(fd))

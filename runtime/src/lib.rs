@@ -31,6 +31,7 @@ pub mod spawner;
 pub mod types;
 mod validate;
 
+pub use client::ExecCancel;
 pub use config::{PortRange, RuntimeConfig};
 pub use error::Error;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::{self, Admission};
 use crate::cgroup::{self, CgroupBackend};
-use crate::client::{self, ClientError};
+use crate::client::{self, ClientError, ExecCancel};
 use crate::config::RuntimeConfig;
 use crate::error::Error;
 use crate::files::Root;
@@ -219,8 +219,8 @@ impl Runtime {
         if self.parked.lock().contains_key(id) || self.transit.lock().contains_key(id) {
             return Err(Error::Conflict {
                 id: id.clone(),
-                reason: "sandbox is paused by snapshot (nothing runs); bring it back with \
-                         create_restored_as"
+                reason: "sandbox is paused to the store (nothing runs): resume it first, \
+                         or run a command in it, which resumes it"
                     .into(),
             });
         }
@@ -734,8 +734,20 @@ impl Runtime {
         req: ExecRequest,
         on_output: &mut dyn FnMut(OutputChunk) -> bool,
     ) -> Result<ExecResult, Error> {
+        self.exec_cancellable(id, req, &ExecCancel::default(), on_output)
+    }
+
+    /// Like [`Runtime::exec_stream_while`]; `cancel` ends the command from another thread (its
+    /// caller went away). While it runs the sandbox counts as in use: idle reclaim leaves it be.
+    pub fn exec_cancellable(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        cancel: &ExecCancel,
+        on_output: &mut dyn FnMut(OutputChunk) -> bool,
+    ) -> Result<ExecResult, Error> {
         let sb = self.running(id)?;
-        sb.activity.touch();
+        let _busy = sb.activity.busy();
         let argv = validate::exec_argv(&req)?;
         let mut env = sb.spec.env.clone();
         env.extend(req.env);
@@ -754,7 +766,8 @@ impl Runtime {
             timeout_ms: req.timeout_ms,
             background: req.background,
         };
-        client::exec(&sb.init, spec, max_keep, on_output).map_err(|e| self.client_error(&sb, e))
+        client::exec(&sb.init, spec, max_keep, cancel, on_output)
+            .map_err(|e| self.client_error(&sb, e))
     }
 
     fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
@@ -765,6 +778,7 @@ impl Runtime {
                 what: format!("the root filesystem of {id}"),
                 reason: m,
             },
+            ClientError::Cancelled => Error::Cancelled { id: id.clone() },
             ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
                 field: "cwd".into(),
                 reason: m,
@@ -911,7 +925,11 @@ impl Runtime {
         Ok(sb.info())
     }
 
+    /// What a sandbox uses now; one paused to the store runs nothing and holds no memory (zeros).
     pub fn usage(&self, id: &SandboxId) -> Result<Usage, Error> {
+        if self.parked.lock().contains_key(id) || self.transit.lock().contains_key(id) {
+            return Ok(Usage::default());
+        }
         let sb = self.sandbox(id)?;
         let cg = self.cgroups.usage(id.as_str());
         let disk = sb.root.usage();

@@ -35,6 +35,19 @@ pub struct Activity {
     last_ms: AtomicU64,
     cpu_usec: AtomicU64,
     sampled_ms: AtomicU64,
+    /// Execs in flight: a sandbox running a command for a client is in use however quiet it is.
+    busy: AtomicU64,
+}
+
+/// Holds a sandbox in use while it lives (see [`Activity::busy`]).
+#[derive(Debug)]
+pub struct Busy<'a>(&'a Activity);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
 }
 
 impl Activity {
@@ -43,11 +56,20 @@ impl Activity {
             last_ms: AtomicU64::new(now),
             cpu_usec: AtomicU64::new(0),
             sampled_ms: AtomicU64::new(now),
+            busy: AtomicU64::new(0),
         }
     }
 
     pub fn touch(&self) {
         self.last_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks the sandbox in use now and until the guard drops (an exec without a deadline may be
+    /// quiet for hours; idle reclaim must not take the sandbox from under it).
+    pub fn busy(&self) -> Busy<'_> {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        Busy(self)
     }
 
     /// Feeds one CPU sample (cumulative µs) and returns when the sandbox was last used. Using
@@ -58,7 +80,7 @@ impl Activity {
         let prev_ms = self.sampled_ms.swap(now, Ordering::Relaxed);
         let used = cpu_usec.saturating_sub(prev_cpu);
         let wall_usec = now.saturating_sub(prev_ms) * 1000;
-        if used * 100 > wall_usec {
+        if used * 100 > wall_usec || self.busy.load(Ordering::Relaxed) > 0 {
             self.last_ms.fetch_max(now, Ordering::Relaxed);
         }
         self.last_ms.load(Ordering::Relaxed)

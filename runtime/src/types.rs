@@ -131,6 +131,11 @@ pub struct SandboxSpec {
     pub job: Option<String>,
     /// Order among the job's own queued creates (higher first); jobs are ordered by share.
     pub priority: i32,
+    /// How long this create may wait in the queue for room (ms), instead of the node's
+    /// `queue_timeout_ms`; 0 fails at once (CapacityExceeded) when the node is full. Only the
+    /// create reads it: it is not kept with the sandbox.
+    #[serde(default, skip_serializing)]
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// Idle reclaim of one sandbox: after `timeout_secs` with no exec, no file access and no CPU

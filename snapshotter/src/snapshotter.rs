@@ -83,6 +83,9 @@ pub struct ForkOptions {
     pub ttl_secs: Option<u64>,
     /// Branch i gets hostname `<prefix>-<i>`; None keeps the runtime's default per-sandbox name.
     pub hostname_prefix: Option<String>,
+    /// How long each branch may wait for room (ms) instead of the node's queue timeout.
+    #[serde(default)]
+    pub queue_timeout_ms: Option<u64>,
 }
 
 /// Snapshots and forks of sandboxes.
@@ -707,6 +710,7 @@ impl Snapshotter {
         spec.labels.extend(opts.labels.clone());
         spec.labels.insert("grove.snapshot".into(), info.id.clone());
         spec.ttl_secs = opts.ttl_secs.or(spec.ttl_secs);
+        spec.queue_timeout_ms = opts.queue_timeout_ms;
         self.restore_into(spec, images, None)
     }
 

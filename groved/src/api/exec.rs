@@ -3,19 +3,20 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine as _;
-use grove_runtime::{ExecRequest, OutputChunk, MAX_OUTPUT};
+use grove_runtime::{ExecCancel, ExecRequest, OutputChunk, DEFAULT_MAX_OUTPUT, MAX_OUTPUT};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::pause::awake;
 use super::{sandbox_id, timed};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
+use crate::idempotency::Tag;
 use crate::jsonx::ApiJson;
 use crate::metrics::Op;
 use crate::wire::{
@@ -105,18 +106,45 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
 pub async fn exec(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    tag: Option<Extension<Tag>>,
     ApiJson(w): ApiJson<ExecRequestWire>,
 ) -> ApiResult<Json<ExecResultWire>> {
     let id = sandbox_id(&id)?;
     let (req, enc) = to_runtime(w, false)?;
+    if tag.is_some() && req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT) > MAX_OUTPUT_REPLAYED {
+        return Err(ApiError::invalid(
+            "max_output_bytes",
+            format!(
+                "at most {MAX_OUTPUT_REPLAYED} (16 MiB) with an Idempotency-Key: the answer is kept to replay"
+            ),
+        ));
+    }
     let rt = awake(&app, &id).await?;
+    // Dropped with this request's future: a client that hangs up takes its command with it.
+    let cancel = CancelOnDrop(ExecCancel::default());
+    let c = cancel.0.clone();
     let r = timed(
         &app,
         Op::Exec,
-        blocking(move || rt.exec(&id, req).map_err(ApiError::from)),
+        blocking(move || {
+            rt.exec_cancellable(&id, req, &c, &mut |_| true)
+                .map_err(ApiError::from)
+        }),
     )
     .await?;
     Ok(Json(ExecResultWire::from_result(&r, enc)))
+}
+
+/// The most output an exec that carries an Idempotency-Key may keep: its answer is stored to replay.
+const MAX_OUTPUT_REPLAYED: u64 = 16 << 20;
+
+/// Cancels an exec when the request handling it is dropped (hyper drops it when the client hangs up).
+struct CancelOnDrop(ExecCancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// POST /v1/sandboxes/{id}/exec/stream: output as SSE `stdout`/`stderr` events (`{"data": ...}`), then one
@@ -125,9 +153,17 @@ pub async fn exec(
 pub async fn exec_stream(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     ApiJson(w): ApiJson<ExecRequestWire>,
 ) -> ApiResult<impl IntoResponse> {
     let id = sandbox_id(&id)?;
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::bad_request(
+            "invalid_header",
+            "Idempotency-Key",
+            "a stream cannot be replayed: use exec, or start a background process, with a key",
+        ));
+    }
     let (mut req, enc) = to_runtime(w, false)?;
     req.max_output_bytes = Some(0);
     let rt = awake(&app, &id).await?;
@@ -137,6 +173,18 @@ pub async fn exec_stream(
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     let app2 = app.clone();
+    // The stream is dropped when the client goes: the command ends then, even one that prints nothing.
+    let cancel = ExecCancel::default();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    {
+        let (tx, cancel) = (tx.clone(), cancel.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tx.closed() => cancel.cancel(),
+                _ = done_rx => {}
+            }
+        });
+    }
     tokio::task::spawn_blocking(move || {
         let t = std::time::Instant::now();
         let mut on_output = |c: OutputChunk| {
@@ -153,7 +201,9 @@ pub async fn exec_stream(
                 Err(_) => true,
             }
         };
-        let res = rt.exec_stream_while(&id, req, &mut on_output);
+        let res = rt.exec_cancellable(&id, req, &cancel, &mut on_output);
+        // The watcher lets go of its sender, so the stream ends after the last event.
+        let _ = done_tx.send(());
         let ev = match res {
             Ok(mut r) => {
                 app2.metrics.observe(Op::Exec, t.elapsed());

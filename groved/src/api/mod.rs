@@ -48,11 +48,11 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/sandboxes/{id}/usage", get(sandboxes::usage))
         .route("/sandboxes/{id}/pause", post(pause::pause))
         .route("/sandboxes/{id}/resume", post(pause::resume))
-        .route("/sandboxes/{id}/exec", post(exec::exec))
+        .route("/sandboxes/{id}/exec", post(exec::exec).route_layer(idem()))
         .route("/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route(
             "/sandboxes/{id}/processes",
-            get(exec::processes).post(exec::start),
+            post(exec::start).route_layer(idem()).get(exec::processes),
         )
         .route("/sandboxes/{id}/processes/{pid}/signal", post(exec::signal))
         .route("/sandboxes/{id}/files", get(files::read).put(files::write))
@@ -61,7 +61,10 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             "/sandboxes/{id}/archive",
             get(files::download).put(files::upload),
         )
-        .route("/sandboxes/{id}/snapshot", post(snapshots::create))
+        .route(
+            "/sandboxes/{id}/snapshot",
+            post(snapshots::create).route_layer(idem()),
+        )
         .route("/snapshots", get(snapshots::list))
         .route("/snapshots/import", post(snapshots::import))
         .route(

@@ -41,6 +41,7 @@ pub async fn create(
         }
     }
     crate::wire::check_ttl(req.ttl_secs)?;
+    crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let tag = tag.map(|Extension(Tag(t))| t);
     if let Some(t) = &tag {
@@ -138,6 +139,7 @@ async fn from_snapshot(
         labels: req.labels.clone(),
         ttl_secs: req.ttl_secs,
         hostname_prefix: req.hostname.clone(),
+        queue_timeout_ms: req.queue_timeout_ms,
     };
     let single = req.count.is_none();
     let op = if fork.count == 1 {
@@ -249,6 +251,7 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         idle,
         job: req.job.clone(),
         priority: req.priority.unwrap_or(0),
+        queue_timeout_ms: req.queue_timeout_ms,
     })
 }
 

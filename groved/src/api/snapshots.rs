@@ -93,6 +93,7 @@ pub async fn fork(
         ));
     }
     crate::wire::check_ttl(req.ttl_secs)?;
+    crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let snaps = app.snapshots()?;
     let tag = tag.map(|Extension(Tag(t))| t);

@@ -23,7 +23,13 @@ impl Runtime {
     pub(crate) fn admit(&self, spec: &SandboxSpec, limits: &Limits) -> Result<(), Error> {
         let job = job_of(spec)?;
         let mut try_node = || self.reserve_evicting(limits);
-        self.jobs.acquire(job, spec.priority, limits, &mut try_node)
+        self.jobs.acquire(
+            job,
+            spec.priority,
+            spec.queue_timeout_ms,
+            limits,
+            &mut try_node,
+        )
     }
 
     /// Gives back what `admit` reserved.

@@ -156,18 +156,20 @@ impl Jobs {
 
     /// Admits one sandbox of `limits` for `job`: its quota must allow it and `try_node` (which
     /// reserves node capacity) must succeed. When either is full the create queues, served in
-    /// fair order, until room appears or the queue timeout passes. On Ok the job is charged.
+    /// fair order, until room appears or the queue timeout (`queue_timeout_ms`, else the
+    /// configured one) passes. On Ok the job is charged.
     pub fn acquire(
         &self,
         job: &str,
         priority: i32,
+        queue_timeout_ms: Option<u64>,
         limits: &Limits,
         try_node: &mut dyn FnMut() -> Result<(), Error>,
     ) -> Result<(), Error> {
         let started = Instant::now();
         let mut q = self.state.lock();
         q.check_fits_quota_ever(job, limits)?;
-        let timeout_ms = q.config.queue_timeout_ms;
+        let timeout_ms = queue_timeout_ms.unwrap_or(q.config.queue_timeout_ms);
         let deadline = started + Duration::from_millis(timeout_ms);
         let seq = q.enqueue(job, priority, *limits);
         let mut node_said: Option<Error> = None;
