@@ -55,6 +55,17 @@ def positive_seconds(field: str, v: Optional[float]) -> Optional[float]:
     return t
 
 
+def queue_timeout_ms(v: Optional[float]) -> Optional[int]:
+    """How long a create or fork may wait for room on a full node, in seconds (0: not at all, fail at once;
+    None: the node's own queue timeout), at most an hour."""
+    if v is None:
+        return None
+    t = _number("queue_timeout", v)
+    if t < 0 or t > 3600:
+        raise invalid("queue_timeout", f"{v!r}: give 0 to 3600 seconds (0 fails at once when the node is full)")
+    return math.ceil(t * 1000)
+
+
 def positive_int(field: str, v: Optional[int]) -> Optional[int]:
     if v is None:
         return None
@@ -117,7 +128,7 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
                 labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
                 workdir: Optional[str] = None, count: Optional[int] = None, idle_timeout: Optional[float] = None,
                 on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None,
-                ports: Optional[Sequence[Any]] = None) -> dict:
+                ports: Optional[Sequence[Any]] = None, queue_timeout: Optional[float] = None) -> dict:
     """The POST /v1/sandboxes body; every argument checked here first, in the caller's terms."""
     body: Dict[str, Any] = {}
     if job is not None:
@@ -146,6 +157,9 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
     p = ports_body(ports)
     if p:
         body["ports"] = p
+    qt = queue_timeout_ms(queue_timeout)
+    if qt is not None:
+        body["queue_timeout_ms"] = qt
     if on_idle is not None:
         body["on_idle"] = on_idle
     if env:

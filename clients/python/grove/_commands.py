@@ -10,6 +10,7 @@ from ._api import exec_body, positive_seconds
 from ._core import Call, Op, Sleep, op
 from ._ops import SandboxCore
 from ._streams import OutputCallback
+from ._transport import idempotency_headers
 
 #: Where a background process's stdout and stderr go (grove-init's LOG_DIR).
 LOG_DIR = "/run/grove/logs"
@@ -101,7 +102,8 @@ class CommandsCore:
               cwd: Optional[str] = None) -> Op:
         """Starts a background process; returns its handle at once. Its output goes to its log."""
         body = exec_body(cmd, env=env, cwd=cwd, with_encoding=False)
-        d = (yield Call(self._s._c, "POST", f"/v1/sandboxes/{self._s.id}/processes", json=body)).json()
+        d = (yield Call(self._s._c, "POST", f"/v1/sandboxes/{self._s.id}/processes", json=body,
+                        headers=idempotency_headers())).json()
         argv = list(cmd) if not isinstance(cmd, str) else ["/bin/sh", "-c", cmd]
         return self._s._process_cls(self._s, d["pid"], argv, d.get("log_path"))
 

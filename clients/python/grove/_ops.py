@@ -17,7 +17,7 @@ import httpx
 
 from . import errors
 from ._api import (Network, SandboxInfo, batch_split, create_body, exec_body, http_timeout, invalid,
-                   lifetime_secs, list_params, parse_exec, positive_int, positive_seconds)
+                   lifetime_secs, list_params, parse_exec, positive_int, queue_timeout_ms)
 from ._core import Call, Op, op
 from ._streams import OutputCallback, ProgressCallback, _body, _chunks, _Collect, _ExecEvents, _q
 from ._transport import idempotency_headers
@@ -66,14 +66,15 @@ class SandboxCore:
         `get_host`). `idle_timeout`: seconds without exec, file access or CPU use after which the node pauses
         it to its store (`on_idle="pause"`, the default; the next call resumes it) or destroys it. `job`: the
         training job (tenant) it counts against; `priority` orders the job's own queued creates.
-        `queue_timeout`: seconds this call may wait for room on a full node before `CapacityExceeded`."""
+        `queue_timeout`: seconds this call may wait for room on a full node before `CapacityExceeded` (0: fail
+        at once; None: the node's queue timeout, and the client's retries)."""
         c = client or cls._default_client()
-        qt = positive_seconds("queue_timeout", queue_timeout)
+        qt = queue_timeout
         if snapshot is not None:
             if image is not None:
                 raise invalid("snapshot", "give an image or a snapshot, not both")
             body = create_body(snapshot=getattr(snapshot, "name", snapshot), timeout=timeout, labels=labels,
-                               hostname=hostname)
+                               hostname=hostname, queue_timeout=qt)
             fixed = dict(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, env=env, network=network,
                          workdir=workdir, idle_timeout=idle_timeout, on_idle=on_idle, job=job, priority=priority,
                          ports=ports)
@@ -84,7 +85,7 @@ class SandboxCore:
             body = create_body(image=image or DEFAULT_IMAGE, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                                pids=pids, timeout=timeout, env=env, labels=labels, network=network,
                                hostname=hostname, workdir=workdir, idle_timeout=idle_timeout, on_idle=on_idle,
-                               job=job, priority=priority, ports=ports)
+                               job=job, priority=priority, ports=ports, queue_timeout=qt)
         r = yield Call(c, "POST", "/v1/sandboxes", json=body, headers=idempotency_headers(), timeout=None,
                        queue_timeout=qt)
         return cls(r.json(), c)
@@ -95,9 +96,9 @@ class SandboxCore:
                     queue_timeout: Optional[float] = None, **kw: Any) -> Op:
         """One request for `count` sandboxes; raises ForkError (with the ones made) if any failed."""
         c = client or cls._default_client()
-        body = create_body(image=image or DEFAULT_IMAGE, count=count, **kw)
+        body = create_body(image=image or DEFAULT_IMAGE, count=count, queue_timeout=queue_timeout, **kw)
         r = yield Call(c, "POST", "/v1/sandboxes", json=body, headers=idempotency_headers(), timeout=None,
-                       queue_timeout=positive_seconds("queue_timeout", queue_timeout))
+                       queue_timeout=queue_timeout)
         made, bad = batch_split(r.json())
         sbxs = [cls(s, c) for s in made]
         if bad:
@@ -220,8 +221,9 @@ class SandboxCore:
              env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None,
              on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None) -> Op:
         """Runs `cmd` (a string runs under /bin/sh -c) to completion, however long it takes, or until `timeout`
-        seconds (None or 0: no limit), when it is killed in the sandbox. Never sent twice: a connection lost
-        midway raises `ConnectionLost`, and the command is ended by groved when its client is gone."""
+        seconds (None or 0: no limit), when it is killed in the sandbox. Never run twice: it carries an
+        Idempotency-Key, so should the connection break, the retry gets the first run's answer. A streamed one
+        (`on_stdout`/`on_stderr`) is not retried: `ConnectionLost`, and groved ends the command with it."""
         mark = uuid.uuid4().hex
         body = exec_body(cmd, timeout=timeout, env={**(env or {}), EXEC_MARK: mark}, cwd=cwd, stdin=stdin)
         wait = http_timeout(timeout)
@@ -229,7 +231,9 @@ class SandboxCore:
         end = Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", timeout=30,
                    json=exec_body(["/bin/sh", "-c", _KILL_MARKED, "sh", mark], timeout=20))
         if on_stdout is None and on_stderr is None:
-            r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", json=body, timeout=wait, on_abandon=end)
+            # Keyed: should the connection break, the retry gets the first run's answer (groved runs it once).
+            r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", json=body, timeout=wait, on_abandon=end,
+                           headers=idempotency_headers())
             return parse_exec(r.json())
         ev = _ExecEvents(on_stdout, on_stderr)
         yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec/stream", json=body, timeout=wait, sink=ev,
@@ -252,7 +256,8 @@ class SandboxCore:
             body["name"] = name
         if durable:
             body["durable"] = True
-        r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/snapshot", json=body, timeout=None)
+        r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/snapshot", json=body, timeout=None,
+                       headers=idempotency_headers())
         return self._snapshot_cls(r.json(), self._c)
 
 
@@ -307,9 +312,11 @@ class SnapshotCore:
             body["ttl_secs"] = ttl
         if hostname_prefix:
             body["hostname_prefix"] = hostname_prefix
+        qt = queue_timeout_ms(queue_timeout)
+        if qt is not None:
+            body["queue_timeout_ms"] = qt
         r = yield Call(self._c, "POST", f"/v1/snapshots/{_q(self.name)}/fork", json=body,
-                       headers=idempotency_headers(), timeout=None,
-                       queue_timeout=positive_seconds("queue_timeout", queue_timeout))
+                       headers=idempotency_headers(), timeout=None, queue_timeout=queue_timeout)
         made, bad = batch_split(r.json())
         sbxs = [self._sandbox_cls(s, self._c) for s in made]
         if bad:

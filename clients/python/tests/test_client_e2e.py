@@ -289,24 +289,33 @@ async def test_a_connection_killed_during_exec_runs_the_command_once(api, groved
     proxy = Proxy(groved.tcp)
     C = grove.AsyncClient if api.asynchronous else grove.Client
     via = C(base_url=proxy.url, api_key=groved.api_key)
-    try:
-        far = await A(api.Sandbox.connect(sbx.id, client=via))
-        local = grove.Sandbox(sbx.info.raw, grove.Client(socket=groved.socket))
+    local = grove.Sandbox(sbx.info.raw, grove.Client(socket=groved.socket))
 
-        def cut_once_running():
-            while not local.files.exists("/tmp/runs"):
+    def cut_once(path):
+        def go():
+            while not local.files.exists(path):
                 time.sleep(0.05)
             proxy.cut()
-            local._c.close()
+        threading.Thread(target=go, daemon=True).start()
 
-        threading.Thread(target=cut_once_running, daemon=True).start()
+    try:
+        far = await A(api.Sandbox.connect(sbx.id, client=via))
+        # A plain exec carries an Idempotency-Key: its retry gets the first run's answer.
+        cut_once("/tmp/runs")
+        r = await A(far.exec("echo run >> /tmp/runs; sleep 2; echo done"))
+        assert r.stdout == "done\n" and r.exit_code == 0
+        assert (await A(sbx.files.read("/tmp/runs"))) == "run\n"  # once
+        # A stream cannot be replayed: ConnectionLost, and groved ends the command with its client.
+        cut_once("/tmp/streamed")
         with pytest.raises(grove.ConnectionLost) as e:
-            await A(far.exec("echo run >> /tmp/runs; sleep 3"))
+            await A(far.exec("echo run >> /tmp/streamed; sleep 2; echo late >> /tmp/streamed",
+                             on_stdout=lambda s: None))
         assert "may have run" in str(e.value)
         await asyncio.sleep(3)
-        assert (await A(sbx.files.read("/tmp/runs"))) == "run\n"  # once: never sent again
+        assert (await A(sbx.files.read("/tmp/streamed"))) == "run\n"  # once, and ended
     finally:
         await A(via.aclose() if api.asynchronous else via.close())
+        local._c.close()
         proxy.close()
         await api.kill(sbx)
 
@@ -342,3 +351,30 @@ def test_a_killed_trainers_sandboxes_are_gone_after_the_ttl(groved, client):
         p.kill()
         p.wait()
         grove.Sandbox.delete_many(labels={"grove.lease": name}, client=client)
+
+
+async def test_queue_timeout_on_a_full_node():
+    """A full node answers CapacityExceeded within the call's queue_timeout (not after retries of the node's
+    own queue wait), sync and async; 0 answers at once."""
+    from conftest import Daemon
+    d = Daemon("full", capacity_sandboxes=1)
+    try:
+        d.import_base_image()
+        sync, asy = grove.Client(socket=d.socket), grove.AsyncClient(socket=d.socket)
+        held = grove.Sandbox.create(client=sync)
+        try:
+            for qt, most in ((0, 1.0), (1, 3.0)):
+                t = time.monotonic()
+                with pytest.raises(grove.CapacityExceeded):
+                    grove.Sandbox.create(client=sync, queue_timeout=qt)
+                assert time.monotonic() - t < most, qt
+                t = time.monotonic()
+                with pytest.raises(grove.CapacityExceeded):
+                    await grove.AsyncSandbox.create(client=asy, queue_timeout=qt)
+                assert time.monotonic() - t < most, qt
+        finally:
+            held.kill()
+            sync.close()
+            await asy.aclose()
+    finally:
+        d.stop()

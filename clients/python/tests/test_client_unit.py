@@ -63,31 +63,31 @@ def sandbox(mode, handler):
     return mode, lambda: grove.Sandbox.create(client=c2)
 
 
-def test_an_exec_whose_connection_breaks_is_not_sent_again(mode):
+def test_an_exec_whose_connection_breaks_is_retried_under_its_key_a_stream_is_not(mode):
     calls = []
 
     def handler(req):
-        calls.append(req.url.path)
+        calls.append((req.url.path, req.headers.get("idempotency-key")))
+        if req.url.path.endswith("/exec") and len([c for c in calls if c[0] == req.url.path]) == 1:
+            raise httpx.ReadError("connection reset", request=req)
         if req.url.path.endswith("/exec"):
+            return httpx.Response(200, json=EXEC_OK)
+        if req.url.path.endswith("/exec/stream"):
             raise httpx.ReadError("connection reset", request=req)
         return httpx.Response(201, json=SBX)
 
     c = mode.client(handler)
-
-    async def go_async():
-        sbx = await grove.AsyncSandbox.create(client=c)
-        return await sbx.exec("echo side effect >> /tmp/f")
-
-    def go_sync():
-        return grove.Sandbox.create(client=c).exec("echo side effect >> /tmp/f")
-
+    sbx = mode.run(mode.Sandbox.create(client=c))
+    assert mode.run(sbx.exec("echo side effect >> /tmp/f")).exit_code == 0
+    keys = [k for p, k in calls if p.endswith("/exec")]
+    assert len(keys) == 2 and keys[0] and keys[0] == keys[1]  # the same key: groved answers the first run
     with pytest.raises(grove.ConnectionLost) as e:
-        asyncio.run(go_async()) if mode.asynchronous else go_sync()
-    assert calls.count("/v1/sandboxes/sb-000000000001/exec") == 1
+        mode.run(sbx.exec("echo side effect >> /tmp/f", on_stdout=print))
+    assert [p for p, _ in calls].count("/v1/sandboxes/sb-000000000001/exec/stream") == 1
     assert "not sent again" in str(e.value) and "http://test" in str(e.value)
 
 
-def test_a_snapshot_is_not_retried_but_a_get_and_a_keyed_create_are(mode):
+def test_a_keyed_call_and_a_get_are_retried_a_plain_post_is_not(mode):
     calls = []
 
     def handler(req):
@@ -96,6 +96,8 @@ def test_a_snapshot_is_not_retried_but_a_get_and_a_keyed_create_are(mode):
             raise httpx.RemoteProtocolError("peer closed", request=req)
         if req.url.path.endswith("/snapshot"):
             return httpx.Response(201, json={"id": "s", "name": "s"})
+        if req.url.path.endswith("/pause"):
+            return httpx.Response(200, json=SBX)
         return httpx.Response(200 if req.method == "GET" else 201, json=SBX)
 
     c = mode.client(handler)
@@ -105,9 +107,12 @@ def test_a_snapshot_is_not_retried_but_a_get_and_a_keyed_create_are(mode):
     assert len(creates) == 2 and creates[0] == creates[1] and creates[0]
     mode.run(S.connect(sbx.id, client=c))  # a GET: retried
     assert len([1 for m, p, _ in calls if m == "GET"]) == 2
+    mode.run(sbx.snapshot())  # keyed
+    snaps = [k for m, p, k in calls if p.endswith("/snapshot")]
+    assert len(snaps) == 2 and snaps[0] == snaps[1]
     with pytest.raises(grove.ConnectionLost):
-        mode.run(sbx.snapshot())
-    assert len([1 for m, p, _ in calls if p.endswith("/snapshot")]) == 1
+        mode.run(sbx.pause())  # a plain POST
+    assert len([1 for m, p, _ in calls if p.endswith("/pause")]) == 1
 
 
 def test_no_raw_httpx_exception_escapes(mode):
@@ -148,7 +153,7 @@ def test_invalid_values_are_refused_before_sending(mode):
     for kw, field in [({"timeout": 0}, "timeout"), ({"timeout": -5}, "timeout"), ({"timeout": float("nan")}, "timeout"),
                       ({"idle_timeout": 0}, "idle_timeout"), ({"cpu": -1}, "cpu"), ({"cpu": 0}, "cpu"),
                       ({"memory_mb": 0}, "memory_mb"), ({"pids": True}, "pids"), ({"ports": [70000]}, "ports[0]"),
-                      ({"queue_timeout": 0}, "queue_timeout")]:
+                      ({"queue_timeout": -1}, "queue_timeout"), ({"queue_timeout": 7200}, "queue_timeout")]:
         with pytest.raises(grove.InvalidRequest) as e:
             mode.run(S.create(client=c, **kw))
         assert e.value.field == field, (kw, e.value)
@@ -204,6 +209,11 @@ def test_queue_timeout_bounds_the_wait_on_a_full_node(mode):
     with pytest.raises(grove.CapacityExceeded):
         mode.run(mode.Sandbox.create(client=c, queue_timeout=0.2))
     assert time.monotonic() - t < 1.0 and 1 <= len(calls) <= 6
+    assert json.loads(calls[0].content)["queue_timeout_ms"] == 200  # groved waits no longer either
+    calls.clear()
+    with pytest.raises(grove.CapacityExceeded):
+        mode.run(mode.Sandbox.create(client=c, queue_timeout=0))
+    assert len(calls) == 1 and json.loads(calls[0].content)["queue_timeout_ms"] == 0
 
 
 def test_uploads_stream_in_chunks_with_progress(mode, tmp_path):
