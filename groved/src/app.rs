@@ -26,6 +26,7 @@ pub struct App {
     pub fsd: Option<Arc<nodefs::service::Client>>,
     pub metrics: Metrics,
     pub idempotency: Idempotency,
+    pub snapshot_ttls: crate::lifetimes::SnapshotTtls,
     pub events: EventTx,
     draining: AtomicBool,
     /// Flips to true on shutdown; long-lived streams watch it and end.
@@ -43,7 +44,9 @@ impl App {
         let events = crate::events::channel();
         crate::events::bridge(&runtime, events.clone());
         let idempotency = Idempotency::open(crate::idempotency::journal_dir(&config.state_dir));
+        let snapshot_ttls = crate::lifetimes::SnapshotTtls::open(&config.state_dir);
         Arc::new(App {
+            snapshot_ttls,
             config,
             runtime,
             images,

@@ -55,6 +55,8 @@ pub enum ConfigError {
     PortRange(String),
     #[error("instance {0:?} must start with \"grove\" and be [A-Za-z0-9_-]")]
     Instance(String),
+    #[error("default_ttl_secs: {0} is more than 10 years")]
+    DefaultTtl(u64),
     #[error("peers[{index}].url {url:?}: {why}")]
     PeerUrl {
         index: usize,
@@ -154,6 +156,9 @@ pub struct FileConfig {
     pub peers: Vec<PeerFile>,
     /// How often failed background imports of snapshot images are retried (s, default 30).
     pub import_retry_secs: Option<u64>,
+    /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
+    /// forever); unset or 0: no default, such sandboxes live until deleted.
+    pub default_ttl_secs: Option<u64>,
 }
 
 /// Command-line overrides.
@@ -212,6 +217,8 @@ pub struct Config {
     pub pools: PoolsConfig,
     pub peers: Vec<Peer>,
     pub import_retry: Duration,
+    /// See `FileConfig::default_ttl_secs` (0 is None here).
+    pub default_ttl_secs: Option<u64>,
 }
 
 impl Config {
@@ -299,6 +306,10 @@ impl Config {
             Some(other) => return Err(ConfigError::RootProvider(other.into())),
         };
         let keep_sandboxes_on_stop = f.keep_sandboxes_on_stop.unwrap_or(false);
+        let default_ttl_secs = f.default_ttl_secs.filter(|t| *t > 0);
+        if let Some(t) = default_ttl_secs.filter(|t| *t > grove_runtime::MAX_TTL_SECS) {
+            return Err(ConfigError::DefaultTtl(t));
+        }
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
         let idle = crate::wire::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
             .map_err(|(field, why)| ConfigError::Idle { field, why })?;
@@ -358,6 +369,7 @@ impl Config {
             pools,
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
+            default_ttl_secs,
         })
     }
 

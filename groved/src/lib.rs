@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod idempotency;
 pub mod jsonx;
+pub mod lifetimes;
 pub mod metrics;
 pub mod nodefs_backend;
 pub mod pipe;

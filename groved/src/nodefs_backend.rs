@@ -319,6 +319,8 @@ fn to_wire_with(i: &SnapshotInfo, error: Option<String>) -> Snapshot {
         size_bytes: Some(i.bytes_added),
         durable: i.durable,
         labels: i.spec.labels.clone(),
+        expires_at_ms: None,
+        parent: None,
     }
 }
 

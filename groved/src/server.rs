@@ -149,6 +149,7 @@ async fn reap(app: Arc<App>) {
             Err(e) => tracing::error!("reaper: {e}"),
         }
         crate::api::pause::reclaim_idle(&app).await;
+        crate::lifetimes::expire_snapshots(&app).await;
         imports.tick(&app).await;
     }
 }

@@ -284,6 +284,8 @@ pub struct BatchDeleteRequest {
     /// Also delete every sandbox carrying all of these labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Also delete every sandbox of this job (with `labels`: those of the job carrying them).
+    pub job: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -296,6 +298,8 @@ pub struct DeleteResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchDeleteResponse {
     pub results: Vec<DeleteResult>,
+    /// How many were deleted.
+    pub deleted: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -443,6 +447,9 @@ pub struct SnapshotRequest {
     /// Answer once the images are in the content store.
     #[serde(default)]
     pub durable: bool,
+    /// Delete the snapshot this long after it is taken, once no sandbox forked from it lives and
+    /// no snapshot below it is kept. Unset or 0: kept until deleted.
+    pub ttl_secs: Option<u64>,
 }
 
 /// A snapshot as the API shows it.
@@ -462,6 +469,30 @@ pub struct Snapshot {
     /// Why the background import of the images failed (it is retried); absent while none did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When its TTL runs out (ms since the epoch); it is deleted then, once nothing needs it.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+    /// The snapshot its source sandbox was forked from (null: taken from a sandbox made from an image).
+    #[serde(default)]
+    pub parent: Option<String>,
+}
+
+/// POST /v1/snapshots/gc: expired snapshots, and with `labels` those carrying all of them, are
+/// deleted when nothing needs them; then the content store's gc frees their bytes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotGcRequest {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What a snapshot delete or gc removed (names), and for gc what the store's gc reported.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotsDeleted {
+    pub deleted: Vec<String>,
+    pub count: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -80,6 +80,7 @@ const DURABLE_WAIT: Duration = Duration::from_secs(600);
 pub struct ForkOptions {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Unset: the source's TTL; 0: none.
     pub ttl_secs: Option<u64>,
     /// Branch i gets hostname `<prefix>-<i>`; None keeps the runtime's default per-sandbox name.
     pub hostname_prefix: Option<String>,
@@ -709,7 +710,11 @@ impl Snapshotter {
         spec.hostname = opts.hostname_prefix.as_ref().map(|p| format!("{p}-{i}"));
         spec.labels.extend(opts.labels.clone());
         spec.labels.insert("grove.snapshot".into(), info.id.clone());
-        spec.ttl_secs = opts.ttl_secs.or(spec.ttl_secs);
+        // 0: no expiry for the branch; unset: the source's TTL.
+        spec.ttl_secs = match opts.ttl_secs {
+            Some(0) => None,
+            t => t.or(spec.ttl_secs),
+        };
         spec.queue_timeout_ms = opts.queue_timeout_ms;
         self.restore_into(spec, images, None)
     }

@@ -81,6 +81,7 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         )
         .route("/snapshots/{name}/objects", get(snapshots::objects))
         .route("/snapshots/missing", post(snapshots::missing))
+        .route("/snapshots/gc", post(snapshots::gc))
         .route("/snapshots/pull", post(pull::pull))
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))

@@ -40,7 +40,16 @@ pub async fn create(
             ));
         }
     }
-    crate::wire::check_ttl(req.ttl_secs)?;
+    // 0: no expiry, even on a node with a default TTL; unset: the node's default.
+    // A fork keeps its source's TTL unless given one (0 included: the fork passes it on).
+    if req.snapshot.is_none() {
+        req.ttl_secs = match req.ttl_secs {
+            Some(0) => None,
+            None => app.config.default_ttl_secs,
+            t => t,
+        };
+    }
+    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
     crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let tag = tag.map(|Extension(Tag(t))| t);
@@ -412,19 +421,24 @@ pub async fn batch_delete(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<BatchDeleteRequest>,
 ) -> ApiResult<Json<BatchDeleteResponse>> {
-    if req.ids.is_empty() && req.labels.is_empty() {
-        return Err(ApiError::invalid("ids", "give ids or labels"));
+    if req.ids.is_empty() && req.labels.is_empty() && req.job.is_none() {
+        return Err(ApiError::invalid("ids", "give ids, labels or job"));
     }
     check_labels("labels", &req.labels)?;
+    if let Some(j) = &req.job {
+        grove_runtime::jobs::check_name(j).map_err(ApiError::from)?;
+    }
     let rt = app.runtime.clone();
     let results = blocking(move || {
         let mut targets: Vec<String> = req.ids.clone();
-        if !req.labels.is_empty() {
+        if !req.labels.is_empty() || req.job.is_some() {
             for i in rt.list() {
+                let job = i.spec.job.as_deref().unwrap_or("default");
                 if req
                     .labels
                     .iter()
                     .all(|(k, v)| i.spec.labels.get(k) == Some(v))
+                    && req.job.as_deref().is_none_or(|j| j == job)
                     && !targets.contains(&i.id.to_string())
                 {
                     targets.push(i.id.to_string());
@@ -441,11 +455,12 @@ pub async fn batch_delete(
                     error: r.err().map(|e| e.body()),
                 }
             })
-            .collect();
+            .collect::<Vec<DeleteResult>>();
         Ok(results)
     })
     .await?;
-    Ok(Json(BatchDeleteResponse { results }))
+    let deleted = results.iter().filter(|r| r.deleted).count();
+    Ok(Json(BatchDeleteResponse { results, deleted }))
 }
 
 pub async fn set_ttl(

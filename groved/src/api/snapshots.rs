@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,11 +18,12 @@ use crate::backend::check_name;
 use crate::error::{ApiError, ApiResult};
 use crate::events::own;
 use crate::idempotency::{self, Tag};
-use crate::jsonx::{ApiJson, OptionalJson};
+use crate::jsonx::{query_one, query_pairs, ApiJson, OptionalJson};
 use crate::metrics::Op;
 use crate::pipe::{ChanReader, ChanWriter};
 use crate::wire::{
-    DeltaExportRequest, ForkRequest, ObjectList, Snapshot, SnapshotList, SnapshotRequest,
+    DeltaExportRequest, ForkRequest, ObjectList, Snapshot, SnapshotGcRequest, SnapshotList,
+    SnapshotRequest, SnapshotsDeleted,
 };
 use nodefs::ObjectId;
 
@@ -35,12 +36,27 @@ pub async fn create(
     if let Some(n) = &req.name {
         check_name("name", n)?;
     }
+    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
+    let ttl = req.ttl_secs.filter(|t| *t > 0);
     let snaps = app.snapshots()?;
     let sid = id.clone();
+    let a = app.clone();
     let snap = timed(
         &app,
         Op::Snapshot,
-        blocking(move || snaps.snapshot(&sid, &req)),
+        blocking(move || {
+            let snap = snaps.snapshot(&sid, &req)?;
+            if let Some(t) = ttl {
+                let at = crate::lifetimes::now_ms().saturating_add(t.saturating_mul(1000));
+                if let Err(e) = a.snapshot_ttls.set(&snap.id, Some(at)) {
+                    // A snapshot whose TTL cannot be kept would outlive it: none is made.
+                    let _ = snaps.delete(&snap.id);
+                    let e = ApiError::from_cause(&e, ApiError::internal(crate::error::chain(&e)));
+                    return Err(e);
+                }
+            }
+            Ok(crate::lifetimes::decorate(&a, snap))
+        }),
     )
     .await?;
     app.emit(own(
@@ -55,6 +71,10 @@ pub async fn create(
 pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<SnapshotList>> {
     let snaps = app.snapshots()?;
     let items = blocking(move || snaps.list()).await?;
+    let items = items
+        .into_iter()
+        .map(|s| crate::lifetimes::decorate(&app, s))
+        .collect();
     Ok(Json(SnapshotList { items }))
 }
 
@@ -64,19 +84,111 @@ pub async fn get(
 ) -> ApiResult<Json<Snapshot>> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
-    Ok(Json(blocking(move || snaps.get(&name)).await?))
+    let s = blocking(move || snaps.get(&name)).await?;
+    Ok(Json(crate::lifetimes::decorate(&app, s)))
 }
 
+/// DELETE /v1/snapshots/{name}[?descendants=true]: with descendants, every snapshot below it goes
+/// too (deepest first) and the answer names them.
 pub async fn delete(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
-) -> ApiResult<StatusCode> {
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
     check_name("name", &name)?;
+    let pairs = query_pairs(q.as_deref())?;
+    let descendants = match query_one(&pairs, "descendants") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "descendants",
+                format!("{other:?}: true or false"),
+            ))
+        }
+    };
     let snaps = app.snapshots()?;
     let n = name.clone();
-    blocking(move || snaps.delete(&n)).await?;
-    app.emit(own("snapshot_deleted", None, Some(name), None));
-    Ok(StatusCode::NO_CONTENT)
+    if !descendants {
+        let a = app.clone();
+        blocking(move || {
+            let id = snaps.get(&n)?.id;
+            snaps.delete(&n)?;
+            a.snapshot_ttls.forget(&[id]);
+            Ok(())
+        })
+        .await?;
+        app.emit(own("snapshot_deleted", None, Some(name), None));
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let a = app.clone();
+    let deleted = blocking(move || {
+        let root = snaps.get(&n)?;
+        let all = snaps.list()?;
+        let mut deleted = Vec::new();
+        let mut ids = Vec::new();
+        for s in crate::lifetimes::with_descendants(&all, &root) {
+            match snaps.delete(&s.id) {
+                Ok(()) => {}
+                Err(e) if e.status == StatusCode::NOT_FOUND => continue,
+                Err(e) => {
+                    a.snapshot_ttls.forget(&ids);
+                    return Err(e);
+                }
+            }
+            a.emit(own("snapshot_deleted", None, Some(s.name.clone()), None));
+            ids.push(s.id);
+            deleted.push(s.name);
+        }
+        a.snapshot_ttls.forget(&ids);
+        Ok(deleted)
+    })
+    .await?;
+    let count = deleted.len();
+    Ok(Json(SnapshotsDeleted {
+        deleted,
+        count,
+        store: None,
+    })
+    .into_response())
+}
+
+/// POST /v1/snapshots/gc: deletes expired snapshots, and those carrying all of `labels`, that no live
+/// sandbox was forked from and no kept snapshot descends from; then runs the content store's gc, so
+/// their bytes are freed (`store` is its report).
+pub async fn gc(
+    State(app): State<Arc<App>>,
+    OptionalJson(req): OptionalJson<SnapshotGcRequest>,
+) -> ApiResult<Json<SnapshotsDeleted>> {
+    check_labels("labels", &req.labels)?;
+    let snaps = app.snapshots()?;
+    let a = app.clone();
+    let deleted = blocking(move || {
+        let now = crate::lifetimes::now_ms();
+        let candidates = snaps
+            .list()?
+            .into_iter()
+            .map(|s| crate::lifetimes::decorate(&a, s))
+            .filter(|s| {
+                s.expires_at_ms.is_some_and(|t| t <= now)
+                    || (!req.labels.is_empty()
+                        && req.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            })
+            .map(|s| s.id)
+            .collect();
+        let sandboxes = a.runtime.list();
+        crate::lifetimes::delete_unneeded(&a, &*snaps, &sandboxes, &candidates)
+    })
+    .await?;
+    let images = app.images.clone();
+    let store = blocking(move || images.gc()).await?;
+    let count = deleted.len();
+    Ok(Json(SnapshotsDeleted {
+        deleted,
+        count,
+        store: Some(store),
+    }))
 }
 
 pub async fn fork(
@@ -92,7 +204,7 @@ pub async fn fork(
             format!("must be 1..={MAX_BATCH}, got {}", req.count),
         ));
     }
-    crate::wire::check_ttl(req.ttl_secs)?;
+    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
     crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let snaps = app.snapshots()?;
@@ -201,5 +313,8 @@ pub async fn import(
         Some(snap.name.clone()),
         None,
     ));
-    Ok((StatusCode::CREATED, Json(snap)))
+    Ok((
+        StatusCode::CREATED,
+        Json(crate::lifetimes::decorate(&app, snap)),
+    ))
 }

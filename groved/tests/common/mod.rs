@@ -213,6 +213,8 @@ pub struct Daemon {
 }
 
 static DAEMON: OnceLock<Daemon> = OnceLock::new();
+/// Top-level config lines for this test binary's daemon: set before the first `daemon()`.
+pub static EXTRA_CONFIG: OnceLock<&'static str> = OnceLock::new();
 /// Tests that need the node to themselves (capacity) take this for writing; everyone else for reading.
 pub static EXCLUSIVE: RwLock<()> = RwLock::new(());
 
@@ -278,6 +280,7 @@ cgroup_root = "{cgroup_root}"
 reap_interval_ms = 200
 net_pool = "10.213.0.0/16"
 queue_timeout_ms = 300
+{extra}
 [capacity]
 memory_mb = 8192
 memory_reserve_mb = 0
@@ -295,6 +298,7 @@ purpose = "groved-tests"
             state = dir.join("state").display(),
             run = dir.join("run").display(),
             dir = dir.display(),
+            extra = EXTRA_CONFIG.get().copied().unwrap_or(""),
         );
         std::fs::write(dir.join("groved.toml"), config).unwrap();
         let log = std::fs::File::create(dir.join("groved.log")).unwrap();
