@@ -45,6 +45,14 @@ def lifetime_secs(field: str, v: Optional[float]) -> Optional[int]:
     return math.ceil(t)
 
 
+def ttl_secs(field: str, v: Optional[float]) -> Optional[int]:
+    """A sandbox's or snapshot's time to live at creation: seconds > 0 (rounded up); 0: no expiry (not even
+    the node's default TTL); None: the node's default."""
+    if v is not None and _number(field, v) == 0:
+        return 0
+    return lifetime_secs(field, v)
+
+
 def positive_seconds(field: str, v: Optional[float]) -> Optional[float]:
     """A client-side wait (> 0 seconds); None: no limit."""
     if v is None:
@@ -146,7 +154,7 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
             limits[k] = v
     if limits:
         body["limits"] = limits
-    ttl = lifetime_secs("timeout", timeout)
+    ttl = ttl_secs("timeout", timeout)
     if ttl is not None:
         body["ttl_secs"] = ttl
     idle = lifetime_secs("idle_timeout", idle_timeout)

@@ -17,7 +17,7 @@ import httpx
 
 from . import errors
 from ._api import (Network, SandboxInfo, batch_split, create_body, exec_body, http_timeout, invalid,
-                   lifetime_secs, list_params, parse_exec, positive_int, queue_timeout_ms)
+                   list_params, parse_exec, positive_int, queue_timeout_ms, ttl_secs)
 from ._core import Call, Op, op
 from ._streams import OutputCallback, ProgressCallback, _body, _chunks, _Collect, _ExecEvents, _q
 from ._transport import idempotency_headers
@@ -127,15 +127,17 @@ class SandboxCore:
     @classmethod
     @op
     def delete_many(cls, ids: Optional[Sequence[str]] = None, *, labels: Optional[Dict[str, str]] = None,
-                    client: Any = None) -> Op:
-        """Destroys the sandboxes named by `ids` and every one carrying all of `labels`, in one request;
-        returns the ids destroyed. (A job's sandboxes: `labels` the job put on them.)"""
+                    job: Optional[str] = None, client: Any = None) -> Op:
+        """Destroys, in one request, the sandboxes named by `ids` and every one carrying all of `labels` (of
+        `job`, when given); returns the ids destroyed."""
         c = client or cls._default_client()
-        if not ids and not labels:
-            raise invalid("ids", "give ids or labels (deleting everything is not a batch delete)")
+        if not ids and not labels and job is None:
+            raise invalid("ids", "give ids, labels or job (deleting everything is not a batch delete)")
         body: Dict[str, Any] = {"ids": list(ids or [])}
         if labels:
             body["labels"] = dict(labels)
+        if job is not None:
+            body["job"] = job
         r = yield Call(c, "POST", "/v1/sandboxes/delete", json=body, timeout=None, idempotent=True)
         return [d["id"] for d in r.json()["results"] if d.get("deleted")]
 
@@ -190,8 +192,8 @@ class SandboxCore:
 
     @op
     def set_timeout(self, timeout: Optional[float]) -> Op:
-        """Seconds to live from now (> 0), or None: no expiry."""
-        ttl = lifetime_secs("timeout", timeout)
+        """Seconds to live from now (> 0), or None or 0: no expiry."""
+        ttl = ttl_secs("timeout", timeout) or None
         r = yield Call(self._c, "PUT", f"/v1/sandboxes/{self.id}/ttl", json={"ttl_secs": ttl})
         self._info = SandboxInfo.from_json(r.json())
 
@@ -246,14 +248,20 @@ class SandboxCore:
 
     # --- snapshots ---------------------------------------------------------------------------------------
     @op
-    def snapshot(self, name: Optional[str] = None, stop: bool = False, durable: bool = False) -> Op:
+    def snapshot(self, name: Optional[str] = None, stop: bool = False, durable: bool = False, *,
+                 ttl: Optional[float] = None) -> Op:
         """Freezes files, processes and memory into a snapshot; the sandbox keeps running unless `stop`.
 
         Returns as soon as the snapshot is forkable; its memory images reach the content store in the
-        background (`Snapshot.durable`). `durable=True` returns only once they are stored."""
+        background (`Snapshot.durable`). `durable=True` returns only once they are stored. `ttl`: seconds
+        after which groved deletes it, once no sandbox forked from it lives and no snapshot below it is kept
+        (None or 0: kept until deleted) -- what a tree search wants for its inner nodes."""
         body: Dict[str, Any] = {"stop": stop}
         if name is not None:
             body["name"] = name
+        t = ttl_secs("ttl", ttl)
+        if t:
+            body["ttl_secs"] = t
         if durable:
             body["durable"] = True
         r = yield Call(self._c, "POST", f"/v1/sandboxes/{self.id}/snapshot", json=body, timeout=None,
@@ -284,6 +292,15 @@ class SnapshotCore:
         """Whether the images are in the content store (as of when this object was fetched)."""
         return bool(self.info.get("durable", True))
 
+    @property
+    def parent(self) -> Optional[str]:
+        """The snapshot its source sandbox was forked from (None: made from an image)."""
+        return self.info.get("parent")
+
+    @property
+    def expires_at_ms(self) -> Optional[int]:
+        return self.info.get("expires_at_ms")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
@@ -303,11 +320,11 @@ class SnapshotCore:
     def fork(self, n: int = 1, *, labels: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
              hostname_prefix: Optional[str] = None, queue_timeout: Optional[float] = None) -> Op:
         """`n` independent sandboxes restored from this snapshot. Raises ForkError (holding the ones made) if
-        any failed. `timeout`: their seconds to live (> 0)."""
+        any failed. `timeout`: their seconds to live (0: no expiry; None: the source sandbox's TTL)."""
         body: Dict[str, Any] = {"count": positive_int("n", n)}
         if labels:
             body["labels"] = dict(labels)
-        ttl = lifetime_secs("timeout", timeout)
+        ttl = ttl_secs("timeout", timeout)  # 0: no expiry; None: the source's TTL
         if ttl is not None:
             body["ttl_secs"] = ttl
         if hostname_prefix:
@@ -325,8 +342,22 @@ class SnapshotCore:
         return sbxs
 
     @op
-    def delete(self) -> Op:
-        yield Call(self._c, "DELETE", f"/v1/snapshots/{_q(self.name)}", timeout=None)
+    def delete(self, *, descendants: bool = False) -> Op:
+        """Deletes the snapshot, and with `descendants` every snapshot below it (taken from its forks, and so
+        on); returns the names deleted."""
+        params = {"descendants": "true"} if descendants else None
+        r = yield Call(self._c, "DELETE", f"/v1/snapshots/{_q(self.name)}", params=params, timeout=None)
+        return r.json()["deleted"] if r.content else [self.name]
+
+    @classmethod
+    @op
+    def gc(cls, labels: Optional[Dict[str, str]] = None, client: Any = None) -> Op:
+        """Deletes expired snapshots, and with `labels` every one carrying them, that nothing needs any more
+        (no live fork, no kept snapshot below); the node's store then frees their bytes. Returns the names."""
+        c = client or cls._default_client()
+        r = yield Call(c, "POST", "/v1/snapshots/gc", json={"labels": dict(labels or {})}, timeout=None,
+                       idempotent=True)
+        return r.json()["deleted"]
 
     @op
     def export(self, *, on_progress: Optional[ProgressCallback] = None) -> Op:

@@ -28,7 +28,8 @@ def binary(env: str, name: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False):
+    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False, config: str = ""):
+        """`config`: more top-level groved.toml lines (e.g. `default_ttl_secs = 3`)."""
         self.dir = Path(f"/tmp/grove-pytest-{tag}-{uuid.uuid4().hex[:8]}")
         (self.dir / "state").mkdir(parents=True)
         (self.dir / "run").mkdir(parents=True)
@@ -49,6 +50,7 @@ state_dir = "{self.dir}/state"
 run_dir = "{self.dir}/run"
 socket = "{self.socket}"
 {listen}
+{config}
 root_provider = "nodefs"
 cgroup_root = "{self.cgroup_root}"
 reap_interval_ms = 200

@@ -196,6 +196,35 @@ async def test_snapshot_create_images_ports_batch_delete(api):
         await api.kill(sbx)
 
 
+async def test_snapshot_lifetimes_and_batch_delete_by_job(api):
+    """A tree search's leftovers go: a snapshot with its descendants in one call, a snapshot with a ttl once
+    it expires and nothing needs it; a job's sandboxes in one call."""
+    tag = uuid.uuid4().hex[:6]
+    job = f"py-{tag}"
+    root = await api.create(job=job)
+    try:
+        s1 = await A(root.snapshot(name=f"s1-{tag}"))
+        [kid] = await A(s1.fork(1))
+        s2 = await A(kid.snapshot(name=f"s2-{tag}"))
+        assert s2.parent in (s1.name, s1.id)
+        await api.kill(kid)
+        assert sorted(await A(s1.delete(descendants=True))) == sorted([s1.name, s2.name])
+        names = [s.name for s in await A(api.Snapshot.list(client=api.client))]
+        assert s1.name not in names and s2.name not in names
+
+        s3 = await A(root.snapshot(name=f"s3-{tag}", ttl=1))
+        assert s3.expires_at_ms
+        await asyncio.sleep(1.5)
+        await A(api.Snapshot.gc(client=api.client))
+        assert s3.name not in [s.name for s in await A(api.Snapshot.list(client=api.client))]
+
+        more = await A(api.Sandbox.create_many(2, job=job, client=api.client))
+        gone = await A(api.Sandbox.delete_many(job=job, client=api.client))
+        assert sorted(gone) == sorted([root.id] + [m.id for m in more])
+    finally:
+        await api.kill(root)
+
+
 async def test_lease_keeps_its_sandboxes_alive_then_deletes_them(api):
     if api.asynchronous:
         lease = api.Lease(api.client, ttl=4, heartbeat=0.5)
@@ -331,6 +360,48 @@ TRAINER = textwrap.dedent("""
         print("ready", flush=True)
         time.sleep(600)
 """)
+
+
+PLAIN_TRAINER = textwrap.dedent("""
+    import sys, time
+    import grove
+    c = grove.Client(socket=sys.argv[1])
+    for _ in range(2):
+        grove.Sandbox.create(labels={"run": sys.argv[2]}, client=c)   # no timeout: the node's default TTL
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_killed_trainers_plain_sandboxes_are_gone_after_the_nodes_default_ttl():
+    """Without a lease or a timeout, the node's `default_ttl_secs` is what stops a crashed trainer's leak."""
+    from conftest import Daemon
+    d = Daemon("ttl", config="default_ttl_secs = 3")
+    run = uuid.uuid4().hex[:8]
+    env = dict(os.environ, PYTHONPATH=str(Path(grove.__file__).parents[1]))
+    try:
+        d.import_base_image()
+        c = grove.Client(socket=d.socket)
+        p = subprocess.Popen([sys.executable, "-c", PLAIN_TRAINER, d.socket, run], stdout=subprocess.PIPE, env=env)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            sbxs = grove.Sandbox.list(labels={"run": run}, client=c)
+            assert len(sbxs) == 2 and all(s.info.expires_at_ms for s in sbxs)
+            p.kill()
+            p.wait()
+            killed = time.monotonic()
+            while grove.Sandbox.list(labels={"run": run}, client=c):
+                assert time.monotonic() - killed < 3 + 5, "a dead trainer's sandboxes outlived the default TTL"
+                time.sleep(0.2)
+            # timeout=0 opts out of the default: no expiry.
+            with grove.Sandbox.create(timeout=0, client=c) as keep:
+                assert keep.info.expires_at_ms is None
+        finally:
+            p.kill()
+            p.wait()
+            c.close()
+    finally:
+        d.stop()
 
 
 def test_a_killed_trainers_sandboxes_are_gone_after_the_ttl(groved, client):

@@ -150,7 +150,7 @@ def test_invalid_values_are_refused_before_sending(mode):
 
     c = mode.client(handler)
     S = mode.Sandbox
-    for kw, field in [({"timeout": 0}, "timeout"), ({"timeout": -5}, "timeout"), ({"timeout": float("nan")}, "timeout"),
+    for kw, field in [({"timeout": -5}, "timeout"), ({"timeout": float("nan")}, "timeout"),
                       ({"idle_timeout": 0}, "idle_timeout"), ({"cpu": -1}, "cpu"), ({"cpu": 0}, "cpu"),
                       ({"memory_mb": 0}, "memory_mb"), ({"pids": True}, "pids"), ({"ports": [70000]}, "ports[0]"),
                       ({"queue_timeout": -1}, "queue_timeout"), ({"queue_timeout": 7200}, "queue_timeout")]:
@@ -164,8 +164,11 @@ def test_invalid_values_are_refused_before_sending(mode):
             mode.run(sbx.exec("true", timeout=t))
         assert e.value.field == "timeout"
     with pytest.raises(grove.InvalidRequest):
-        mode.run(sbx.set_timeout(0))
+        mode.run(sbx.set_timeout(-1))
     assert len(calls) == 1
+    # 0 means no limit for a lifetime too: no expiry, not even the node's default TTL.
+    mode.run(S.create(client=c, timeout=0))
+    assert json.loads(calls[-1].content)["ttl_secs"] == 0
     # 0 means no limit for a command (as in E2B): no timeout_ms, and no deadline on the answer.
     mode.run(sbx.exec("true", timeout=0))
     assert "timeout_ms" not in json.loads(calls[-1].content)
