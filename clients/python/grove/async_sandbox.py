@@ -6,6 +6,7 @@ import base64
 from typing import Callable, Dict, List, Optional, Sequence, Union
 from urllib.parse import quote
 
+from .sessions import AsyncSessions
 from . import errors
 from ._api import (EntryInfo, ExecResult, Network, SandboxInfo, SseParser, batch_split, create_body, exec_body,
                    http_timeout, list_params, parse_entries, parse_exec)
@@ -78,6 +79,7 @@ class AsyncSandbox:
         self._info = SandboxInfo.from_json(info)
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.sessions = AsyncSessions(self)
 
     @classmethod
     async def create(cls, image: str = DEFAULT_IMAGE, *, cpu: Optional[float] = None, memory_mb: Optional[int] = None,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 from urllib.parse import quote
 
+from .sessions import Sessions
 from . import errors
 from ._api import (EntryInfo, ExecResult, Network, SandboxInfo, batch_split, create_body, exec_body, http_timeout,
                    list_params, parse_entries, parse_exec, sse_pairs)
@@ -89,6 +90,7 @@ class Sandbox:
         self._info = SandboxInfo.from_json(info)
         self.commands = Commands(self)
         self.files = Files(self)
+        self.sessions = Sessions(self)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
