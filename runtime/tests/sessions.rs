@@ -320,7 +320,7 @@ fn session_timeouts_interrupts_and_dead_shells() {
     assert!(left.is_empty(), "{left:?}");
     // Killed from outside (SIGKILL to the shell): dead too.
     let pid = rt.session_get(&id, "other").unwrap().pid;
-    rt.exec(&id, ExecRequest::shell(&format!("kill -9 {pid}")))
+    rt.exec(&id, ExecRequest::shell(format!("kill -9 {pid}")))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while rt.session_get(&id, "other").unwrap().alive && Instant::now() < deadline {
