@@ -7,6 +7,7 @@ from ._core import shell
 from ._commands import CommandsCore, ProcessCore
 from ._files import FilesCore
 from ._ops import SandboxCore, SnapshotCore
+from .sessions import AsyncSessions
 from ._transport import AsyncClient, default_async_client
 
 __all__ = ["AsyncCommands", "AsyncFiles", "AsyncProcess", "AsyncSandbox", "AsyncSnapshot"]
@@ -35,6 +36,7 @@ class AsyncSandbox(shell(SandboxCore, asynchronous=True)):  # type: ignore[misc]
     def __init__(self, info: dict, client: AsyncClient = None):
         super().__init__(info, client)
         # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
+        self.sessions = AsyncSessions(self)
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

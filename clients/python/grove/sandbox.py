@@ -10,6 +10,7 @@ from ._commands import CommandsCore, ProcessCore
 from ._files import FilesCore, FsEvent
 from ._ops import DEFAULT_IMAGE, Port, SandboxCore, SnapshotCore, Transfer
 from ._streams import _q
+from .sessions import Sessions
 from ._transport import Client, default_client
 
 __all__ = ["Client", "Commands", "DEFAULT_IMAGE", "Files", "FsEvent", "Port", "Process", "Sandbox", "Snapshot",
@@ -39,6 +40,7 @@ class Sandbox(shell(SandboxCore, asynchronous=False)):  # type: ignore[misc]
     def __init__(self, info: dict, client: Client = None):
         super().__init__(info, client)
         # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
+        self.sessions = Sessions(self)
 
     def __enter__(self) -> "Sandbox":
         return self

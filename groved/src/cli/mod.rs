@@ -6,6 +6,7 @@ pub mod install;
 mod misc;
 mod mount;
 mod sandbox;
+mod session;
 
 use std::path::PathBuf;
 
@@ -77,6 +78,11 @@ pub enum Cmd {
     Mount(mount::MountArgs),
     /// Install groved on this node as a systemd service: binaries, unit, tmpfiles.d entry, default config.
     Install(install::InstallArgs),
+    /// Shell sessions in a sandbox: state (cwd, variables, jobs) carries across runs.
+    Session {
+        #[command(subcommand)]
+        cmd: session::SessionCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -316,6 +322,7 @@ async fn dispatch(cli: Cli) -> CliResult {
             }
         }
         Cmd::Exec(a) => sandbox::exec(&c, a).await,
+        Cmd::Session { cmd } => session::run(&c, cmd).await,
         Cmd::Ls(a) => sandbox::ls(&c, a).await,
         Cmd::Inspect { id } => sandbox::inspect(&c, &id).await,
         Cmd::Rm(a) => sandbox::rm(&c, a).await,
