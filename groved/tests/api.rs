@@ -191,7 +191,12 @@ fn bad_create_input_names_the_field() {
     post(json!({"image": IMAGE, "limits": {"cpu_millis": 4_000_000}}))
         .expect_error(422, Some("cpu_millis"));
     post(json!({"image": IMAGE, "count": 0})).expect_error(422, Some("count"));
-    post(json!({"image": IMAGE, "ttl_secs": 0})).expect_error(422, Some("ttl_secs"));
+    // 0 is "no expiry" (even on a node with default_ttl_secs), not an error.
+    let r = post(json!({"image": IMAGE, "ttl_secs": 0}))
+        .expect(201)
+        .json();
+    assert_eq!(r["ttl_secs"], Value::Null);
+    d.delete(r["id"].as_str().unwrap());
     post(
         json!({"image": IMAGE, "network": {"mode": "egress", "allow": [{"cidr": "10.0.0.0/33"}]}}),
     )
