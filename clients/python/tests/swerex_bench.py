@@ -3,7 +3,7 @@ run as root from the repository root):
 
     PYTHONPATH=clients/python /var/lib/grove/venv/bin/python clients/python/tests/swerex_bench.py [n] [--quick]
 
-Three ways to the same bash session, each timed over n runs of one small command (`echo $((i+1))`), after 5
+Three ways to the same bash session, each timed over n runs of one small command (`echo run-<i>`), after 5
 warm-up runs:
   - grove:  `RemoteRuntime` -> groved's `/v1/sandboxes/{id}/swerex` -> a Grove session in a sandbox;
   - local:  SWE-ReX's `LocalRuntime` in this process (pexpect on a host bash, no isolation, no HTTP);
@@ -34,9 +34,9 @@ async def timed(rt, n: int) -> list:
     out = []
     for i in range(n + 5):
         t = time.perf_counter()
-        r = await rt.run_in_session(BashAction(command=f"echo $(({i}+1))", session="bench", timeout=30))
+        r = await rt.run_in_session(BashAction(command=f"echo run-{i}", session="bench", timeout=30))
         dt = time.perf_counter() - t
-        assert r.output.strip() == str(i + 1), r.output
+        assert r.output.strip() == f"run-{i}", r.output
         if i >= 5:
             out.append(dt * 1000)
     return out

@@ -20,8 +20,9 @@ use crate::error::ApiError;
 
 /// The largest upload (file or zip) spooled on the host before it goes into the sandbox.
 const MAX_UPLOAD: u64 = 1 << 30;
-/// The most members one zip may have.
+/// The most members one zip may have, and the largest central directory read into memory.
 const MAX_MEMBERS: u64 = 1_000_000;
+const MAX_DIRECTORY: u64 = 128 << 20;
 
 fn bad(field: &str, m: impl Into<String>) -> RexError {
     ApiError::invalid(field, m).into()
@@ -43,8 +44,9 @@ pub async fn upload(
     while let Some(mut field) = form.next_field().await.map_err(form_err)? {
         match field.name().unwrap_or("") {
             "file" => {
-                // Unnamed (O_TMPFILE) and gone with its last descriptor: nothing to clean up.
-                let mut f = tempfile::tempfile()
+                // Unnamed (O_TMPFILE, on the state dir's disk rather than a tmpfs) and gone with
+                // its last descriptor: nothing to clean up, crash or not.
+                let mut f = tempfile::tempfile_in(&app.config.state_dir)
                     .map_err(|e| ApiError::internal(format!("spool file: {e}")))?;
                 let mut n: u64 = 0;
                 while let Some(chunk) = field.chunk().await.map_err(form_err)? {
@@ -210,6 +212,11 @@ impl Zip {
         }
         if count > MAX_MEMBERS {
             return Err(format!("{count} members: at most {MAX_MEMBERS}"));
+        }
+        if cd_size > MAX_DIRECTORY {
+            return Err(format!(
+                "a central directory of {cd_size} bytes: at most {MAX_DIRECTORY}"
+            ));
         }
         if cd_off.checked_add(cd_size).is_none_or(|e| e > len) {
             return Err("central directory outside the file".into());
