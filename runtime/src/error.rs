@@ -64,6 +64,21 @@ pub enum Error {
         requested_mb: u64,
         available_mb: u64,
     },
+    /// Shell sessions (see runtime/src/runtime/sessions.rs).
+    #[error("sandbox {id} has no session {name:?}")]
+    SessionNotFound { id: SandboxId, name: String },
+    #[error("sandbox {id}: {reason}")]
+    SessionDead {
+        id: SandboxId,
+        name: String,
+        reason: String,
+    },
+    #[error("sandbox {id}: {reason}")]
+    SessionConflict {
+        id: SandboxId,
+        name: String,
+        reason: String,
+    },
     #[error("job {job} waited {waited_ms} ms in the create queue: {reason}")]
     QueueTimeout {
         job: String,
@@ -105,6 +120,9 @@ impl Error {
             Error::Cleanup { .. } => "cleanup",
             Error::Unavailable { .. } => "unavailable",
             Error::InsufficientStorage { .. } => "insufficient_storage",
+            Error::SessionNotFound { .. } => "session_not_found",
+            Error::SessionDead { .. } => "session_dead",
+            Error::SessionConflict { .. } => "session_conflict",
             // The same condition as CapacityExceeded to a client, after waiting.
             Error::QueueTimeout { .. } => "capacity_exceeded",
         }

@@ -36,6 +36,7 @@ pub use error::Error;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};
 pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
 pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
+pub use runtime::sessions::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
 pub use runtime::{CheckpointView, ExternalMount, RestoreFn, RestoreTarget, Runtime};
 pub use types::*;
 pub use validate::{ttl as check_ttl, MAX_TTL_SECS, MIN_CPU_MILLIS};

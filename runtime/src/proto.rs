@@ -45,8 +45,70 @@ pub const MAX_FRAME: usize = 64 << 20;
 pub enum Request {
     Exec(ExecSpec),
     Processes,
-    Signal { pid: i32, signal: i32 },
+    Signal {
+        pid: i32,
+        signal: i32,
+    },
     Ping,
+    /// Starts a named shell init holds (see init/session.rs); replies `Sessions` with it.
+    SessionCreate(SessionSpec),
+    /// One command in a session: STDOUT frames (stdout and stderr merged, as on a terminal), then
+    /// `SessionDone` or `SessionError`.
+    SessionRun(SessionRunSpec),
+    /// SIGINT to the session's foreground process group (the shell's).
+    SessionInterrupt {
+        name: String,
+    },
+    /// Kills the shell and everything it started.
+    SessionClose {
+        name: String,
+    },
+    SessionList,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionSpec {
+    pub name: String,
+    /// A POSIX shell, by path or name in PATH; None: bash.
+    pub shell: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionRunSpec {
+    pub name: String,
+    pub command: String,
+    /// The command's stdin; None: /dev/null.
+    pub input: Option<Vec<u8>>,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    pub name: String,
+    pub shell: String,
+    /// The shell's pid inside the sandbox.
+    pub pid: i32,
+    pub alive: bool,
+    /// A run is in progress.
+    pub busy: bool,
+    /// How the shell ended, once dead.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub created_ms: u64,
+}
+
+/// Why init refused a session request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionErrorKind {
+    NotFound,
+    Exists,
+    Dead,
+    Busy,
+    Invalid,
+    Limit,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -79,6 +141,23 @@ pub enum Reply {
     },
     Ok,
     Error {
+        message: String,
+    },
+    Sessions {
+        list: Vec<SessionStatus>,
+    },
+    /// The end of a session run. `exit_code` is the shell's `$?` after the command (130 after an
+    /// interrupt), or the shell's own status when it died (`alive` false).
+    SessionDone {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        interrupted: bool,
+        alive: bool,
+        duration_ms: u64,
+    },
+    SessionError {
+        kind: SessionErrorKind,
         message: String,
     },
 }

@@ -27,6 +27,8 @@ use crate::spawner::{self, SpawnError};
 use crate::types::*;
 use crate::validate;
 
+pub mod sessions;
+
 /// A host path bind-mounted into the sandbox, which CRIU must be told about
 /// (dump `--external mnt[<sandbox_path>]:<key>`, restore `--external mnt[<key>]:<host_path>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,6 +4,7 @@
 pub mod harden;
 mod procs;
 pub mod server;
+pub mod session;
 pub mod setup;
 mod spawn;
 

@@ -8,7 +8,7 @@ use nix::unistd::Pid;
 use crate::proto::Proc;
 
 /// (pid, ppid, session, state) of every process in /proc.
-fn table() -> Vec<(i32, i32, i32, char)> {
+pub(super) fn table() -> Vec<(i32, i32, i32, char)> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

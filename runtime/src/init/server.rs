@@ -13,7 +13,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{procs, spawn};
+use super::{procs, session, spawn};
 use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
 
 /// A foreground exec bound to its client connection.
@@ -83,8 +83,12 @@ fn serve() -> Result<(), String> {
 
     let mut execs: HashMap<i32, Exec> = HashMap::new();
     let mut incoming: Vec<Incoming> = Vec::new();
+    let mut sessions = session::Sessions::default();
     loop {
         let mut timeout = next_timeout(&execs);
+        if let Some(t) = sessions.timeout_ms() {
+            timeout = if timeout < 0 { t } else { timeout.min(t) };
+        }
         if !incoming.is_empty() && !(0..=1000).contains(&timeout) {
             timeout = 1000; // to drop connections that never send their request
         }
@@ -107,6 +111,7 @@ fn serve() -> Result<(), String> {
                 fds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
             }
         }
+        sessions.poll_fds(&mut fds);
         // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
@@ -119,7 +124,7 @@ fn serve() -> Result<(), String> {
             .collect();
 
         if ready.contains_key(&sfd.as_fd().as_raw_fd()) {
-            handle_signals(&sfd, &mut execs);
+            handle_signals(&sfd, &mut execs, &mut sessions);
         }
         if ready.contains_key(&listener.as_raw_fd()) {
             while let Ok((conn, _)) = listener.accept() {
@@ -133,13 +138,14 @@ fn serve() -> Result<(), String> {
             }
         }
         for (conn, frame) in read_requests(&mut incoming, &ready) {
-            if let Some(e) = handle_conn(conn, frame) {
+            if let Some(e) = handle_conn(conn, frame, &mut sessions) {
                 execs.insert(e.pid, e);
             }
         }
         for e in execs.values_mut() {
             pump(e, &ready);
         }
+        sessions.pump(&ready);
         let now = Instant::now();
         for e in execs.values_mut() {
             if e.status.is_none() && !e.timed_out && e.deadline.is_some_and(|d| now >= d) {
@@ -229,7 +235,11 @@ fn next_timeout(execs: &HashMap<i32, Exec>) -> i32 {
         .unwrap_or(-1)
 }
 
-fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>) {
+fn handle_signals(
+    sfd: &SignalFd,
+    execs: &mut HashMap<i32, Exec>,
+    sessions: &mut session::Sessions,
+) {
     while let Ok(Some(info)) = sfd.read_signal() {
         let sig = info.ssi_signo as i32;
         if sig == libc::SIGTERM || sig == libc::SIGINT || sig == libc::SIGHUP {
@@ -245,6 +255,8 @@ fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>) {
                 if let Some(pid) = st.pid() {
                     if let Some(e) = execs.get_mut(&pid.as_raw()) {
                         e.status = Some(st);
+                    } else {
+                        sessions.reaped(pid.as_raw(), st);
                     }
                 }
             }
@@ -261,7 +273,11 @@ fn reply(conn: &mut UnixStream, r: &Reply) {
 }
 
 /// Reads the single request of a new connection and serves it; returns a started foreground exec.
-fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
+fn handle_conn(
+    mut conn: UnixStream,
+    frame: Vec<u8>,
+    sessions: &mut session::Sessions,
+) -> Option<Exec> {
     let _ = conn.set_nonblocking(false);
     let req = match proto::read_frame(&mut &frame[..]) {
         Ok(Some((proto::KIND_JSON, body))) => {
@@ -310,6 +326,11 @@ fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
             reply(&mut conn, &r);
         }
         Request::Exec(spec) => return start_exec(conn, spec),
+        r @ (Request::SessionCreate(_)
+        | Request::SessionRun(_)
+        | Request::SessionInterrupt { .. }
+        | Request::SessionClose { .. }
+        | Request::SessionList) => sessions.handle(conn, r),
     }
     None
 }
