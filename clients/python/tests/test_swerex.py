@@ -43,7 +43,7 @@ async def test_session_heredoc_edit_check_and_state(deployment):
     # The agent writes a file with a heredoc, as SWE-agent's edit tools do.
     edit = "cat > /src/calc.py <<'EOF'\ndef add(a, b):\n    return a - b\nEOF"
     await rt.run_in_session(run(edit, session="main"))
-    test = "python3 -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
+    test = "python3 -B -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'"
     with pytest.raises(NonZeroExitCodeError) as e:
         await rt.run_in_session(run(test, session="main", error_msg="tests fail"))
     assert "tests fail" in str(e.value) and "exit code 1" in str(e.value)
@@ -200,7 +200,7 @@ async def test_fork_mid_session_branches_diverge(deployment):
     try:
         for i, b in enumerate(branches):
             assert (await b.is_alive()).is_alive
-            r = await b.runtime.run_in_session(run("echo $PWD $STAGE $(cat state); jobs | wc -l", session="agent"))
+            r = await b.runtime.run_in_session(run("echo $PWD $STAGE $(cat state); jobs -r | grep -c 'while true'", session="agent"))
             assert r.output.split() == ["/proj", "before-fork", "v0", "1"], r.output
             await b.runtime.run_in_session(run(f"export STAGE=branch-{i} && echo v{i + 1} > state", session="agent"))
         seen = [(await b.runtime.run_in_session(run("echo $STAGE $(cat state)", session="agent"))).output.split()

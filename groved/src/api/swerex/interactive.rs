@@ -88,11 +88,15 @@ pub fn run(
         ));
     } else {
         let q = shell_quote(&d);
+        // The holder keeps the FIFO open for writing (so the program never reads EOF); the program's
+        // job records its exit status and then ends the holder.
         let start = format!(
-            "rm -rf {q} && mkdir -p {q} && mkfifo {q}/in && : > {q}/out && echo 0 > {q}/off && \
-             {{ sleep 2147483647 > {q}/in & echo $! > {q}/holder; }} && \
-             {{ {{ {command}\n}} < {q}/in > {q}/out 2>&1; echo $? > {q}/exit; kill $(cat {q}/holder) 2>/dev/null; }} & \
-             echo $! > {q}/pid"
+            "if rm -rf {q} && mkdir -p {q} && mkfifo {q}/in && : > {q}/out && echo 0 > {q}/off; then\n\
+             sleep 2147483647 > {q}/in &\n\
+             echo $! > {q}/holder\n\
+             {{ {{ {command}\n}} < {q}/in > {q}/out 2>&1; echo $? > {q}/exit; kill $(cat {q}/holder) 2>/dev/null; }} &\n\
+             echo $! > {q}/pid\n\
+             else false; fi"
         );
         let r = backend::run(rt, id, session, &start, Some(10_000))?;
         if r.exit_code != Some(0) {
@@ -125,9 +129,7 @@ pub fn run(
             rt,
             id,
             session,
-            &format!(
-                "kill $(cat {q}/pid) $(cat {q}/holder) 2>/dev/null; wait 2>/dev/null; rm -rf {q}"
-            ),
+            &format!("kill $(cat {q}/pid) $(cat {q}/holder) 2>/dev/null; rm -rf {q}"),
             Some(10_000),
         );
     }

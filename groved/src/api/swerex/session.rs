@@ -317,9 +317,10 @@ pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// Grove's sessions (runtime/src/init/session.rs), as SWE-ReX sees them fail.
+/// Grove's sessions (runtime/src/runtime/sessions.rs), failing as SWE-ReX's own would.
 pub(crate) mod backend {
     use super::*;
+    use grove_runtime::{Error as E, SessionCreate, SessionRun};
 
     pub struct Ran {
         /// stdout and stderr, merged as on a terminal.
@@ -330,17 +331,54 @@ pub(crate) mod backend {
         pub alive: bool,
     }
 
-    fn unsupported() -> RexError {
-        ApiError::new(
-            axum::http::StatusCode::NOT_IMPLEMENTED,
-            "unsupported",
-            "shell sessions are not in this build",
-        )
-        .into()
+    /// A session error as the exception SWE-ReX raises for it; anything else as an HTTP error.
+    fn fail(name: &str, e: E) -> RexError {
+        match e {
+            E::SessionNotFound { .. } => does_not_exist(name),
+            E::SessionDead { reason, .. } => RexError::exception(
+                "swerex.exceptions.SessionNotInitializedError",
+                format!("session {} is dead: {reason}", py_repr(name)),
+            ),
+            E::SessionConflict { reason, .. } if reason.contains("exist") => RexError::exception(
+                "swerex.exceptions.SessionExistsError",
+                format!("session {} already exists", py_repr(name)),
+            ),
+            E::SessionConflict { reason, .. } => ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "session_conflict",
+                format!("session {}: {reason}", py_repr(name)),
+            )
+            .with_field("session")
+            .into(),
+            e => {
+                let mut a = ApiError::from(e);
+                // SWE-ReX calls the session's name `session`.
+                if a.field.as_deref() == Some("name") {
+                    a.field = Some("session".into());
+                }
+                a.into()
+            }
+        }
     }
 
-    pub fn create(_rt: &Arc<Runtime>, _id: &SandboxId, _name: &str) -> RexResult<()> {
-        Err(unsupported())
+    pub fn create(rt: &Arc<Runtime>, id: &SandboxId, name: &str) -> RexResult<()> {
+        if exists(rt, id, name)? {
+            return Err(fail(
+                name,
+                E::SessionConflict {
+                    id: id.clone(),
+                    name: name.into(),
+                    reason: "exists".into(),
+                },
+            ));
+        }
+        let req = SessionCreate {
+            name: name.into(),
+            ..Default::default()
+        };
+        rt.session_create(id, req)
+            .map(|_| ())
+            .map_err(|e| fail(name, e))
     }
 
     pub fn exists(rt: &Arc<Runtime>, id: &SandboxId, name: &str) -> RexResult<bool> {
@@ -348,24 +386,39 @@ pub(crate) mod backend {
     }
 
     pub fn run(
-        _rt: &Arc<Runtime>,
-        _id: &SandboxId,
-        _name: &str,
-        _command: &str,
-        _timeout_ms: Option<u64>,
+        rt: &Arc<Runtime>,
+        id: &SandboxId,
+        name: &str,
+        command: &str,
+        timeout_ms: Option<u64>,
     ) -> RexResult<Ran> {
-        Err(unsupported())
+        let req = SessionRun {
+            command: command.into(),
+            timeout_ms,
+            ..Default::default()
+        };
+        let r = rt.session_run(id, name, req).map_err(|e| fail(name, e))?;
+        Ok(Ran {
+            output: r.output,
+            exit_code: r.exit_code,
+            timed_out: r.timed_out,
+            alive: r.session_alive,
+        })
     }
 
-    pub fn interrupt(_rt: &Arc<Runtime>, _id: &SandboxId, _name: &str) -> RexResult<()> {
-        Err(unsupported())
+    pub fn interrupt(rt: &Arc<Runtime>, id: &SandboxId, name: &str) -> RexResult<()> {
+        rt.session_interrupt(id, name).map_err(|e| fail(name, e))
     }
 
-    pub fn close(_rt: &Arc<Runtime>, _id: &SandboxId, _name: &str) -> RexResult<()> {
-        Err(unsupported())
+    pub fn close(rt: &Arc<Runtime>, id: &SandboxId, name: &str) -> RexResult<()> {
+        if !exists(rt, id, name)? {
+            return Err(does_not_exist(name));
+        }
+        rt.session_close(id, name).map_err(|e| fail(name, e))
     }
 
-    pub fn list(_rt: &Arc<Runtime>, _id: &SandboxId) -> RexResult<Vec<String>> {
-        Err(unsupported())
+    pub fn list(rt: &Arc<Runtime>, id: &SandboxId) -> RexResult<Vec<String>> {
+        let l = rt.session_list(id).map_err(|e| fail("", e))?;
+        Ok(l.into_iter().map(|s| s.name).collect())
     }
 }
