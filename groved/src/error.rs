@@ -162,9 +162,11 @@ impl From<grove_runtime::Error> for ApiError {
     fn from(e: grove_runtime::Error) -> Self {
         use grove_runtime::Error as E;
         let status = match &e {
-            E::NotFound { .. } | E::ImageNotFound { .. } | E::FileNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            E::NotFound { .. }
+            | E::ImageNotFound { .. }
+            | E::FileNotFound { .. }
+            | E::SessionNotFound { .. } => StatusCode::NOT_FOUND,
+            E::SessionDead { .. } | E::SessionConflict { .. } => StatusCode::CONFLICT,
             E::InvalidSpec { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             E::Conflict { .. } => StatusCode::CONFLICT,
             E::CapacityExceeded { .. } | E::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -178,6 +180,12 @@ impl From<grove_runtime::Error> for ApiError {
         out.field = e.field().map(str::to_string);
         if matches!(e, E::PathOutsideSandbox { .. } | E::FileNotFound { .. }) {
             out.field = Some("path".into());
+        }
+        if matches!(
+            e,
+            E::SessionNotFound { .. } | E::SessionDead { .. } | E::SessionConflict { .. }
+        ) {
+            out.field = Some("name".into());
         }
         if matches!(e, E::ImageNotFound { .. }) {
             out.field = Some("image".into());

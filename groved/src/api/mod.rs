@@ -8,6 +8,7 @@ pub(crate) mod pause;
 mod pools;
 mod pull;
 mod sandboxes;
+pub mod sessions;
 mod snapshots;
 pub(crate) mod swerex;
 
@@ -61,6 +62,20 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route(
             "/sandboxes/{id}/archive",
             get(files::download).put(files::upload),
+        )
+        // Shell sessions (issue 23).
+        .route(
+            "/sandboxes/{id}/sessions",
+            post(sessions::create).get(sessions::list),
+        )
+        .route(
+            "/sandboxes/{id}/sessions/{name}",
+            get(sessions::get).delete(sessions::close),
+        )
+        .route("/sandboxes/{id}/sessions/{name}/run", post(sessions::run))
+        .route(
+            "/sandboxes/{id}/sessions/{name}/interrupt",
+            post(sessions::interrupt),
         )
         .route("/sandboxes/{id}/snapshot", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
