@@ -140,7 +140,10 @@ class SandboxEnv(gym.Env):
                  max_steps: int = 50, step_timeout: float = 60.0, session: str = "main",
                  cwd: Optional[str] = None, from_snapshot: Optional[str] = None,
                  sandbox: Optional[Dict[str, Any]] = None, client: Optional[Client] = None,
+                 socket: Optional[str] = None, url: Optional[str] = None, api_key: Optional[str] = None,
                  max_action_chars: int = 4096, max_obs_chars: int = 16384, render_mode: Optional[str] = None):
+        """`client`, or where to reach groved (`socket`, or `url` + `api_key`; plain values, which
+        `gymnasium.make` can copy), else the default client (GROVE_SOCKET / GROVE_URL)."""
         if reward_from not in ("exit_code", "output"):
             raise ValueError("reward_from: 'exit_code' or 'output'")
         if render_mode not in (None, "ansi"):
@@ -149,7 +152,8 @@ class SandboxEnv(gym.Env):
         self.setup_cmds = [setup] if isinstance(setup, str) else list(setup or [])
         self.max_steps, self.step_timeout, self.session_name, self.cwd = max_steps, step_timeout, session, cwd
         self.from_snapshot, self.sandbox_kw, self.render_mode = from_snapshot, dict(sandbox or {}), render_mode
-        self._c = client or default_client()
+        self._given, self._conn = client, dict(socket=socket, base_url=url, api_key=api_key)
+        self._own: Optional[Client] = None
         self.action_space, self.observation_space = _spaces(max_action_chars, max_obs_chars)
         self._max_obs = max_obs_chars
         self.sandbox: Optional[Sandbox] = None
@@ -157,6 +161,16 @@ class SandboxEnv(gym.Env):
         self._snapshots: List[Snapshot] = []
         self.steps = 0
         self._last = ""
+
+    @property
+    def _c(self) -> Client:
+        if self._given is not None:
+            return self._given
+        if not any(self._conn.values()):
+            return default_client()
+        if self._own is None:
+            self._own = Client(**self._conn)
+        return self._own
 
     # --- gymnasium.Env ---------------------------------------------------------------------------------------
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
@@ -207,6 +221,9 @@ class SandboxEnv(gym.Env):
             except errors.GroveError:
                 pass
         self._snapshots = []
+        if self._own is not None:
+            self._own.close()
+            self._own = None
         super().close()
 
     # --- tree search -----------------------------------------------------------------------------------------
@@ -231,6 +248,7 @@ class SandboxEnv(gym.Env):
                            step_timeout=self.step_timeout, session=self.session_name, cwd=self.cwd,
                            from_snapshot=snap.name, sandbox=self.sandbox_kw, client=self._c,
                            render_mode=self.render_mode)
+            # Branches share this env's connection.
             e.action_space, e.observation_space, e._max_obs = self.action_space, self.observation_space, self._max_obs
             e.sandbox, e.steps, e._last = sbx, self.steps, self._last
             e._session = e._attach()

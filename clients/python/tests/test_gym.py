@@ -16,7 +16,7 @@ REWARD = 'test "$(cat /task/answer 2>/dev/null)" = "$TARGET"'
 
 def test_check_env(groved, client):
     env = gymnasium.make("grove/Sandbox-v0", setup=SETUP, reward=REWARD, done=REWARD, max_steps=5,
-                         step_timeout=10, client=client, max_action_chars=48, max_obs_chars=4096,
+                         step_timeout=10, socket=groved.socket, max_action_chars=48, max_obs_chars=4096,
                          render_mode="ansi", sandbox={"memory_mb": 128, "labels": {"test": "gym"}})
     try:
         check_env(env.unwrapped)

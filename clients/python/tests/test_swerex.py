@@ -11,7 +11,7 @@ import zipfile
 import aiohttp
 import pytest
 from swerex.exceptions import (BashIncorrectSyntaxError, CommandTimeoutError, NonZeroExitCodeError,
-                               SessionDoesNotExistError, SessionExistsError)
+                               SessionDoesNotExistError, SessionExistsError, SessionNotInitializedError)
 from swerex.runtime.abstract import (BashAction, BashInterruptAction, CloseBashSessionRequest, Command,
                                      CreateBashSessionRequest, ReadFileRequest, UploadRequest, WriteFileRequest)
 from swerex.runtime.remote import RemoteRuntime
@@ -86,6 +86,16 @@ async def test_session_heredoc_edit_check_and_state(deployment):
     await rt.close_session(CloseBashSessionRequest(session="main"))
     with pytest.raises(SessionDoesNotExistError):
         await rt.run_in_session(run("true", session="main"))
+
+    # A session whose shell dies is reported dead, on that run and every later one; others are unaffected.
+    await rt.create_session(CreateBashSessionRequest(session="doomed"))
+    await rt.create_session(CreateBashSessionRequest(session="other"))
+    with pytest.raises(SessionNotInitializedError):
+        await rt.run_in_session(run("kill -9 $$", session="doomed"))
+    with pytest.raises(SessionNotInitializedError):
+        await rt.run_in_session(run("echo still there?", session="doomed"))
+    assert (await rt.run_in_session(run("echo fine", session="other"))).output.strip() == "fine"
+    await rt.close_session(CloseBashSessionRequest(session="doomed"))
 
 
 async def test_interactive_program_and_interrupt(deployment):
