@@ -133,7 +133,7 @@ class SandboxEnv(gym.Env):
     last number it prints), or a callable. terminated: `done` (a command) exits 0; truncated: `max_steps`.
     close(): the sandbox (and snapshots this env made) destroyed."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(self, *, image: str = "debian12", setup: Union[str, Sequence[str], None] = None,
                  reward: Reward = None, reward_from: str = "exit_code", done: Optional[str] = None,
