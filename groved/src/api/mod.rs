@@ -10,6 +10,7 @@ mod pull;
 mod sandboxes;
 pub mod sessions;
 mod snapshots;
+pub(crate) mod swerex;
 
 pub use sandboxes::build_spec;
 
@@ -108,7 +109,9 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/node/gc", post(node::gc))
         .route("/node/fsck", post(node::fsck))
         .route("/health", get(node::health))
-        .route("/events", get(node::events));
+        .route("/events", get(node::events))
+        // SWE-ReX's remote runtime protocol, per sandbox (api/swerex).
+        .nest("/sandboxes/{id}/swerex", swerex::routes());
     let mut r = Router::new()
         .nest("/v1", v1)
         .route("/metrics", get(node::metrics))
@@ -139,12 +142,19 @@ async fn method_not_allowed() -> ApiError {
 }
 
 async fn auth(key: &str, req: Request, next: Next) -> Response {
-    let given = req
+    let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // SWE-ReX's client sends the key as X-API-Key; only its routes take it.
+    let rex = || {
+        swerex::is_swerex_path(req.uri().path())
+            .then(|| req.headers().get(swerex::API_KEY_HEADER))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+    };
+    let given = bearer.or_else(rex).unwrap_or("");
     // Compare in time independent of where the first difference is.
     let same = given.len() == key.len()
         && given
