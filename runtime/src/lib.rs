@@ -16,6 +16,7 @@ mod init_copy;
 mod init_handle;
 mod init_watch;
 pub mod jobs;
+pub mod live;
 pub mod mounts;
 mod network;
 mod park;

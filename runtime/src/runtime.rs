@@ -233,7 +233,7 @@ impl Runtime {
         Err(Error::NotFound { id: id.to_string() })
     }
 
-    fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
+    pub(crate) fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
         let sb = self.sandbox(id)?;
         let st = *sb.state.lock();
         if st != SandboxState::Running {
@@ -753,11 +753,12 @@ impl Runtime {
             stdin: req.stdin,
             timeout_ms: req.timeout_ms,
             background: req.background,
+            user: req.user,
         };
         client::exec(&sb.init, spec, max_keep, on_output).map_err(|e| self.client_error(&sb, e))
     }
 
-    fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
+    pub(crate) fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
         let id = &sb.id;
         match e {
             // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
@@ -771,6 +772,10 @@ impl Runtime {
             },
             ClientError::Init(m) if m.starts_with("exec") => Error::InvalidSpec {
                 field: "argv".into(),
+                reason: m,
+            },
+            ClientError::Init(m) if m.starts_with("user ") => Error::InvalidSpec {
+                field: "user".into(),
                 reason: m,
             },
             e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {

@@ -13,7 +13,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{procs, spawn};
+use super::{live, procs, spawn};
 use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
 
 /// A foreground exec bound to its client connection.
@@ -23,6 +23,7 @@ struct Exec {
     stdin: Option<(OwnedFd, Vec<u8>, usize)>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    argv: Vec<String>,
     deadline: Option<Instant>,
     started: Instant,
     timed_out: bool,
@@ -83,8 +84,12 @@ fn serve() -> Result<(), String> {
 
     let mut execs: HashMap<i32, Exec> = HashMap::new();
     let mut incoming: Vec<Incoming> = Vec::new();
+    let mut live = live::Table::default();
     loop {
-        let mut timeout = next_timeout(&execs);
+        let mut timeout = match (next_timeout(&execs), live.next_timeout()) {
+            (a, b) if a < 0 || b < 0 => a.max(b),
+            (a, b) => a.min(b),
+        };
         if !incoming.is_empty() && !(0..=1000).contains(&timeout) {
             timeout = 1000; // to drop connections that never send their request
         }
@@ -107,6 +112,7 @@ fn serve() -> Result<(), String> {
                 fds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
             }
         }
+        live.poll_fds(&mut fds);
         // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
@@ -119,7 +125,7 @@ fn serve() -> Result<(), String> {
             .collect();
 
         if ready.contains_key(&sfd.as_fd().as_raw_fd()) {
-            handle_signals(&sfd, &mut execs);
+            handle_signals(&sfd, &mut execs, &mut live);
         }
         if ready.contains_key(&listener.as_raw_fd()) {
             while let Ok((conn, _)) = listener.accept() {
@@ -133,13 +139,14 @@ fn serve() -> Result<(), String> {
             }
         }
         for (conn, frame) in read_requests(&mut incoming, &ready) {
-            if let Some(e) = handle_conn(conn, frame) {
+            if let Some(e) = handle_conn(conn, frame, &mut live) {
                 execs.insert(e.pid, e);
             }
         }
         for e in execs.values_mut() {
             pump(e, &ready);
         }
+        live.pump(&ready);
         let now = Instant::now();
         for e in execs.values_mut() {
             if e.status.is_none() && !e.timed_out && e.deadline.is_some_and(|d| now >= d) {
@@ -154,7 +161,7 @@ fn serve() -> Result<(), String> {
             .collect();
         for pid in done {
             if let Some(e) = execs.remove(&pid) {
-                finish(e);
+                finish(e, &mut live);
             }
         }
     }
@@ -229,7 +236,7 @@ fn next_timeout(execs: &HashMap<i32, Exec>) -> i32 {
         .unwrap_or(-1)
 }
 
-fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>) {
+fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>, live: &mut live::Table) {
     while let Ok(Some(info)) = sfd.read_signal() {
         let sig = info.ssi_signo as i32;
         if sig == libc::SIGTERM || sig == libc::SIGINT || sig == libc::SIGHUP {
@@ -245,6 +252,8 @@ fn handle_signals(sfd: &SignalFd, execs: &mut HashMap<i32, Exec>) {
                 if let Some(pid) = st.pid() {
                     if let Some(e) = execs.get_mut(&pid.as_raw()) {
                         e.status = Some(st);
+                    } else {
+                        live.reaped(pid.as_raw(), st);
                     }
                 }
             }
@@ -261,7 +270,7 @@ fn reply(conn: &mut UnixStream, r: &Reply) {
 }
 
 /// Reads the single request of a new connection and serves it; returns a started foreground exec.
-fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
+fn handle_conn(mut conn: UnixStream, frame: Vec<u8>, live: &mut live::Table) -> Option<Exec> {
     let _ = conn.set_nonblocking(false);
     let req = match proto::read_frame(&mut &frame[..]) {
         Ok(Some((proto::KIND_JSON, body))) => {
@@ -276,6 +285,14 @@ fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
             reply(&mut conn, &Reply::Error { message });
             return None;
         }
+    };
+    // Kept processes (background execs included) are served by the live table.
+    let (mut conn, req) = match req {
+        Request::Exec(spec) if spec.background => {
+            live.start_background(conn, spec);
+            return None;
+        }
+        req => live.handle(conn, req)?,
     };
     match req {
         Request::Ping => reply(&mut conn, &Reply::Ok),
@@ -310,13 +327,19 @@ fn handle_conn(mut conn: UnixStream, frame: Vec<u8>) -> Option<Exec> {
             reply(&mut conn, &r);
         }
         Request::Exec(spec) => return start_exec(conn, spec),
+        other => reply(
+            &mut conn,
+            &Reply::Error {
+                message: format!("unexpected request {other:?}"),
+            },
+        ),
     }
     None
 }
 
 fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
     let started = Instant::now();
-    let s = match spawn::spawn(&spec) {
+    let s = match spawn::spawn(&spawn::Opts::exec(&spec)) {
         Ok(s) => s,
         Err(message) => {
             reply(&mut conn, &Reply::Error { message });
@@ -327,12 +350,9 @@ fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
         &mut conn,
         &Reply::Started {
             pid: s.pid,
-            log_path: s.log_path.clone(),
+            log_path: None,
         },
     );
-    if spec.background {
-        return None;
-    }
     let _ = conn.set_nonblocking(true);
     Some(Exec {
         conn,
@@ -340,6 +360,7 @@ fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
         stdin: s.stdin.map(|fd| (fd, spec.stdin.unwrap_or_default(), 0)),
         stdout: s.stdout,
         stderr: s.stderr,
+        argv: spec.argv,
         deadline: spec
             .timeout_ms
             .map(|ms| started + Duration::from_millis(ms)),
@@ -426,8 +447,16 @@ fn send_blocking(conn: &mut UnixStream, kind: u8, payload: &[u8]) -> bool {
     ok
 }
 
-fn finish(mut e: Exec) {
+fn finish(mut e: Exec, live: &mut live::Table) {
     drain(&mut e, &HashMap::new(), true);
+    // Children that outlive the command (`cmd &`) still hold its pipes: init reads on.
+    live.adopt_leftover(
+        e.pid,
+        std::mem::take(&mut e.argv),
+        e.status,
+        e.stdout.take(),
+        e.stderr.take(),
+    );
     if e.abandoned {
         return;
     }
