@@ -1,6 +1,7 @@
 //! The HTTP API under /v1 (see groved/openapi.yaml).
 
 mod exec;
+mod live;
 mod files;
 mod images;
 mod node;
@@ -55,6 +56,13 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             get(exec::processes).post(exec::start),
         )
         .route("/sandboxes/{id}/processes/{pid}/signal", post(exec::signal))
+        // Terminals and kept processes' streams and stdin (api/live.rs).
+        .route("/sandboxes/{id}/processes/{pid}/stream", get(live::connect))
+        .route("/sandboxes/{id}/processes/{pid}/stdin", post(live::stdin))
+        .route("/sandboxes/{id}/pty", post(live::create))
+        .route("/sandboxes/{id}/pty/{pid}", delete(live::kill))
+        .route("/sandboxes/{id}/pty/{pid}/input", post(live::input))
+        .route("/sandboxes/{id}/pty/{pid}/resize", post(live::resize))
         .route("/sandboxes/{id}/files", get(files::read).put(files::write))
         .route("/sandboxes/{id}/files/list", get(files::list))
         .route(
