@@ -78,6 +78,7 @@ class AsyncSandbox:
         self._info = SandboxInfo.from_json(info)
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.pty = __import__("grove.pty", fromlist=["AsyncPty"]).AsyncPty(self)  # terminals: grove/pty.py
 
     @classmethod
     async def create(cls, image: str = DEFAULT_IMAGE, *, cpu: Optional[float] = None, memory_mb: Optional[int] = None,

@@ -89,6 +89,7 @@ class Sandbox:
         self._info = SandboxInfo.from_json(info)
         self.commands = Commands(self)
         self.files = Files(self)
+        self.pty = __import__("grove.pty", fromlist=["Pty"]).Pty(self)  # terminals: grove/pty.py
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
