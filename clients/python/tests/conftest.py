@@ -28,7 +28,7 @@ def binary(env: str, name: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False):
+    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False, extra_config: str = ""):
         self.dir = Path(f"/tmp/grove-pytest-{tag}-{uuid.uuid4().hex[:8]}")
         (self.dir / "state").mkdir(parents=True)
         (self.dir / "run").mkdir(parents=True)
@@ -49,6 +49,7 @@ state_dir = "{self.dir}/state"
 run_dir = "{self.dir}/run"
 socket = "{self.socket}"
 {listen}
+{extra_config}
 root_provider = "nodefs"
 cgroup_root = "{self.cgroup_root}"
 reap_interval_ms = 200

@@ -11,6 +11,7 @@ pub mod control;
 pub mod error;
 pub mod files;
 pub mod filesystem;
+pub mod process;
 pub mod proto;
 
 use std::sync::Arc;
@@ -55,6 +56,7 @@ pub struct E2b {
 pub fn router(app: Arc<App>) -> Router {
     let mut services = Services::default();
     filesystem::register(&mut services);
+    process::register(&mut services);
     for f in EXTRA_SERVICES.read().iter() {
         f(&mut services);
     }
