@@ -97,12 +97,16 @@ fn pty_stream_input_resize_kill() {
     assert_eq!((last.as_str(), &v["exit_code"]), ("exit", &json!(5)), "{v}");
 
     // Bad sizes and unknown terminals.
-    d.call(Method::POST, &format!("/v1/sandboxes/{id}/pty"), Some(json!({"cols": 0, "rows": 24})))
-        .expect_error(422, Some("cols"));
-    d.call(
+    d.call_invalid(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/pty"),
+        r#"{"cols": 0, "rows": 24}"#,
+    )
+    .expect_error(422, Some("cols"));
+    d.call_invalid(
         Method::POST,
         &format!("/v1/sandboxes/{id}/pty/{pid}/resize"),
-        Some(json!({"cols": 10, "rows": 0})),
+        r#"{"cols": 10, "rows": 0}"#,
     )
     .expect_error(422, Some("pty"));
     d.call(Method::DELETE, &format!("/v1/sandboxes/{id}/pty/99999"), None)

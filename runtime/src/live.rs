@@ -26,6 +26,8 @@ pub struct ProcessRequest {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
     pub user: Option<String>,
+    /// A `user` name the sandbox lacks runs as root instead of failing.
+    pub user_or_root: bool,
     pub pty: Option<PtySize>,
     /// Keep a stdin pipe open for [`Runtime::proc_input`].
     pub stdin: bool,
@@ -42,7 +44,13 @@ pub enum ProcEvent {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Pty(Vec<u8>),
+    /// Nothing came for a while: returning false (the reader is gone) ends the stream, so a quiet
+    /// process does not outlive a client that left.
+    Idle,
 }
+
+/// How long a stream waits for a frame before asking its reader whether it is still there.
+const IDLE_CHECK_MS: u16 = 500;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcExit {
@@ -70,8 +78,21 @@ fn follow(
     s: &mut std::os::unix::net::UnixStream,
     on_event: &mut dyn FnMut(ProcEvent) -> bool,
 ) -> Result<ProcExit, ClientError> {
+    use std::os::fd::AsFd;
     let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
+        let mut fds = [nix::poll::PollFd::new(s.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(IDLE_CHECK_MS)) {
+            Ok(0) => {
+                if !on_event(ProcEvent::Idle) {
+                    return Err(gone());
+                }
+                continue;
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(ClientError::Io(e.into())),
+            Ok(_) => {}
+        }
         let ev = match proto::read_frame(s)? {
             Some((KIND_STDOUT, d)) => ProcEvent::Stdout(d),
             Some((KIND_STDERR, d)) => ProcEvent::Stderr(d),
@@ -151,6 +172,7 @@ impl Runtime {
             env,
             cwd,
             user: req.user,
+            user_or_root: req.user_or_root,
             pty: req.pty,
             stdin: req.stdin,
             tag: req.tag,

@@ -91,9 +91,13 @@ pub struct PtySize {
 pub struct ProcSpec {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// Empty: the user's home (or /).
     pub cwd: String,
     /// A name from the sandbox's /etc/passwd or `uid[:gid]`; None: root.
     pub user: Option<String>,
+    /// A `user` name the sandbox's /etc/passwd lacks runs as root instead of failing (a default
+    /// user an image may not have).
+    pub user_or_root: bool,
     /// Run on a new pseudo-terminal of this size (stdout and stderr are then one stream).
     pub pty: Option<PtySize>,
     /// Keep a stdin pipe open for `ProcInput` (otherwise stdin is /dev/null).

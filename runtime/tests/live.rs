@@ -36,7 +36,9 @@ fn follow(
 ) {
     let (tx, rx) = mpsc::channel();
     let (rt, id) = (rt.clone(), id.clone());
-    let h = std::thread::spawn(move || rt.proc_connect(&id, pid, &mut |e| tx.send(e).is_ok()));
+    let h = std::thread::spawn(move || {
+        rt.proc_connect(&id, pid, &mut |e| e == ProcEvent::Idle || tx.send(e).is_ok())
+    });
     (rx, h)
 }
 
@@ -46,7 +48,7 @@ fn text_of(rx: &mpsc::Receiver<ProcEvent>, acc: &mut String) {
             ProcEvent::Stdout(d) | ProcEvent::Stderr(d) | ProcEvent::Pty(d) => {
                 acc.push_str(&String::from_utf8_lossy(&d))
             }
-            ProcEvent::Started { .. } => {}
+            ProcEvent::Started { .. } | ProcEvent::Idle => {}
         }
     }
 }

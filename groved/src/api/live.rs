@@ -107,6 +107,7 @@ where
                 ProcEvent::Pty(d) => Event::default()
                     .event("data")
                     .json_data(serde_json::json!({ "data": enc(&d) })),
+                ProcEvent::Idle => return !tx.is_closed(),
             };
             match ev {
                 Ok(ev) => tx.blocking_send(Ok(ev)).is_ok(),

@@ -112,6 +112,7 @@ where
                 ProcEvent::Stdout(d) => data(Output::Stdout(d)),
                 ProcEvent::Stderr(d) => data(Output::Stderr(d)),
                 ProcEvent::Pty(d) => data(Output::Pty(d)),
+                ProcEvent::Idle => return !tx.is_closed(),
             };
             tx.blocking_send(Ok(m)).is_ok()
         };
@@ -129,16 +130,14 @@ where
     let every = keepalive_of(ctx);
     let rest = futures::stream::unfold(Some(rx), move |rx| async move {
         let mut rx = rx?;
-        loop {
-            match tokio::time::timeout(every, rx.recv()).await {
-                Ok(Some(Ok(m))) => {
-                    let end = matches!(m.event, Some(Event::End(_)));
-                    return Some((Ok(m), if end { None } else { Some(rx) }));
-                }
-                Ok(Some(Err(e))) => return Some((Err(e), None)),
-                Ok(None) => return None,
-                Err(_) => return Some((Ok(ev(Event::Keepalive(KeepAlive {}))), Some(rx))),
+        match tokio::time::timeout(every, rx.recv()).await {
+            Ok(Some(Ok(m))) => {
+                let end = matches!(m.event, Some(Event::End(_)));
+                Some((Ok(m), if end { None } else { Some(rx) }))
             }
+            Ok(Some(Err(e))) => Some((Err(e), None)),
+            Ok(None) => None,
+            Err(_) => Some((Ok(ev(Event::Keepalive(KeepAlive {}))), Some(rx))),
         }
     });
     let first = futures::stream::once(async move { Ok(first) });
@@ -185,34 +184,22 @@ async fn start(
     let deadline = ctx.timeout.filter(|t| !t.is_zero());
     let mut argv = vec![cfg.cmd];
     argv.extend(cfg.args);
-    let mut r = ProcessRequest {
+    let r = ProcessRequest {
         argv,
         env: cfg.envs.into_iter().collect(),
         cwd: cfg.cwd.filter(|c| !c.is_empty()),
-        user: Some(explicit.clone().unwrap_or_else(|| DEFAULT_USER.into())),
+        // An image without E2B's `user` account runs an unnamed request as root.
+        user_or_root: explicit.is_none(),
+        user: Some(explicit.unwrap_or_else(|| DEFAULT_USER.into())),
         pty,
         stdin: req.stdin.unwrap_or(true) || pty.is_some(),
         tag: req.tag,
         keep: deadline.is_none(),
-        timeout_ms: deadline.map(|t| t.as_millis().max(1) as u64),
+        // The stream's deadline ends it first (the SDK's TimeoutException) and its end kills the
+        // process; init's own timeout, a little later, is the backstop.
+        timeout_ms: deadline.map(|t| t.as_millis() as u64 + 2000),
         shell: None,
     };
-    // An image without E2B's `user` account runs an unnamed request as root.
-    if explicit.is_none() {
-        let rt = ctx.app.runtime.clone();
-        let id = ctx.sandbox.clone();
-        let has_user = blocking(move || {
-            Ok(rt
-                .read_file(&id, "/etc/passwd")
-                .map(|b| String::from_utf8_lossy(&b).lines().any(|l| l.starts_with("user:")))
-                .unwrap_or(false))
-        })
-        .await
-        .unwrap_or(false);
-        if !has_user {
-            r.user = None;
-        }
-    }
     let rt = ctx.app.runtime.clone();
     let id = ctx.sandbox.clone();
     let s = attach(&ctx, move |on_event| {
@@ -261,7 +248,7 @@ async fn run<T: Send + 'static>(
 ) -> Result<T, ConnectError> {
     let rt = ctx.app.runtime.clone();
     let id = ctx.sandbox.clone();
-    blocking(move || f(&rt, &id).map_err(ApiError::from))
+    blocking(move || f(&*rt, &id).map_err(ApiError::from))
         .await
         .map_err(ConnectError::from)
 }

@@ -462,6 +462,7 @@ impl Table {
             env: &spec.env,
             cwd: &spec.cwd,
             user: spec.user.as_deref(),
+            user_or_root: spec.user_or_root,
             stdin: spec.stdin,
             pty: spec.pty,
         };

@@ -28,6 +28,8 @@ pub struct Opts<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub cwd: &'a str,
     pub user: Option<&'a str>,
+    /// An unknown user name runs as root.
+    pub user_or_root: bool,
     /// A stdin pipe (otherwise /dev/null).
     pub stdin: bool,
     /// On a new terminal of this size instead of pipes.
@@ -41,6 +43,7 @@ impl<'a> Opts<'a> {
             env: &spec.env,
             cwd: &spec.cwd,
             user: spec.user.as_deref(),
+            user_or_root: false,
             stdin: spec.stdin.is_some(),
             pty: None,
         }
@@ -66,7 +69,10 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
     if o.argv.is_empty() {
         return Err("empty argv".into());
     }
-    let creds = o.user.map(user::resolve).transpose()?;
+    let creds = match o.user.map(user::resolve).transpose() {
+        Err(e) if o.user_or_root && e.contains("no such user") => None,
+        r => r?,
+    };
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
         ("HOME".into(), "/root".into()),
