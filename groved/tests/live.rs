@@ -42,7 +42,10 @@ fn exec_as_user_and_its_bad_input() {
         .json();
     assert_eq!(r["stdout"], "1000\n/home/user\n", "{r}");
     assert_ne!(r["exit_code"], 0);
-    assert!(r["stderr"].as_str().unwrap().contains("Permission denied"), "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("Permission denied"),
+        "{r}"
+    );
     for bad in ["", "no-such-user", "a\nb"] {
         d.call(
             Method::POST,
@@ -66,7 +69,9 @@ fn pty_stream_input_resize_kill() {
             daemon(),
             Method::POST,
             &path,
-            Some(json!({"cols": 80, "rows": 24, "shell": "tty; stty size; read x; stty size; echo got:$x; exit 5"})),
+            Some(
+                json!({"cols": 80, "rows": 24, "shell": "tty; stty size; read x; stty size; echo got:$x; exit 5"}),
+            ),
             |e, v| {
                 if e == "started" {
                     let _ = tx.send(v["pid"].as_i64().unwrap());
@@ -109,8 +114,12 @@ fn pty_stream_input_resize_kill() {
         r#"{"cols": 10, "rows": 0}"#,
     )
     .expect_error(422, Some("pty"));
-    d.call(Method::DELETE, &format!("/v1/sandboxes/{id}/pty/99999"), None)
-        .expect(404);
+    d.call(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}/pty/99999"),
+        None,
+    )
+    .expect(404);
     d.call(
         Method::POST,
         &format!("/v1/sandboxes/{id}/pty/99999/input"),
@@ -122,16 +131,26 @@ fn pty_stream_input_resize_kill() {
     let (tx, rx) = mpsc::channel();
     let path = format!("/v1/sandboxes/{id}/pty");
     let t = std::thread::spawn(move || {
-        sse_events(daemon(), Method::POST, &path, Some(json!({"cols": 80, "rows": 24})), |e, v| {
-            if e == "started" {
-                let _ = tx.send(v["pid"].as_i64().unwrap());
-            }
-            e == "exit" || e == "error"
-        })
+        sse_events(
+            daemon(),
+            Method::POST,
+            &path,
+            Some(json!({"cols": 80, "rows": 24})),
+            |e, v| {
+                if e == "started" {
+                    let _ = tx.send(v["pid"].as_i64().unwrap());
+                }
+                e == "exit" || e == "error"
+            },
+        )
     });
     let pid = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-    d.call(Method::DELETE, &format!("/v1/sandboxes/{id}/pty/{pid}"), None)
-        .expect(204);
+    d.call(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}/pty/{pid}"),
+        None,
+    )
+    .expect(204);
     let evs = t.join().unwrap();
     assert_eq!(evs.last().unwrap().1["signal"], 9, "{evs:?}");
     let evs = sse_events(
@@ -148,7 +167,12 @@ fn pty_stream_input_resize_kill() {
             .call(Method::GET, &format!("/v1/sandboxes/{id}/processes"), None)
             .expect(200)
             .json();
-        if !l["items"].as_array().unwrap().iter().any(|p| p["pid"] == pid && p["running"] == true) {
+        if !l["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == pid && p["running"] == true)
+        {
             gone = true;
             break;
         }
@@ -202,7 +226,11 @@ fn background_process_stream_replays_and_leftovers_are_readable() {
     std::thread::sleep(Duration::from_millis(600));
     // The exec's pid is not in its result: the leftover's log is found by listing.
     let l = d
-        .call(Method::GET, &format!("/v1/sandboxes/{id}/files/list?path=/run/grove/logs"), None)
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files/list?path=/run/grove/logs"),
+            None,
+        )
         .expect(200)
         .json();
     let mut found = false;

@@ -40,7 +40,9 @@ pub struct ProcessRequest {
 /// What an attached stream carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcEvent {
-    Started { pid: i32 },
+    Started {
+        pid: i32,
+    },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Pty(Vec<u8>),
@@ -81,7 +83,10 @@ fn follow(
     use std::os::fd::AsFd;
     let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
-        let mut fds = [nix::poll::PollFd::new(s.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(
+            s.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(IDLE_CHECK_MS)) {
             Ok(0) => {
                 if !on_event(ProcEvent::Idle) {

@@ -37,7 +37,9 @@ fn follow(
     let (tx, rx) = mpsc::channel();
     let (rt, id) = (rt.clone(), id.clone());
     let h = std::thread::spawn(move || {
-        rt.proc_connect(&id, pid, &mut |e| e == ProcEvent::Idle || tx.send(e).is_ok())
+        rt.proc_connect(&id, pid, &mut |e| {
+            e == ProcEvent::Idle || tx.send(e).is_ok()
+        })
     });
     (rx, h)
 }

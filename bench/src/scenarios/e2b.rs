@@ -30,7 +30,9 @@ fn samples(v: &Value, k: &str) -> Vec<f64> {
 }
 
 pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let addr = format!("127.0.0.1:{port}");
     progress::step(0.0, "starting groved with its E2B endpoint");
     let mut daemon = Daemon::start(
@@ -57,8 +59,13 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             .with_context(|| format!("running {VENV_PYTHON}"))?;
         let _ = std::fs::remove_file(&driver);
         let text = String::from_utf8_lossy(&out.stdout);
-        let v: Value = serde_json::from_str(text.trim().lines().last().unwrap_or(""))
-            .map_err(|e| anyhow!("driver output ({e}): {text} {}", String::from_utf8_lossy(&out.stderr)))?;
+        let v: Value =
+            serde_json::from_str(text.trim().lines().last().unwrap_or("")).map_err(|e| {
+                anyhow!(
+                    "driver output ({e}): {text} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })?;
         if let Some(e) = v.get("error") {
             bail!("driver: {e}: {}", v["trace"].as_str().unwrap_or(""));
         }
@@ -87,12 +94,19 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         res.push(Measurement::value(&k, "e2b SDK", true, a.p99 - b.p99));
     }
     let key = Key::new(CREATE, "sequential", "ms", Better::Lower);
-    res.push(Measurement::samples(&key, "e2b SDK", true, &samples(&v, "create_first")));
+    res.push(Measurement::samples(
+        &key,
+        "e2b SDK",
+        true,
+        &samples(&v, "create_first"),
+    ));
     let fork = samples(&v, "fork");
     if fork.is_empty() {
         res.note(format!(
             "SDK fork of 8 not measured: {}",
-            v["fork_error"].as_str().unwrap_or("the SDK has no fork call")
+            v["fork_error"]
+                .as_str()
+                .unwrap_or("the SDK has no fork call")
         ));
     } else {
         let key = Key::new(FORK, "wall", "ms", Better::Lower);

@@ -137,12 +137,18 @@ pub async fn create(
     let max = grove_runtime::live::MAX_PTY_CELLS;
     if w.cols == 0 || w.rows == 0 || w.cols > max || w.rows > max {
         return Err(ApiError::invalid(
-            if w.cols == 0 || w.cols > max { "cols" } else { "rows" },
+            if w.cols == 0 || w.cols > max {
+                "cols"
+            } else {
+                "rows"
+            },
             format!("1..={max}"),
         ));
     }
     let argv = match (&w.argv, &w.shell) {
-        (Some(_), Some(_)) => return Err(ApiError::invalid("shell", "give argv or shell, not both")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("shell", "give argv or shell, not both"))
+        }
         (Some(a), None) if a.is_empty() => return Err(ApiError::invalid("argv", "empty")),
         (Some(a), None) => a.clone(),
         (None, _) if w.shell.is_some() => Vec::new(),

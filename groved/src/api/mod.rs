@@ -1,9 +1,9 @@
 //! The HTTP API under /v1 (see groved/openapi.yaml).
 
 mod exec;
-mod live;
 mod files;
 mod images;
+mod live;
 mod node;
 pub(crate) mod pause;
 mod pools;

@@ -46,7 +46,12 @@ fn user_of(ctx: &Ctx) -> Result<Option<String>, ConnectError> {
     let Some(v) = ctx.headers.get("authorization") else {
         return Ok(None);
     };
-    let bad = || ConnectError::new(Code::Unauthenticated, "Authorization: expected Basic <user:>");
+    let bad = || {
+        ConnectError::new(
+            Code::Unauthenticated,
+            "Authorization: expected Basic <user:>",
+        )
+    };
     let v = v.to_str().map_err(|_| bad())?;
     let b = v.strip_prefix("Basic ").ok_or_else(bad)?;
     let raw = base64::engine::general_purpose::STANDARD
@@ -55,7 +60,9 @@ fn user_of(ctx: &Ctx) -> Result<Option<String>, ConnectError> {
     let s = String::from_utf8(raw).map_err(|_| bad())?;
     let user = s.split(':').next().unwrap_or("");
     if user.is_empty() || user.len() > 256 || user.contains(['\0', '\n']) {
-        return Err(ConnectError::invalid(format!("user {user:?} is not a user name")));
+        return Err(ConnectError::invalid(format!(
+            "user {user:?} is not a user name"
+        )));
     }
     Ok(Some(user.to_string()))
 }
@@ -90,7 +97,9 @@ fn end_of(x: &ProcExit) -> pb::ProcessEvent {
         exit_code: code,
         exited,
         status,
-        error: x.timed_out.then(|| "the process ran past its timeout".to_string()),
+        error: x
+            .timed_out
+            .then(|| "the process ran past its timeout".to_string()),
     }))
 }
 
@@ -98,7 +107,10 @@ fn end_of(x: &ProcExit) -> pb::ProcessEvent {
 /// stream, with keepalives in quiet stretches. The first event (started, or the failure) is
 /// awaited here, so a refused start is the RPC's error. Dropping the stream (client gone, or the
 /// deadline) fails the worker's next send, which ends the attach.
-async fn attach<F>(ctx: &Ctx, call: F) -> Result<BoxStream<Result<pb::ProcessEvent, ConnectError>>, ConnectError>
+async fn attach<F>(
+    ctx: &Ctx,
+    call: F,
+) -> Result<BoxStream<Result<pb::ProcessEvent, ConnectError>>, ConnectError>
 where
     F: FnOnce(&mut dyn FnMut(ProcEvent) -> bool) -> Result<ProcExit, grove_runtime::Error>
         + Send
@@ -166,7 +178,9 @@ async fn start(
         Some(s) => {
             let ok = |n: u32| (1..=u32::from(grove_runtime::live::MAX_PTY_CELLS)).contains(&n);
             if !ok(s.cols) || !ok(s.rows) {
-                return Err(ConnectError::invalid("pty.size: cols and rows are 1..=4096"));
+                return Err(ConnectError::invalid(
+                    "pty.size: cols and rows are 1..=4096",
+                ));
             }
             Some(PtySize {
                 cols: s.cols as u16,
@@ -177,7 +191,9 @@ async fn start(
     };
     if let Some(cwd) = &cfg.cwd {
         if !cwd.is_empty() && !cwd.starts_with('/') {
-            return Err(ConnectError::invalid(format!("process.cwd {cwd:?} is not absolute")));
+            return Err(ConnectError::invalid(format!(
+                "process.cwd {cwd:?} is not absolute"
+            )));
         }
     }
     let explicit = user_of(&ctx)?;
@@ -215,7 +231,9 @@ async fn pid_of(ctx: &Ctx, sel: Option<pb::ProcessSelector>) -> Result<i32, Conn
     use pb::process_selector::Selector;
     match sel.and_then(|s| s.selector) {
         Some(Selector::Pid(p)) if p > 1 && p <= i32::MAX as u32 => Ok(p as i32),
-        Some(Selector::Pid(p)) => Err(ConnectError::invalid(format!("process.pid {p} is not a pid"))),
+        Some(Selector::Pid(p)) => Err(ConnectError::invalid(format!(
+            "process.pid {p} is not a pid"
+        ))),
         Some(Selector::Tag(t)) => {
             let rt = ctx.app.runtime.clone();
             let id = ctx.sandbox.clone();
@@ -244,7 +262,9 @@ async fn connect(
 
 async fn run<T: Send + 'static>(
     ctx: &Ctx,
-    f: impl FnOnce(&grove_runtime::Runtime, &SandboxId) -> Result<T, grove_runtime::Error> + Send + 'static,
+    f: impl FnOnce(&grove_runtime::Runtime, &SandboxId) -> Result<T, grove_runtime::Error>
+        + Send
+        + 'static,
 ) -> Result<T, ConnectError> {
     let rt = ctx.app.runtime.clone();
     let id = ctx.sandbox.clone();
@@ -326,7 +346,12 @@ async fn send_signal(
     let sig = match pb::Signal::try_from(req.signal) {
         Ok(pb::Signal::Sigkill) => 9,
         Ok(pb::Signal::Sigterm) => 15,
-        _ => return Err(ConnectError::invalid(format!("signal {}: SIGTERM or SIGKILL", req.signal))),
+        _ => {
+            return Err(ConnectError::invalid(format!(
+                "signal {}: SIGTERM or SIGKILL",
+                req.signal
+            )))
+        }
     };
     let pid = pid_of(&ctx, req.process).await?;
     // Only a process init keeps (or one of its children) is signalled through this service.
@@ -335,7 +360,9 @@ async fn send_signal(
     })
     .await?;
     if !known {
-        return Err(ConnectError::not_found(format!("process with pid {pid} not found")));
+        return Err(ConnectError::not_found(format!(
+            "process with pid {pid} not found"
+        )));
     }
     run(&ctx, move |rt, id| rt.signal(id, pid, sig)).await?;
     Ok(pb::SendSignalResponse {})
@@ -357,7 +384,9 @@ async fn update(ctx: Ctx, req: pb::UpdateRequest) -> Result<pb::UpdateResponse, 
     };
     let max = u32::from(grove_runtime::live::MAX_PTY_CELLS);
     if size.cols == 0 || size.rows == 0 || size.cols > max || size.rows > max {
-        return Err(ConnectError::invalid("pty.size: cols and rows are 1..=4096"));
+        return Err(ConnectError::invalid(
+            "pty.size: cols and rows are 1..=4096",
+        ));
     }
     let size = PtySize {
         cols: size.cols as u16,
