@@ -367,3 +367,43 @@ fn leftover_children_of_an_exec_are_drained_into_a_log() {
     rt.destroy(&id).unwrap();
     assert_gone(&rt, &id);
 }
+
+#[test]
+fn a_reader_that_does_not_read_stalls_neither_init_nor_other_readers() {
+    if !can_run() {
+        return;
+    }
+    let rt = rt();
+    let id = rt.create(spec()).expect("create").id;
+    let req = ProcessRequest {
+        shell: Some("head -c 30000000 /dev/zero; echo end".into()),
+        keep: true,
+        ..Default::default()
+    };
+    let (pid, _) = rt.proc_start(&id, req, false, &mut |_| true).unwrap();
+    // A reader that takes the first chunk, then sits on the stream without reading.
+    let (stuck_tx, stuck_rx) = mpsc::channel::<()>();
+    let (rt2, id2) = (rt.clone(), id.clone());
+    let stuck = std::thread::spawn(move || {
+        let _ = rt2.proc_connect(&id2, pid, &mut |_| {
+            let _ = stuck_rx.recv_timeout(Duration::from_secs(20));
+            false
+        });
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Init still answers at once.
+    let t = Instant::now();
+    assert_eq!(out(&sh(&rt, &id, "echo quick")), "quick");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Once the stuck reader leaves, the process runs to its end.
+    drop(stuck_tx);
+    stuck.join().unwrap();
+    let (rx, h) = follow(&rt, &id, pid);
+    assert_eq!(h.join().unwrap().unwrap().exit_code, Some(0));
+    let mut tail = String::new();
+    text_of(&rx, &mut tail);
+    assert!(tail.ends_with("end\n"));
+
+    rt.destroy(&id).unwrap();
+    assert_gone(&rt, &id);
+}

@@ -268,7 +268,7 @@ async fn run<T: Send + 'static>(
 ) -> Result<T, ConnectError> {
     let rt = ctx.app.runtime.clone();
     let id = ctx.sandbox.clone();
-    blocking(move || f(&*rt, &id).map_err(ApiError::from))
+    blocking(move || f(&rt, &id).map_err(ApiError::from))
         .await
         .map_err(ConnectError::from)
 }
