@@ -247,3 +247,39 @@ fn background_process_stream_replays_and_leftovers_are_readable() {
     assert!(found, "{l}");
     d.delete(&id);
 }
+
+/// Whether a running process of the sandbox has exactly this argv.
+fn running(d: &common::Daemon, id: &str, argv: &[&str]) -> bool {
+    let l = d
+        .call(Method::GET, &format!("/v1/sandboxes/{id}/processes"), None)
+        .expect(200)
+        .json();
+    l["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["running"] == true && p["argv"] == json!(argv))
+}
+
+#[test]
+fn a_client_that_leaves_exec_stream_takes_its_quiet_command_with_it() {
+    let d = daemon();
+    let id = d.create(json!({}));
+    let evs = sse_events(
+        d,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec/stream"),
+        Some(json!({"shell": "echo up; exec sleep 778"})),
+        |e, _| e == "stdout",
+    );
+    assert_eq!(evs[0].0, "stdout");
+    let t = std::time::Instant::now();
+    while running(d, &id, &["sleep", "778"]) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the command outlived its client"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.delete(&id);
+}

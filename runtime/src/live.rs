@@ -75,28 +75,36 @@ fn check_size(s: PtySize) -> Result<(), Error> {
     Ok(())
 }
 
-/// Reads the stream of one attached connection until the exit frame.
-fn follow(
-    s: &mut std::os::unix::net::UnixStream,
-    on_event: &mut dyn FnMut(ProcEvent) -> bool,
-) -> Result<ProcExit, ClientError> {
+/// Waits up to IDLE_CHECK_MS for `s` to be readable; false when nothing came (the caller asks its
+/// reader whether it is still there, then waits again).
+pub(crate) fn wait_readable(s: &std::os::unix::net::UnixStream) -> Result<bool, ClientError> {
     use std::os::fd::AsFd;
-    let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
         let mut fds = [nix::poll::PollFd::new(
             s.as_fd(),
             nix::poll::PollFlags::POLLIN,
         )];
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(IDLE_CHECK_MS)) {
-            Ok(0) => {
-                if !on_event(ProcEvent::Idle) {
-                    return Err(gone());
-                }
-                continue;
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(ClientError::Io(e.into())),
-            Ok(_) => {}
+        }
+    }
+}
+
+/// Reads the stream of one attached connection until the exit frame.
+fn follow(
+    s: &mut std::os::unix::net::UnixStream,
+    on_event: &mut dyn FnMut(ProcEvent) -> bool,
+) -> Result<ProcExit, ClientError> {
+    let gone = || ClientError::Protocol("the output's reader went away".into());
+    loop {
+        if !wait_readable(s)? {
+            if !on_event(ProcEvent::Idle) {
+                return Err(gone());
+            }
+            continue;
         }
         let ev = match proto::read_frame(s)? {
             Some((KIND_STDOUT, d)) => ProcEvent::Stdout(d),

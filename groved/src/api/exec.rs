@@ -150,6 +150,8 @@ pub async fn exec_stream(
         let t = std::time::Instant::now();
         let mut on_output = |c: OutputChunk| {
             let (name, data) = match c {
+                // The runtime's "still there?" while the command is quiet.
+                OutputChunk::Stdout(d) if d.is_empty() => return !tx.is_closed(),
                 OutputChunk::Stdout(d) => ("stdout", d),
                 OutputChunk::Stderr(d) => ("stderr", d),
             };
