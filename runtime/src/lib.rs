@@ -8,7 +8,7 @@ pub mod cgroup;
 mod client;
 pub mod config;
 pub mod error;
-mod files;
+pub mod files;
 pub mod host_mem;
 mod idle;
 pub mod init;

@@ -867,6 +867,11 @@ impl Runtime {
         self.root_of(id)?.write_from(path, data, mode)
     }
 
+    /// The sandbox's root for file operations beyond read/write/list (the E2B filesystem service).
+    pub fn files(&self, id: &SandboxId) -> Result<crate::files::Root, Error> {
+        self.root_of(id)
+    }
+
     pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {
         self.root_of(id)?.list(path)
     }

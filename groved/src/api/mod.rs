@@ -12,6 +12,7 @@ mod sandboxes;
 mod snapshots;
 
 pub use sandboxes::build_spec;
+pub(crate) use sandboxes::check_labels;
 
 use std::sync::Arc;
 use std::time::Instant;

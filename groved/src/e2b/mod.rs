@@ -32,8 +32,7 @@ use error::{E2bError, E2bResult};
 pub const ENVD_PORT: u16 = 49983;
 /// The envd version reported to the SDK (it refuses sandboxes older than 0.1.0, and gates
 /// features on newer versions).
-/// 0.5.2: the SDK sends CloseStdin (process service) from this version on.
-pub const ENVD_VERSION: &str = "0.5.2";
+pub const ENVD_VERSION: &str = "0.5.7";
 
 /// Hooks other modules register Connect services with (the process service registers
 /// `process.Process` here); called once when the endpoint starts.
