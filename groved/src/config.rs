@@ -113,6 +113,9 @@ pub struct FileConfig {
     /// TCP addresses (`host:port`) to serve on as well; needs `api_key_file`.
     pub listen: Vec<String>,
     pub api_key_file: Option<PathBuf>,
+    /// TCP address (`host:port`) of the E2B-compatible endpoint; a non-loopback one needs
+    /// `api_key_file`.
+    pub e2b_listen: Option<String>,
     pub init_binary: Option<PathBuf>,
     pub criu: Option<PathBuf>,
     /// "nodefs" (default) or "overlay".
@@ -179,6 +182,10 @@ pub struct Overrides {
     pub listen: Vec<String>,
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// TCP address of the E2B-compatible endpoint (HTTP/1.1 and h2c); off the loopback it
+    /// needs --api-key-file.
+    #[arg(long)]
+    pub e2b_listen: Option<String>,
     /// "nodefs" or "overlay".
     #[arg(long)]
     pub root_provider: Option<String>,
@@ -197,6 +204,8 @@ pub struct Config {
     pub socket: PathBuf,
     pub listen: Vec<SocketAddr>,
     pub api_key: Option<String>,
+    /// The E2B-compatible endpoint's address, when it is served.
+    pub e2b_listen: Option<SocketAddr>,
     pub init_binary: PathBuf,
     pub criu: Option<PathBuf>,
     pub root: RootKind,
@@ -300,6 +309,16 @@ impl Config {
         if !listen.is_empty() && api_key.is_none() {
             return Err(ConfigError::NoApiKey);
         }
+        let e2b_listen = match o.e2b_listen.clone().or(f.e2b_listen) {
+            None => None,
+            Some(a) => {
+                let addr: SocketAddr = a.parse().map_err(|_| ConfigError::Listen { addr: a })?;
+                if !addr.ip().is_loopback() && api_key.is_none() {
+                    return Err(ConfigError::NoApiKey);
+                }
+                Some(addr)
+            }
+        };
         let root = match o.root_provider.clone().or(f.root_provider).as_deref() {
             None | Some("nodefs") => RootKind::Nodefs,
             Some("overlay") => RootKind::Overlay,
@@ -343,6 +362,7 @@ impl Config {
             socket,
             listen,
             api_key,
+            e2b_listen,
             init_binary,
             criu,
             root,
@@ -396,6 +416,7 @@ impl Config {
         rc.host_port_range = self.host_port_range;
         // A DNAT on one of our own ports would hand its traffic (bearer keys included) to a sandbox.
         rc.reserved_ports = self.listen.iter().map(|a| a.port()).collect();
+        rc.reserved_ports.extend(self.e2b_listen.map(|a| a.port()));
         rc
     }
 }

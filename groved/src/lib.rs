@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon_cgroup;
 pub mod debug_hooks;
 pub mod doctor;
+pub mod e2b;
 pub mod error;
 pub mod events;
 pub mod idempotency;

@@ -67,6 +67,17 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
                 .into_future(),
         );
     }
+    if let Some(addr) = app.config.e2b_listen {
+        let tcp = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_file(&app.config.socket);
+                return Err(e).with_context(|| format!("binding the E2B endpoint {addr}"));
+            }
+        };
+        tracing::info!(addr = %tcp.local_addr()?, "E2B-compatible endpoint serving");
+        servers.spawn(crate::e2b::serve(app.clone(), tcp, stop_rx.clone()));
+    }
     tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
     let reaper = tokio::spawn(reap(app.clone()));
     let hooks = DebugHooks::from_env();

@@ -355,6 +355,9 @@ pub struct ExecRequestWire {
     pub encoding: Option<Encoding>,
     /// Most bytes of stdout (and of stderr) the result keeps; default 16 MiB, at most 64 MiB.
     pub max_output_bytes: Option<u64>,
+    /// Run as this user of the sandbox: a name from its /etc/passwd or `uid[:gid]`.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -179,6 +179,14 @@ fn exec_on(
     }
     let gone = || ClientError::Protocol("the output's reader went away".into());
     loop {
+        // A quiet command: an empty chunk asks the reader whether it is still there, so a client
+        // that left does not keep a command running that prints nothing.
+        if !crate::live::wait_readable(&s)? {
+            if !on_output(OutputChunk::Stdout(Vec::new())) {
+                return Err(gone());
+            }
+            continue;
+        }
         match proto::read_frame(&mut s)? {
             Some((KIND_STDOUT, data)) => {
                 keep(&mut res.stdout, &data, max_keep, &mut res.stdout_truncated);

@@ -397,6 +397,224 @@ impl Root {
     }
 }
 
+/// What `stat` tells of one entry (the entry itself: a symlink is not followed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStat {
+    /// The last component of the path ("/" for the root).
+    pub name: String,
+    /// "file" | "dir" | "symlink" | "other"
+    pub kind: &'static str,
+    pub size: u64,
+    /// Permission bits and file type (`st_mode`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_secs: i64,
+    pub mtime_nanos: i64,
+    pub symlink_target: Option<String>,
+}
+
+/// File operations the E2B-compatible filesystem service needs: stat, mkdir, rename, remove and
+/// chown, each resolved inside the root like the rest. Final components are acted on through
+/// their parent's descriptor, never followed.
+impl Root {
+    /// The parent directory of `path`, opened inside the root, and the last component.
+    fn parent_of(&self, path: &str) -> Result<(OwnedFd, String), Error> {
+        let comps = components(path)?;
+        let Some((last, parent)) = comps.split_last() else {
+            return Err(Error::invalid("path", "is the root directory"));
+        };
+        let pfd = self.open_at(path, &join(parent), libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        Ok((pfd, last.clone()))
+    }
+
+    pub fn stat(&self, path: &str) -> Result<FileStat, Error> {
+        let comps = components(path)?;
+        let (st, target, name) = match comps.split_last() {
+            None => {
+                let fd = self.open_at(path, ".", libc::O_PATH | libc::O_DIRECTORY, 0)?;
+                let st = nix::sys::stat::fstat(fd.as_raw_fd())
+                    .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+                (st, None, "/".to_string())
+            }
+            Some((last, _)) => {
+                let (pfd, _) = self.parent_of(path)?;
+                let st = nix::sys::stat::fstatat(
+                    Some(pfd.as_raw_fd()),
+                    last.as_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| match e {
+                    nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => Error::FileNotFound {
+                        path: path.to_string(),
+                    },
+                    e => Error::io(format!("stat {path:?}"), e.into()),
+                })?;
+                let target = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    nix::fcntl::readlinkat(Some(pfd.as_raw_fd()), last.as_str())
+                        .ok()
+                        .map(|t| t.to_string_lossy().into_owned())
+                } else {
+                    None
+                };
+                (st, target, last.clone())
+            }
+        };
+        Ok(FileStat {
+            name,
+            kind: kind_of(st.st_mode),
+            size: st.st_size as u64,
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mtime_secs: st.st_mtime,
+            mtime_nanos: st.st_mtime_nsec,
+            symlink_target: target,
+        })
+    }
+
+    /// Makes the directory and its missing parents; false when it was there already.
+    /// Directories made are owned by `owner` (uid, gid) when given.
+    pub fn make_dir(&self, path: &str, owner: Option<(u32, u32)>) -> Result<bool, Error> {
+        let comps = components(path)?;
+        match self.stat(path) {
+            Ok(st) if st.kind == "dir" => return Ok(false),
+            Ok(_) => {
+                return Err(Error::invalid(
+                    "path",
+                    format!("{path:?} exists and is not a directory"),
+                ))
+            }
+            Err(Error::FileNotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        // Which of the parents are missing, to own just those.
+        let mut first_missing = comps.len();
+        for i in (0..comps.len()).rev() {
+            let shown = format!("/{}", comps[..=i].join("/"));
+            match self.stat(&shown) {
+                Err(Error::FileNotFound { .. }) => first_missing = i,
+                _ => break,
+            }
+        }
+        self.mkdir_p(path, &comps)?;
+        if let Some((uid, gid)) = owner {
+            for i in first_missing..comps.len() {
+                self.chown(&format!("/{}", comps[..=i].join("/")), uid, gid)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Renames within the sandbox (`rename(2)` semantics: an existing file at `to` is replaced).
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), Error> {
+        let (sfd, sname) = self.parent_of(from)?;
+        let (dfd, dname) = self.parent_of(to)?;
+        nix::fcntl::renameat(
+            Some(sfd.as_raw_fd()),
+            sname.as_str(),
+            Some(dfd.as_raw_fd()),
+            dname.as_str(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ENOENT => Error::FileNotFound {
+                path: from.to_string(),
+            },
+            e => Error::io(format!("rename {from:?} to {to:?}"), e.into()),
+        })
+    }
+
+    /// Removes a file, a symlink (not what it points to) or a directory with all it holds.
+    pub fn remove(&self, path: &str) -> Result<(), Error> {
+        let (pfd, name) = self.parent_of(path)?;
+        let st = self.stat(path)?;
+        if st.kind == "dir" {
+            let dfd = self.open_at(
+                path,
+                &join(&components(path)?),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                0,
+            )?;
+            remove_tree(dfd, path)?;
+            nix::unistd::unlinkat(
+                Some(pfd.as_raw_fd()),
+                name.as_str(),
+                nix::unistd::UnlinkatFlags::RemoveDir,
+            )
+        } else {
+            nix::unistd::unlinkat(
+                Some(pfd.as_raw_fd()),
+                name.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+        }
+        .map_err(|e| Error::io(format!("remove {path:?}"), e.into()))
+    }
+
+    /// Sets the owner of the entry itself (a symlink's own owner, never its target's).
+    pub fn chown(&self, path: &str, uid: u32, gid: u32) -> Result<(), Error> {
+        let (pfd, name) = self.parent_of(path)?;
+        nix::unistd::fchownat(
+            Some(pfd.as_raw_fd()),
+            name.as_str(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| Error::io(format!("chown {path:?}"), e.into()))
+    }
+}
+
+/// Empties a directory given by descriptor, depth first. Each child is opened by name relative
+/// to its parent with O_NOFOLLOW, so a symlink swapped in is unlinked, never descended into.
+fn remove_tree(dfd: OwnedFd, shown: &str) -> Result<(), Error> {
+    let io = |e: nix::errno::Errno| Error::io(format!("remove {shown:?}"), e.into());
+    let mut dir = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(dfd)).map_err(io)?;
+    let raw = dir.as_raw_fd();
+    let names: Vec<std::ffi::CString> = dir
+        .iter()
+        .flatten()
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for n in names {
+        let st = nix::sys::stat::fstatat(
+            Some(raw),
+            n.as_c_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(io)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            let child = nix::fcntl::openat(
+                Some(raw),
+                n.as_c_str(),
+                nix::fcntl::OFlag::O_RDONLY
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_NOFOLLOW
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(io)?;
+            // SAFETY: openat returned a fresh descriptor that nothing else owns.
+            remove_tree(unsafe { OwnedFd::from_raw_fd(child) }, shown)?;
+            nix::unistd::unlinkat(
+                Some(raw),
+                n.as_c_str(),
+                nix::unistd::UnlinkatFlags::RemoveDir,
+            )
+            .map_err(io)?;
+        } else {
+            nix::unistd::unlinkat(
+                Some(raw),
+                n.as_c_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+            .map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
 /// Copies with one fixed buffer: memory stays bounded however large the stream.
 fn copy_bounded(from: &mut dyn Read, to: &mut File) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 256 << 10];

@@ -36,6 +36,8 @@ pub fn setup_owner(cmdline: &[u8]) -> Option<(String, String)> {
 pub const KIND_JSON: u8 = 1;
 pub const KIND_STDOUT: u8 = 2;
 pub const KIND_STDERR: u8 = 3;
+/// Output of a process on a pseudo-terminal (one stream).
+pub const KIND_PTY: u8 = 4;
 
 /// Frames larger than this are refused (protects init from a bad peer).
 pub const MAX_FRAME: usize = 64 << 20;
@@ -64,6 +66,95 @@ pub enum Request {
         name: String,
     },
     SessionList,
+    /// Starts a process init keeps past this connection (see [`ProcSpec`]).
+    ProcStart(ProcSpec),
+    /// Streams a kept process's buffered output, then its live output and its exit.
+    ProcConnect {
+        pid: i32,
+    },
+    /// Queues bytes for a kept process's stdin (or its terminal).
+    ProcInput {
+        pid: i32,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// Closes a kept process's stdin once what is queued is written.
+    ProcCloseStdin {
+        pid: i32,
+    },
+    /// Sets the size of a kept process's terminal.
+    ProcResize {
+        pid: i32,
+        size: PtySize,
+    },
+    /// The kept processes, running and recently ended.
+    ProcList,
+}
+
+/// Terminal size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// A process init keeps: its output is buffered (for a later `ProcConnect`) and streamed to every
+/// connection attached to it, its stdin and terminal stay open for `ProcInput`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProcSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Empty: the user's home (or /).
+    pub cwd: String,
+    /// A name from the sandbox's /etc/passwd or `uid[:gid]`; None: root.
+    pub user: Option<String>,
+    /// A `user` name the sandbox's /etc/passwd lacks runs as root instead of failing (a default
+    /// user an image may not have).
+    pub user_or_root: bool,
+    /// Run on a new pseudo-terminal of this size (stdout and stderr are then one stream).
+    pub pty: Option<PtySize>,
+    /// Keep a stdin pipe open for `ProcInput` (otherwise stdin is /dev/null).
+    pub stdin: bool,
+    pub tag: Option<String>,
+    /// Stream the output and exit on this connection after `Started`.
+    pub attach: bool,
+    /// The process outlives the attached connection; otherwise its hang-up kills the tree.
+    pub keep: bool,
+    pub timeout_ms: Option<u64>,
+    /// Also append the output to `LOG_DIR/<pid>.log`.
+    pub log: bool,
+}
+
+/// A kept process, as `ProcList` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveInfo {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    pub tag: Option<String>,
+    pub pty: bool,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// Bytes as base64 in the JSON frames.
+mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -120,6 +211,9 @@ pub struct ExecSpec {
     pub stdin: Option<Vec<u8>>,
     pub timeout_ms: Option<u64>,
     pub background: bool,
+    /// A name from the sandbox's /etc/passwd or `uid[:gid]`; None: root.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -159,6 +253,9 @@ pub enum Reply {
     SessionError {
         kind: SessionErrorKind,
         message: String,
+    },
+    Live {
+        list: Vec<LiveInfo>,
     },
 }
 

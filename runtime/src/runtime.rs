@@ -235,7 +235,7 @@ impl Runtime {
         Err(Error::NotFound { id: id.to_string() })
     }
 
-    fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
+    pub(crate) fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
         let sb = self.sandbox(id)?;
         let st = *sb.state.lock();
         if st != SandboxState::Running {
@@ -767,12 +767,13 @@ impl Runtime {
             stdin: req.stdin,
             timeout_ms: req.timeout_ms,
             background: req.background,
+            user: req.user,
         };
         client::exec(&sb.init, spec, max_keep, cancel, on_output)
             .map_err(|e| self.client_error(&sb, e))
     }
 
-    fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
+    pub(crate) fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
         let id = &sb.id;
         match e {
             // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
@@ -787,6 +788,10 @@ impl Runtime {
             },
             ClientError::Init(m) if m.starts_with("exec") => Error::InvalidSpec {
                 field: "argv".into(),
+                reason: m,
+            },
+            ClientError::Init(m) if m.starts_with("user ") => Error::InvalidSpec {
+                field: "user".into(),
                 reason: m,
             },
             e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {
@@ -876,6 +881,11 @@ impl Runtime {
         mode: Option<u32>,
     ) -> Result<u64, Error> {
         self.root_of(id)?.write_from(path, data, mode)
+    }
+
+    /// The sandbox's root for file operations beyond read/write/list (the E2B filesystem service).
+    pub fn files(&self, id: &SandboxId) -> Result<crate::files::Root, Error> {
+        self.root_of(id)
     }
 
     pub fn list_dir(&self, id: &SandboxId, path: &str) -> Result<Vec<DirEntry>, Error> {

@@ -206,6 +206,8 @@ pub struct ExecRequest {
     /// Most bytes of stdout (and, separately, of stderr) kept in the result; the rest is read and
     /// dropped while the command runs on (`*_truncated` says so). None: [`DEFAULT_MAX_OUTPUT`].
     pub max_output_bytes: Option<u64>,
+    /// Run as this user of the sandbox (a name from its /etc/passwd, or `uid[:gid]`); None: root.
+    pub user: Option<String>,
 }
 
 /// Output kept per stream when a request does not say.

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod checkpoint;
 pub mod density;
+pub mod e2b;
 pub mod elastic;
 pub mod filesystem;
 pub mod lifecycle;
@@ -130,6 +131,15 @@ pub fn all() -> Vec<Scenario> {
             opt_in: false,
             est_full: 60.0,
             run: api::run,
+        },
+        Scenario {
+            name: e2b::NAME,
+            title: "E2B: the e2b SDK against Grove's own client on the same daemon",
+            est_quick: 30.0,
+            // Until the E2B control plane (create) is in every build, only when named.
+            opt_in: true,
+            est_full: 120.0,
+            run: e2b::run,
         },
         Scenario {
             name: soak::NAME,

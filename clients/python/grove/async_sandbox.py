@@ -7,6 +7,7 @@ from ._core import shell
 from ._commands import CommandsCore, ProcessCore
 from ._files import FilesCore
 from ._ops import SandboxCore, SnapshotCore
+from .pty import AsyncPty
 from .sessions import AsyncSessions
 from ._transport import AsyncClient, default_async_client
 
@@ -37,6 +38,7 @@ class AsyncSandbox(shell(SandboxCore, asynchronous=True)):  # type: ignore[misc]
         super().__init__(info, client)
         # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
         self.sessions = AsyncSessions(self)
+        self.pty = AsyncPty(self)  # terminals: grove/pty.py
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

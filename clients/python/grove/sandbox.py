@@ -10,6 +10,7 @@ from ._commands import CommandsCore, ProcessCore
 from ._files import FilesCore, FsEvent
 from ._ops import DEFAULT_IMAGE, Port, SandboxCore, SnapshotCore, Transfer
 from ._streams import _q
+from .pty import Pty
 from .sessions import Sessions
 from ._transport import Client, default_client
 
@@ -41,6 +42,7 @@ class Sandbox(shell(SandboxCore, asynchronous=False)):  # type: ignore[misc]
         super().__init__(info, client)
         # Other modules hook in here, one line each (e.g. `self.sessions = Sessions(self)`).
         self.sessions = Sessions(self)
+        self.pty = Pty(self)  # terminals: grove/pty.py
 
     def __enter__(self) -> "Sandbox":
         return self

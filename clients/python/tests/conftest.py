@@ -28,8 +28,9 @@ def binary(env: str, name: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False, config: str = ""):
-        """`config`: more top-level groved.toml lines (e.g. `default_ttl_secs = 3`)."""
+    def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False, config: str = "",
+                 extra_config: str = ""):
+        """`config`, `extra_config`: more top-level groved.toml lines (e.g. `default_ttl_secs = 3`)."""
         self.dir = Path(f"/tmp/grove-pytest-{tag}-{uuid.uuid4().hex[:8]}")
         (self.dir / "state").mkdir(parents=True)
         (self.dir / "run").mkdir(parents=True)
@@ -51,6 +52,7 @@ run_dir = "{self.dir}/run"
 socket = "{self.socket}"
 {listen}
 {config}
+{extra_config}
 root_provider = "nodefs"
 cgroup_root = "{self.cgroup_root}"
 reap_interval_ms = 200

@@ -81,6 +81,14 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
         }
         _ => {}
     }
+    if let Some(u) = &w.user {
+        if u.is_empty() || u.len() > 256 || u.contains(['\0', '\n']) {
+            return Err(ApiError::invalid(
+                "user",
+                "a user name or uid[:gid] of at most 256 bytes",
+            ));
+        }
+    }
     let stdin = match &w.stdin {
         Some(s) => Some(
             base64::engine::general_purpose::STANDARD
@@ -98,6 +106,7 @@ fn to_runtime(w: ExecRequestWire, background: bool) -> ApiResult<(ExecRequest, E
         timeout_ms: w.timeout_ms,
         background,
         max_output_bytes: w.max_output_bytes,
+        user: w.user,
     };
     Ok((req, w.encoding.unwrap_or_default()))
 }
@@ -189,6 +198,8 @@ pub async fn exec_stream(
         let t = std::time::Instant::now();
         let mut on_output = |c: OutputChunk| {
             let (name, data) = match c {
+                // The runtime's "still there?" while the command is quiet.
+                OutputChunk::Stdout(d) if d.is_empty() => return !tx.is_closed(),
                 OutputChunk::Stdout(d) => ("stdout", d),
                 OutputChunk::Stderr(d) => ("stderr", d),
             };

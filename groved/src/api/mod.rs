@@ -3,6 +3,7 @@
 mod exec;
 mod files;
 mod images;
+mod live;
 mod node;
 pub(crate) mod pause;
 mod pools;
@@ -13,6 +14,7 @@ mod snapshots;
 pub(crate) mod swerex;
 
 pub use sandboxes::build_spec;
+pub(crate) use sandboxes::check_labels;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,6 +59,13 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             post(exec::start).route_layer(idem()).get(exec::processes),
         )
         .route("/sandboxes/{id}/processes/{pid}/signal", post(exec::signal))
+        // Terminals and kept processes' streams and stdin (api/live.rs).
+        .route("/sandboxes/{id}/processes/{pid}/stream", get(live::connect))
+        .route("/sandboxes/{id}/processes/{pid}/stdin", post(live::stdin))
+        .route("/sandboxes/{id}/pty", post(live::create))
+        .route("/sandboxes/{id}/pty/{pid}", delete(live::kill))
+        .route("/sandboxes/{id}/pty/{pid}/input", post(live::input))
+        .route("/sandboxes/{id}/pty/{pid}/resize", post(live::resize))
         .route("/sandboxes/{id}/files", get(files::read).put(files::write))
         .route("/sandboxes/{id}/files/list", get(files::list))
         .route(

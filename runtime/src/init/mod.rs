@@ -2,11 +2,14 @@
 //! `--serve` (the init loop, exec'd from inside the sandbox).
 
 pub mod harden;
+mod live;
 mod procs;
+mod pty;
 pub mod server;
 pub mod session;
 pub mod setup;
 mod spawn;
+mod user;
 
 /// Dispatches on argv[1].
 pub fn main() -> ! {

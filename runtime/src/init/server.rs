@@ -13,7 +13,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{procs, session, spawn};
+use super::{live, procs, session, spawn};
 use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
 
 /// A foreground exec bound to its client connection.
@@ -23,6 +23,7 @@ struct Exec {
     stdin: Option<(OwnedFd, Vec<u8>, usize)>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    argv: Vec<String>,
     deadline: Option<Instant>,
     started: Instant,
     timed_out: bool,
@@ -84,8 +85,12 @@ fn serve() -> Result<(), String> {
     let mut execs: HashMap<i32, Exec> = HashMap::new();
     let mut incoming: Vec<Incoming> = Vec::new();
     let mut sessions = session::Sessions::default();
+    let mut live = live::Table::default();
     loop {
-        let mut timeout = next_timeout(&execs);
+        let mut timeout = match (next_timeout(&execs), live.next_timeout()) {
+            (a, b) if a < 0 || b < 0 => a.max(b),
+            (a, b) => a.min(b),
+        };
         if let Some(t) = sessions.timeout_ms() {
             timeout = if timeout < 0 { t } else { timeout.min(t) };
         }
@@ -112,6 +117,7 @@ fn serve() -> Result<(), String> {
             }
         }
         sessions.poll_fds(&mut fds);
+        live.poll_fds(&mut fds);
         // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
@@ -124,7 +130,7 @@ fn serve() -> Result<(), String> {
             .collect();
 
         if ready.contains_key(&sfd.as_fd().as_raw_fd()) {
-            handle_signals(&sfd, &mut execs, &mut sessions);
+            handle_signals(&sfd, &mut execs, &mut sessions, &mut live);
         }
         if ready.contains_key(&listener.as_raw_fd()) {
             while let Ok((conn, _)) = listener.accept() {
@@ -138,7 +144,7 @@ fn serve() -> Result<(), String> {
             }
         }
         for (conn, frame) in read_requests(&mut incoming, &ready) {
-            if let Some(e) = handle_conn(conn, frame, &mut sessions) {
+            if let Some(e) = handle_conn(conn, frame, &mut sessions, &mut live) {
                 execs.insert(e.pid, e);
             }
         }
@@ -146,6 +152,7 @@ fn serve() -> Result<(), String> {
             pump(e, &ready);
         }
         sessions.pump(&ready);
+        live.pump(&ready);
         let now = Instant::now();
         for e in execs.values_mut() {
             if e.status.is_none() && !e.timed_out && e.deadline.is_some_and(|d| now >= d) {
@@ -160,7 +167,7 @@ fn serve() -> Result<(), String> {
             .collect();
         for pid in done {
             if let Some(e) = execs.remove(&pid) {
-                finish(e);
+                finish(e, &mut live);
             }
         }
     }
@@ -239,6 +246,7 @@ fn handle_signals(
     sfd: &SignalFd,
     execs: &mut HashMap<i32, Exec>,
     sessions: &mut session::Sessions,
+    live: &mut live::Table,
 ) {
     while let Ok(Some(info)) = sfd.read_signal() {
         let sig = info.ssi_signo as i32;
@@ -256,7 +264,9 @@ fn handle_signals(
                     if let Some(e) = execs.get_mut(&pid.as_raw()) {
                         e.status = Some(st);
                     } else {
-                        sessions.reaped(pid.as_raw(), st);
+                        if !sessions.reaped(pid.as_raw(), st) {
+                            live.reaped(pid.as_raw(), st);
+                        }
                     }
                 }
             }
@@ -277,6 +287,7 @@ fn handle_conn(
     mut conn: UnixStream,
     frame: Vec<u8>,
     sessions: &mut session::Sessions,
+    live: &mut live::Table,
 ) -> Option<Exec> {
     let _ = conn.set_nonblocking(false);
     let req = match proto::read_frame(&mut &frame[..]) {
@@ -292,6 +303,14 @@ fn handle_conn(
             reply(&mut conn, &Reply::Error { message });
             return None;
         }
+    };
+    // Kept processes (background execs included) are served by the live table.
+    let (mut conn, req) = match req {
+        Request::Exec(spec) if spec.background => {
+            live.start_background(conn, spec);
+            return None;
+        }
+        req => live.handle(conn, req)?,
     };
     match req {
         Request::Ping => reply(&mut conn, &Reply::Ok),
@@ -331,13 +350,19 @@ fn handle_conn(
         | Request::SessionInterrupt { .. }
         | Request::SessionClose { .. }
         | Request::SessionList) => sessions.handle(conn, r),
+        other => reply(
+            &mut conn,
+            &Reply::Error {
+                message: format!("unexpected request {other:?}"),
+            },
+        ),
     }
     None
 }
 
 fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
     let started = Instant::now();
-    let s = match spawn::spawn(&spec) {
+    let s = match spawn::spawn(&spawn::Opts::exec(&spec)) {
         Ok(s) => s,
         Err(message) => {
             reply(&mut conn, &Reply::Error { message });
@@ -348,12 +373,9 @@ fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
         &mut conn,
         &Reply::Started {
             pid: s.pid,
-            log_path: s.log_path.clone(),
+            log_path: None,
         },
     );
-    if spec.background {
-        return None;
-    }
     let _ = conn.set_nonblocking(true);
     Some(Exec {
         conn,
@@ -361,6 +383,7 @@ fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
         stdin: s.stdin.map(|fd| (fd, spec.stdin.unwrap_or_default(), 0)),
         stdout: s.stdout,
         stderr: s.stderr,
+        argv: spec.argv,
         deadline: spec
             .timeout_ms
             .map(|ms| started + Duration::from_millis(ms)),
@@ -447,8 +470,16 @@ fn send_blocking(conn: &mut UnixStream, kind: u8, payload: &[u8]) -> bool {
     ok
 }
 
-fn finish(mut e: Exec) {
+fn finish(mut e: Exec, live: &mut live::Table) {
     drain(&mut e, &HashMap::new(), true);
+    // Children that outlive the command (`cmd &`) still hold its pipes: init reads on.
+    live.adopt_leftover(
+        e.pid,
+        std::mem::take(&mut e.argv),
+        e.status,
+        e.stdout.take(),
+        e.stderr.take(),
+    );
     if e.abandoned {
         return;
     }

@@ -8,14 +8,46 @@ use nix::fcntl::OFlag;
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
 use nix::unistd::{fork, ForkResult};
 
-use crate::proto::{ExecSpec, LOG_DIR};
+use std::collections::BTreeMap;
+
+use super::{pty, user};
+use crate::proto::{ExecSpec, PtySize};
 
 pub struct Spawned {
     pub pid: i32,
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
-    pub log_path: Option<String>,
+    /// The pty master, when the command runs on a terminal (its stdin and output both).
+    pub pty: Option<OwnedFd>,
+}
+
+/// What to start and how to wire it.
+pub struct Opts<'a> {
+    pub argv: &'a [String],
+    pub env: &'a BTreeMap<String, String>,
+    pub cwd: &'a str,
+    pub user: Option<&'a str>,
+    /// An unknown user name runs as root.
+    pub user_or_root: bool,
+    /// A stdin pipe (otherwise /dev/null).
+    pub stdin: bool,
+    /// On a new terminal of this size instead of pipes.
+    pub pty: Option<PtySize>,
+}
+
+impl<'a> Opts<'a> {
+    pub fn exec(spec: &'a ExecSpec) -> Self {
+        Opts {
+            argv: &spec.argv,
+            env: &spec.env,
+            cwd: &spec.cwd,
+            user: spec.user.as_deref(),
+            user_or_root: false,
+            stdin: spec.stdin.is_some(),
+            pty: None,
+        }
+    }
 }
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -31,17 +63,31 @@ fn set_nonblocking(fd: &OwnedFd) {
     );
 }
 
-/// Starts `spec`. Exec failures (missing binary, bad cwd) are reported as Err, not as an exit code.
-pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
-    if spec.argv.is_empty() {
+/// Starts a command. Exec failures (missing binary, bad cwd, unknown user) are reported as Err,
+/// not as an exit code.
+pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
+    if o.argv.is_empty() {
         return Err("empty argv".into());
     }
+    let creds = match o.user.map(user::resolve).transpose() {
+        Err(e) if o.user_or_root && e.contains("no such user") => None,
+        r => r?,
+    };
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
         ("HOME".into(), "/root".into()),
-        ("TERM".into(), "xterm".into()),
+        (
+            "TERM".into(),
+            if o.pty.is_some() {
+                "xterm-256color"
+            } else {
+                "xterm"
+            }
+            .into(),
+        ),
     ];
-    for (k, v) in &spec.env {
+    let user_env = creds.as_ref().map(user::Creds::env).unwrap_or_default();
+    for (k, v) in user_env.iter().map(|(k, v)| (k, v)).chain(o.env.iter()) {
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v.clone()));
     }
@@ -51,33 +97,31 @@ pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
     let cstr = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
-    let argv: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| cstr(a))
-        .collect::<Result<_, _>>()?;
+    let argv: Vec<CString> = o.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let envp: Vec<CString> = env
         .iter()
         .map(|(k, v)| cstr(&format!("{k}={v}")))
         .collect::<Result<_, _>>()?;
-    let cwd = cstr(if spec.cwd.is_empty() { "/" } else { &spec.cwd })?;
-    let candidates: Vec<CString> = if spec.argv[0].contains('/') {
+    let home = creds.as_ref().map_or("/", |c| c.home.as_str());
+    let cwd = cstr(if o.cwd.is_empty() { home } else { o.cwd })?;
+    let candidates: Vec<CString> = if o.argv[0].contains('/') {
         vec![argv[0].clone()]
     } else {
         path_var
             .split(':')
             .filter(|d| !d.is_empty())
-            .filter_map(|d| CString::new(format!("{d}/{}", spec.argv[0])).ok())
+            .filter_map(|d| CString::new(format!("{d}/{}", o.argv[0])).ok())
             .collect()
     };
 
-    let (in_r, in_w) = if spec.background || spec.stdin.is_none() {
-        (None, None)
-    } else {
+    let pair = o.pty.map(pty::open).transpose()?;
+    let (in_r, in_w) = if o.stdin && pair.is_none() {
         let (r, w) = pipe()?;
         (Some(r), Some(w))
+    } else {
+        (None, None)
     };
-    let (out_r, out_w, err_r, err_w) = if spec.background {
+    let (out_r, out_w, err_r, err_w) = if pair.is_some() {
         (None, None, None, None)
     } else {
         let (a, b) = pipe()?;
@@ -98,7 +142,8 @@ pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
                 stdin: in_r.as_ref().map(AsRawFd::as_raw_fd),
                 stdout: out_w.as_ref().map(AsRawFd::as_raw_fd),
                 stderr: err_w.as_ref().map(AsRawFd::as_raw_fd),
-                background: spec.background,
+                pty: pair.as_ref().map(|p| p.slave.as_raw_fd()),
+                creds: creds.as_ref(),
                 devnull: &devnull,
             });
             let _ = nix::unistd::write(&status_w, err.as_bytes());
@@ -106,6 +151,7 @@ pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
             unsafe { libc::_exit(127) }
         }
         ForkResult::Parent { child } => {
+            let master = pair.map(|p| p.master); // the slave closes here
             drop((in_r, out_w, err_w, status_w));
             // EOF on the CLOEXEC status pipe = exec succeeded; bytes = the child's error.
             let mut msg = String::new();
@@ -119,13 +165,12 @@ pub fn spawn(spec: &ExecSpec) -> Result<Spawned, String> {
             for fd in [&in_w, &out_r, &err_r].into_iter().flatten() {
                 set_nonblocking(fd);
             }
-            let log_path = spec.background.then(|| format!("{LOG_DIR}/{child}.log"));
             Ok(Spawned {
                 pid: child.as_raw(),
                 stdin: in_w,
                 stdout: out_r,
                 stderr: err_r,
-                log_path,
+                pty: master,
             })
         }
     }
@@ -143,7 +188,8 @@ struct ChildArgs<'a> {
     stdin: Option<RawFd>,
     stdout: Option<RawFd>,
     stderr: Option<RawFd>,
-    background: bool,
+    pty: Option<RawFd>,
+    creds: Option<&'a user::Creds>,
     devnull: &'a CString,
 }
 
@@ -160,36 +206,33 @@ fn child(a: ChildArgs<'_>) -> String {
     // SAFETY: prctl with integer arguments only. The command becomes a subreaper so that its
     // double-forked descendants stay in its subtree (the timeout kill walks that subtree).
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let null = || {
-        nix::fcntl::open(
-            a.devnull.as_c_str(),
-            OFlag::O_RDWR,
-            nix::sys::stat::Mode::empty(),
-        )
-    };
-    let stdin = match a.stdin {
-        Some(fd) => fd,
-        None => match null() {
-            Ok(fd) => fd,
-            Err(e) => return format!("open /dev/null: {e}"),
-        },
-    };
-    let (stdout, stderr) = if a.background {
-        let path = format!("{LOG_DIR}/{}.log", std::process::id());
-        match nix::fcntl::open(
-            path.as_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND,
-            nix::sys::stat::Mode::from_bits_truncate(0o644),
-        ) {
-            Ok(fd) => (fd, fd),
-            Err(e) => return format!("open {path}: {e}"),
+    if let Some(slave) = a.pty {
+        if let Err(e) = pty::attach_child(slave) {
+            return e;
         }
     } else {
-        (a.stdout.unwrap_or(2), a.stderr.unwrap_or(2))
-    };
-    for (from, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
-        if let Err(e) = nix::unistd::dup2(from, to) {
-            return format!("dup2: {e}");
+        let stdin = match a.stdin {
+            Some(fd) => fd,
+            None => match nix::fcntl::open(
+                a.devnull.as_c_str(),
+                OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(e) => return format!("open /dev/null: {e}"),
+            },
+        };
+        let (stdout, stderr) = (a.stdout.unwrap_or(2), a.stderr.unwrap_or(2));
+        for (from, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+            if let Err(e) = nix::unistd::dup2(from, to) {
+                return format!("dup2: {e}");
+            }
+        }
+    }
+    // The new ids before chdir and exec, so both are checked as the user.
+    if let Some(c) = a.creds {
+        if let Err(e) = user::drop_to(c) {
+            return e;
         }
     }
     if let Err(e) = nix::unistd::chdir(a.cwd.as_c_str()) {

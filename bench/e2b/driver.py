@@ -1,0 +1,66 @@
+"""Driver of grove-bench's `e2b` scenario: the same daemon through E2B's SDK and through Grove's own Python
+client. Prints one JSON object of latencies in ms (lists), or {"error": ...}.
+
+usage: driver.py E2B_ADDR GROVED_SOCKET IMAGE N_RUN N_CREATE FORK_N"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def ms(t0):
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def main():
+    addr, sock, image, n_run, n_create, fork_n = sys.argv[1:7]
+    n_run, n_create, fork_n = int(n_run), int(n_create), int(fork_n)
+    os.environ.update(E2B_API_URL=f"http://{addr}", E2B_SANDBOX_URL=f"http://{addr}", E2B_API_KEY="e2b_bench")
+    import grove
+    from e2b import Sandbox
+
+    out = {"sdk_run": [], "grove_run": [], "create_first": [], "fork": None}
+    client = grove.Client(socket=sock)
+    sdk = Sandbox.create(template=image, timeout=600)
+    native = grove.Sandbox.connect(sdk.sandbox_id, client=client)
+    try:
+        for i in range(n_run + 2):  # two warm-up rounds, interleaved one for one
+            t = time.perf_counter()
+            sdk.commands.run("true")
+            a = ms(t)
+            t = time.perf_counter()
+            r = native.exec(["true"])
+            b = ms(t)
+            assert r.exit_code == 0
+            if i >= 2:
+                out["sdk_run"].append(a)
+                out["grove_run"].append(b)
+        for _ in range(n_create):
+            t = time.perf_counter()
+            s = Sandbox.create(template=image, timeout=60)
+            s.commands.run("true")
+            out["create_first"].append(ms(t))
+            s.kill()
+        if fork_n and hasattr(sdk, "fork"):
+            try:
+                t = time.perf_counter()
+                kids = sdk.fork(fork_n)
+                out["fork"] = [ms(t)]
+                for k in kids:
+                    k.kill()
+            except Exception as e:  # the control plane may not fork yet
+                out["fork_error"] = f"{type(e).__name__}: {e}"
+    finally:
+        sdk.kill()
+        client.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:
+        print(json.dumps({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}))
+        sys.exit(1)

@@ -1,0 +1,64 @@
+//! Pseudo-terminals for processes started by init: the pair is made in the sandbox's own devpts
+//! instance, the child takes the slave as its controlling terminal, init keeps the master.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use nix::fcntl::{FcntlArg, FdFlag, OFlag};
+
+use crate::proto::PtySize;
+
+pub struct Pair {
+    pub master: OwnedFd,
+    pub slave: OwnedFd,
+}
+
+fn winsize(size: PtySize) -> libc::winsize {
+    libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// Opens a pair of the given size; both ends close on exec (the child dups the slave onto 0-2).
+pub fn open(size: PtySize) -> Result<Pair, String> {
+    let ws = winsize(size);
+    let p = nix::pty::openpty(Some(&ws), None).map_err(|e| format!("openpty: {e}"))?;
+    for fd in [&p.master, &p.slave] {
+        nix::fcntl::fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
+            .map_err(|e| format!("pty cloexec: {e}"))?;
+    }
+    nix::fcntl::fcntl(p.master.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+        .map_err(|e| format!("pty nonblocking: {e}"))?;
+    Ok(Pair {
+        master: p.master,
+        slave: p.slave,
+    })
+}
+
+/// Sets the terminal size (the kernel sends SIGWINCH to the foreground group).
+pub fn resize(master: &OwnedFd, size: PtySize) -> Result<(), String> {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer; the fd is a pty master we own.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if rc != 0 {
+        return Err(format!("resize: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// In the forked child after setsid(): the slave becomes the controlling terminal and stdio.
+pub fn attach_child(slave: RawFd) -> Result<(), String> {
+    // SAFETY: TIOCSCTTY with an integer argument on a descriptor the child holds.
+    if unsafe { libc::ioctl(slave, libc::TIOCSCTTY, 0) } != 0 {
+        return Err(format!(
+            "controlling tty: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    for to in 0..=2 {
+        nix::unistd::dup2(slave, to).map_err(|e| format!("dup2 pty: {e}"))?;
+    }
+    Ok(())
+}
