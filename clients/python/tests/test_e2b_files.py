@@ -160,3 +160,29 @@ async def test_async_files_and_watch(e2b_env):
         assert not await sbx.files.exists("/tmp/x.txt")
     finally:
         await sbx.kill()
+
+
+def test_connect_json_codec_unary_and_streaming(sbx, e2b_env):
+    """The SDK speaks protobuf; Connect's JSON codec works too, unary and server-streaming."""
+    import json
+    import struct
+
+    with e2b_env.http() as c:
+        token = c.get(f"/v1/sandboxes/{sbx.sandbox_id}").json()["labels"]["e2b.access-token"]
+    base = f"http://{e2b_env.e2b}/filesystem.Filesystem"
+    hdr = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": token}
+    r = httpx.post(f"{base}/Stat", json={"path": "/etc"}, headers={**hdr, "Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    r = httpx.post(f"{base}/Stat", json={"path": "/nope"}, headers={**hdr, "Content-Type": "application/json"})
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    r = httpx.post(f"{base}/Stat", content=b"{bad", headers={**hdr, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+    # Server streaming: one enveloped request; the stream of a missing directory ends with an
+    # end-of-stream message carrying the error.
+    msg = json.dumps({"path": "/nope"}).encode()
+    body = struct.pack(">BI", 0, len(msg)) + msg
+    r = httpx.post(f"{base}/WatchDir", content=body, headers={**hdr, "Content-Type": "application/connect+json"})
+    assert r.status_code == 200
+    flags, n = struct.unpack(">BI", r.content[:5])
+    assert flags == 2 and json.loads(r.content[5:5 + n])["error"]["code"] == "not_found"
