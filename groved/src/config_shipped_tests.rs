@@ -52,7 +52,9 @@ fn all_keys_on(text: &str) -> String {
 
 fn is_key_line(l: &str) -> bool {
     l.split_once(" = ").is_some_and(|(k, _)| {
-        !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
     })
 }
 

@@ -29,7 +29,7 @@ def binary(env: str, name: str) -> Path:
 
 class Daemon:
     def __init__(self, tag: str, capacity_sandboxes: int = 64, tcp: bool = False, config: str = "",
-                 extra_config: str = ""):
+                 extra_config: str = "", e2b: bool = False):
         """`config`, `extra_config`: more top-level groved.toml lines (e.g. `default_ttl_secs = 3`)."""
         self.dir = Path(f"/tmp/grove-pytest-{tag}-{uuid.uuid4().hex[:8]}")
         (self.dir / "state").mkdir(parents=True)
@@ -46,6 +46,13 @@ class Daemon:
                 s.bind(("127.0.0.1", 0))
                 self.tcp = f"127.0.0.1:{s.getsockname()[1]}"
             listen = f'listen = ["{self.tcp}"]\napi_key_file = "{self.dir}/api-key"'
+        self.e2b = None
+        if e2b:  # the E2B-compatible endpoint (tests/e2b_node.py)
+            import socket as so
+            with so.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.e2b = f"127.0.0.1:{s.getsockname()[1]}"
+            listen += f'\ne2b_listen = "{self.e2b}"' + ("" if tcp else f'\napi_key_file = "{self.dir}/api-key"')
         (self.dir / "groved.toml").write_text(f"""
 state_dir = "{self.dir}/state"
 run_dir = "{self.dir}/run"
@@ -164,3 +171,6 @@ async def aclient(groved):
     c = grove.AsyncClient(socket=groved.socket)
     yield c
     await c.aclose()
+
+
+from e2b_node import e2b_env, e2b_node  # noqa: E402,F401  (the E2B endpoint's daemon, shared by test_e2b_*.py)

@@ -1,9 +1,10 @@
 //! Who may use the E2B endpoint. The control plane takes the node's API key as E2B's SDK sends
 //! it (`X-API-Key`, or `Authorization: Bearer`); a node without a key serves only loopback and
 //! takes any key. Sandbox traffic carries no API key in E2B's protocol: it is authenticated by
-//! the sandbox's envd access token (`X-Access-Token`), which every sandbox made here has and
-//! whose SHA-256 is kept in a label. A sandbox made through Grove's own API has no token: on a
-//! node with a key it is not reachable through this endpoint.
+//! the sandbox's envd access token (`X-Access-Token`), which every sandbox made here has, kept
+//! in a label (readable only with the node's API key, like the sandbox itself, and handed back
+//! by `connect`). A sandbox made through Grove's own API has no token: on a node with a key it
+//! is not reachable through this endpoint.
 
 use axum::http::HeaderMap;
 use grove_runtime::SandboxInfo;
@@ -12,8 +13,8 @@ use sha2::{Digest as _, Sha256};
 use super::error::{E2bError, E2bResult};
 use crate::app::App;
 
-/// Label holding the hex SHA-256 of a sandbox's envd access token.
-pub const TOKEN_LABEL: &str = "e2b.token-sha256";
+/// Label holding a sandbox's envd access token.
+pub const TOKEN_LABEL: &str = "e2b.access-token";
 
 /// Equal in time independent of where the first difference is.
 fn same(a: &[u8], b: &[u8]) -> bool {
@@ -40,19 +41,17 @@ pub fn control(app: &App, h: &HeaderMap) -> E2bResult<()> {
     }
 }
 
-/// A fresh access token (192 random bits, hex) and the label value that verifies it.
-pub fn new_token() -> (String, String) {
+/// A fresh access token: 192 random bits, hex.
+pub fn new_token() -> String {
     let bytes: [u8; 24] = rand::random();
-    let token = hex_of(&bytes);
-    let digest = hex_of(&Sha256::digest(token.as_bytes()));
-    (token, digest)
+    hex_of(&bytes)
 }
 
 fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A sandbox request's check: its `X-Access-Token` must hash to the sandbox's label.
+/// A sandbox request's check: its `X-Access-Token` must be the sandbox's.
 pub fn sandbox(app: &App, info: &SandboxInfo, h: &HeaderMap) -> E2bResult<()> {
     let Some(want) = info.spec.labels.get(TOKEN_LABEL) else {
         if app.config.api_key.is_none() {
@@ -68,8 +67,12 @@ pub fn sandbox(app: &App, info: &SandboxInfo, h: &HeaderMap) -> E2bResult<()> {
             "missing X-Access-Token for this secure sandbox",
         ));
     };
-    let digest = hex_of(&Sha256::digest(given.as_bytes()));
-    if same(digest.as_bytes(), want.as_bytes()) {
+    // Both sides hashed first: the comparison's time says nothing about the token's length.
+    let (a, b) = (
+        Sha256::digest(given.as_bytes()),
+        Sha256::digest(want.as_bytes()),
+    );
+    if same(&a, &b) {
         Ok(())
     } else {
         Err(E2bError::unauthorized("invalid X-Access-Token"))

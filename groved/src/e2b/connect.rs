@@ -592,9 +592,9 @@ mod tests {
     #[tokio::test]
     async fn envelopes_split_across_chunks_and_stop_at_end_of_stream() {
         let mut raw = envelope(0, b"hello").to_vec();
-        raw.extend_from_slice(&envelope(0, b"").to_vec());
-        raw.extend_from_slice(&envelope(FLAG_END, b"{}").to_vec());
-        raw.extend_from_slice(&envelope(0, b"after").to_vec());
+        raw.extend_from_slice(&envelope(0, b""));
+        raw.extend_from_slice(&envelope(FLAG_END, b"{}"));
+        raw.extend_from_slice(&envelope(0, b"after"));
         let chunks: Vec<Result<Bytes, std::io::Error>> = raw
             .chunks(3)
             .map(|c| Ok(Bytes::copy_from_slice(c)))

@@ -245,7 +245,7 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
     }
     let timeout = timeout_field(req.timeout, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
     let mut labels = metadata_labels(&req.metadata.clone().unwrap_or_default())?;
-    let (token, _) = auth::new_token();
+    let token = auth::new_token();
     labels.insert(TOKEN_LABEL.into(), token);
     labels.insert(TEMPLATE_LABEL.into(), req.template_id.clone());
     labels.insert(TIMEOUT_LABEL.into(), timeout.to_string());
@@ -562,9 +562,19 @@ async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
-    crate::api::pause::pause_any(&app, &id).await?;
+    // The deadline goes first: a sandbox paused to the store takes no more changes.
     let rt = app.runtime.clone();
-    blocking(move || rt.set_ttl(&id, None).map_err(Into::into)).await?;
+    let id2 = id.clone();
+    blocking(move || rt.set_ttl(&id2, None).map_err(Into::into)).await?;
+    if let Err(e) = crate::api::pause::pause_any(&app, &id).await {
+        // A failed pause leaves the sandbox as it was, its deadline included.
+        let left = i
+            .expires_at_ms
+            .map(|t| (t.saturating_sub(now_ms()) / 1000).max(1));
+        let rt = app.runtime.clone();
+        let _ = blocking(move || rt.set_ttl(&id, left).map_err(Into::into)).await;
+        return Err(e.into());
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -637,7 +647,7 @@ async fn fork(
     }
     let snaps = app.snapshots().map_err(E2bError::from)?;
     let secs = given.unwrap_or_else(|| stored_timeout(&i));
-    let (token, _) = auth::new_token();
+    let token = auth::new_token();
     let mut labels = BTreeMap::new();
     labels.insert(TOKEN_LABEL.to_string(), token);
     labels.insert(TIMEOUT_LABEL.to_string(), secs.to_string());

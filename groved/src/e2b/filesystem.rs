@@ -34,6 +34,12 @@ pub fn register(s: &mut Services) {
     s.unary("/filesystem.Filesystem/ListDir", list_dir);
     s.unary("/filesystem.Filesystem/Remove", remove);
     s.server_stream("/filesystem.Filesystem/WatchDir", watch_dir);
+    s.unary("/filesystem.Filesystem/CreateWatcher", create_watcher);
+    s.unary(
+        "/filesystem.Filesystem/GetWatcherEvents",
+        get_watcher_events,
+    );
+    s.unary("/filesystem.Filesystem/RemoveWatcher", remove_watcher);
 }
 
 fn err(e: super::error::E2bError) -> ConnectError {
@@ -459,6 +465,149 @@ async fn watch_dir(
             }
         }
     }))
+}
+
+/// A polled watcher of the non-streaming watch API (what the sync SDK uses): it keeps the last
+/// look, and each GetWatcherEvents answers what changed since. Watchers live in groved's memory,
+/// at most [`MAX_WATCHERS`]; one not polled for [`WATCHER_IDLE`] or whose sandbox is gone is
+/// dropped at the next access.
+struct Watcher {
+    sandbox: grove_runtime::SandboxId,
+    root: Arc<Root>,
+    dir: String,
+    recursive: bool,
+    include_entry: bool,
+    seen: BTreeMap<String, Seen>,
+    used: std::time::Instant,
+}
+
+const MAX_WATCHERS: usize = 256;
+const WATCHER_IDLE: Duration = Duration::from_secs(600);
+
+static WATCHERS: std::sync::LazyLock<
+    parking_lot::Mutex<std::collections::HashMap<String, Watcher>>,
+> = std::sync::LazyLock::new(Default::default);
+
+fn sweep(rt: &grove_runtime::Runtime) {
+    WATCHERS.lock().retain(|_, w| {
+        w.used.elapsed() < WATCHER_IDLE
+            && rt
+                .get(&w.sandbox)
+                .is_ok_and(|i| i.state != grove_runtime::SandboxState::Destroyed)
+    });
+}
+
+async fn create_watcher(
+    ctx: Ctx,
+    req: pb::CreateWatcherRequest,
+) -> Result<pb::CreateWatcherResponse, ConnectError> {
+    let (root, u) = open(&ctx).await?;
+    let dir = abs(&u, &req.path)?;
+    let (rt, sandbox) = (ctx.app.runtime.clone(), ctx.sandbox.clone());
+    blocking(move || {
+        Ok((|| {
+            let st = root.stat(&dir).map_err(rt_err)?;
+            if st.kind != "dir" {
+                return Err(ConnectError::invalid(format!(
+                    "path: {dir:?} is not a directory"
+                )));
+            }
+            let seen = look(&root, &dir, req.recursive)?;
+            sweep(&rt);
+            let mut all = WATCHERS.lock();
+            if all.len() >= MAX_WATCHERS {
+                return Err(ConnectError::new(
+                    Code::ResourceExhausted,
+                    format!("at most {MAX_WATCHERS} watchers at a time on this node"),
+                ));
+            }
+            let bytes: [u8; 16] = rand::random();
+            let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            all.insert(
+                id.clone(),
+                Watcher {
+                    sandbox,
+                    root,
+                    dir,
+                    recursive: req.recursive,
+                    include_entry: req.include_entry,
+                    seen,
+                    used: std::time::Instant::now(),
+                },
+            );
+            Ok(pb::CreateWatcherResponse { watcher_id: id })
+        })())
+    })
+    .await
+    .map_err(ConnectError::from)?
+}
+
+/// Takes the sandbox's watcher out of the table (a watcher of another sandbox is not found).
+fn take_watcher(sandbox: &grove_runtime::SandboxId, id: &str) -> Result<Watcher, ConnectError> {
+    let mut all = WATCHERS.lock();
+    match all.get(id) {
+        Some(w) if &w.sandbox == sandbox => Ok(all.remove(id).expect("present")),
+        _ => Err(ConnectError::not_found(format!("watcher {id:?} not found"))),
+    }
+}
+
+async fn get_watcher_events(
+    ctx: Ctx,
+    req: pb::GetWatcherEventsRequest,
+) -> Result<pb::GetWatcherEventsResponse, ConnectError> {
+    let mut w = take_watcher(&ctx.sandbox, &req.watcher_id)?;
+    let rt = ctx.app.runtime.clone();
+    blocking(move || {
+        Ok((|| {
+            if !rt
+                .get(&w.sandbox)
+                .is_ok_and(|i| i.state == grove_runtime::SandboxState::Running)
+            {
+                return Err(ConnectError::new(
+                    Code::Unavailable,
+                    format!("The sandbox {} was not found", w.sandbox),
+                ));
+            }
+            let now = match look(&w.root, &w.dir, w.recursive) {
+                Ok(n) => n,
+                Err(e) => {
+                    WATCHERS.lock().insert(req.watcher_id.clone(), w);
+                    return Err(e);
+                }
+            };
+            let names = Names::read(&w.root);
+            let events = diff(&w.dir, &w.seen, &now)
+                .into_iter()
+                .map(|(name, kind)| {
+                    let full = join(&w.dir, &name);
+                    let entry = if w.include_entry && kind != pb::EventType::Remove {
+                        w.root.stat(&full).ok().map(|st| entry(&full, &st, &names))
+                    } else {
+                        None
+                    };
+                    pb::FilesystemEvent {
+                        name,
+                        r#type: kind as i32,
+                        entry,
+                    }
+                })
+                .collect();
+            w.seen = now;
+            w.used = std::time::Instant::now();
+            WATCHERS.lock().insert(req.watcher_id.clone(), w);
+            Ok(pb::GetWatcherEventsResponse { events })
+        })())
+    })
+    .await
+    .map_err(ConnectError::from)?
+}
+
+async fn remove_watcher(
+    ctx: Ctx,
+    req: pb::RemoveWatcherRequest,
+) -> Result<pb::RemoveWatcherResponse, ConnectError> {
+    take_watcher(&ctx.sandbox, &req.watcher_id)?;
+    Ok(pb::RemoveWatcherResponse {})
 }
 
 #[cfg(test)]
