@@ -84,6 +84,9 @@ pub struct CreateSandboxRequest {
     pub job: Option<String>,
     /// Order among the job's own queued creates (higher first).
     pub priority: Option<i32>,
+    /// Capabilities kept beyond the default set: only "MKNOD" (CAP_MKNOD) today.
+    #[serde(default)]
+    pub cap_add: Vec<String>,
 }
 
 /// A sandbox as the API shows it.
@@ -109,6 +112,9 @@ pub struct Sandbox {
     pub on_idle: Option<String>,
     pub job: String,
     pub priority: i32,
+    /// Capabilities kept beyond the default set (`cap_add` at create).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
 }
 
 impl From<&SandboxInfo> for Sandbox {
@@ -145,7 +151,19 @@ impl From<&SandboxInfo> for Sandbox {
                 .clone()
                 .unwrap_or_else(|| grove_runtime::jobs::DEFAULT_JOB.into()),
             priority: i.spec.priority,
+            cap_add: i
+                .spec
+                .cap_add
+                .iter()
+                .map(|c| capability_to_wire(*c).to_string())
+                .collect(),
         }
+    }
+}
+
+pub fn capability_to_wire(c: grove_runtime::Capability) -> &'static str {
+    match c {
+        grove_runtime::Capability::Mknod => "MKNOD",
     }
 }
 
