@@ -87,6 +87,9 @@ pub struct CreateSandboxRequest {
     /// How long this create may wait for room (ms) instead of the node's queue timeout; 0 answers
     /// 429 `capacity_exceeded` at once when the node is full.
     pub queue_timeout_ms: Option<u64>,
+    /// Capabilities kept beyond the default set: only "MKNOD" (CAP_MKNOD) today.
+    #[serde(default)]
+    pub cap_add: Vec<String>,
 }
 
 /// A sandbox as the API shows it.
@@ -112,6 +115,9 @@ pub struct Sandbox {
     pub on_idle: Option<String>,
     pub job: String,
     pub priority: i32,
+    /// Capabilities kept beyond the default set (`cap_add` at create).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
 }
 
 impl From<&SandboxInfo> for Sandbox {
@@ -148,7 +154,19 @@ impl From<&SandboxInfo> for Sandbox {
                 .clone()
                 .unwrap_or_else(|| grove_runtime::jobs::DEFAULT_JOB.into()),
             priority: i.spec.priority,
+            cap_add: i
+                .spec
+                .cap_add
+                .iter()
+                .map(|c| capability_to_wire(*c).to_string())
+                .collect(),
         }
+    }
+}
+
+pub fn capability_to_wire(c: grove_runtime::Capability) -> &'static str {
+    match c {
+        grove_runtime::Capability::Mknod => "MKNOD",
     }
 }
 

@@ -208,6 +208,8 @@ fn bad_create_input_names_the_field() {
     post(json!({"image": IMAGE, "hostname": "bad host"})).expect_error(422, Some("hostname"));
     post(json!({"image": IMAGE, "workdir": "rel"})).expect_error(422, Some("workdir"));
     post(json!({"image": IMAGE, "labels": {"bad key!": "v"}})).expect_error(422, Some("labels"));
+    post(json!({"image": IMAGE, "cap_add": ["MKNOD", "SYS_ADMIN"]}))
+        .expect_error(422, Some("cap_add[1]"));
     // Outside the schema: negative numbers, unknown fields, wrong types, broken JSON.
     let raw = |b: &str| d.call_invalid(Method::POST, "/v1/sandboxes", b);
     raw(r#"{"image":"debian12","limits":{"memory_mb":-5}}"#)

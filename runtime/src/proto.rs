@@ -319,6 +319,9 @@ pub struct SetupConfig {
     pub open_files: u64,
     /// Create a new network namespace (always true today; false is for tests of the setup itself).
     pub new_netns: bool,
+    /// CAP_* numbers kept in the bounding set beyond `harden::KEEP_CAPS` (the spec's `cap_add`).
+    #[serde(default)]
+    pub extra_caps: Vec<u32>,
 }
 
 #[cfg(test)]

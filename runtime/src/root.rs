@@ -135,7 +135,9 @@ fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Resu
         Some("grove-overlay"),
         target,
         Some("overlay"),
-        nix::mount::MsFlags::empty(),
+        // As nodefs mounts its roots: a setuid binary or a device node in a sandbox's root is inert,
+        // on the host and (the bind inherits both) inside the sandbox.
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some(data.as_str()),
     )
     .map_err(|e| RootError::with_source(format!("mount overlay at {}", target.display()), e))

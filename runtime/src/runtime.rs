@@ -363,8 +363,8 @@ impl Runtime {
         parts: &mut Parts,
     ) -> Result<Arc<Sandbox>, Error> {
         let dir = self.config.run_dir.join("sandboxes").join(id.as_str());
-        // 0700: only root may walk into a sandbox's root from the host (nodefs mounts it
-        // nosuid,nodev as well).
+        // 0700: only root may walk into a sandbox's root from the host (the root providers mount
+        // it nosuid,nodev as well).
         let mkdir = || {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new().mode(0o700).create(&dir)
@@ -414,6 +414,7 @@ impl Runtime {
                     shm_size_mb: (limits.memory_mb / 4).max(4),
                     open_files: u64::from(limits.open_files),
                     new_netns: true,
+                    extra_caps: spec.cap_add.iter().map(|c| c.number()).collect(),
                 };
                 spawner::spawn_init(
                     &self.config.init_binary,

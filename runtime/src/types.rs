@@ -136,6 +136,39 @@ pub struct SandboxSpec {
     /// create reads it: it is not kept with the sandbox.
     #[serde(default, skip_serializing)]
     pub queue_timeout_ms: Option<u64>,
+    /// Capabilities kept beyond the default set, on request only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<Capability>,
+}
+
+/// A capability a sandbox may ask to keep beyond the default set.
+///
+/// Only CAP_MKNOD today: an image whose tooling makes device nodes (debootstrap, some package
+/// post-install scripts) needs it. Keeping it is safe because making a node does not let the
+/// sandbox open it: the device allowlist (cgroup `devices`) still refuses every device outside
+/// the OCI defaults, and the root is mounted `nodev`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Capability {
+    #[serde(rename = "MKNOD")]
+    Mknod,
+}
+
+impl Capability {
+    /// The CAP_* number.
+    pub fn number(self) -> u32 {
+        match self {
+            Capability::Mknod => 27,
+        }
+    }
+
+    /// From the name the API takes (`MKNOD` or `CAP_MKNOD`, any case).
+    pub fn parse(name: &str) -> Option<Capability> {
+        let upper = name.to_ascii_uppercase();
+        match upper.strip_prefix("CAP_").unwrap_or(&upper) {
+            "MKNOD" => Some(Capability::Mknod),
+            _ => None,
+        }
+    }
 }
 
 /// Idle reclaim of one sandbox: after `timeout_secs` with no exec, no file access and no CPU

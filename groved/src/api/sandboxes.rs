@@ -247,6 +247,18 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
     }
     let idle = idle_from_wire(req.idle_timeout_secs, req.on_idle.as_deref())
         .map_err(|(field, why)| ApiError::invalid(field, why))?;
+    let mut cap_add = Vec::with_capacity(req.cap_add.len());
+    for (i, name) in req.cap_add.iter().enumerate() {
+        let cap = grove_runtime::Capability::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                &format!("cap_add[{i}]"),
+                "only MKNOD may be added; every other capability outside the default set stays dropped",
+            )
+        })?;
+        if !cap_add.contains(&cap) {
+            cap_add.push(cap);
+        }
+    }
     Ok(SandboxSpec {
         image: req.image.clone().unwrap_or_default(),
         limits: Some(req.limits.unwrap_or_default().fill(defaults)),
@@ -261,6 +273,7 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         job: req.job.clone(),
         priority: req.priority.unwrap_or(0),
         queue_timeout_ms: req.queue_timeout_ms,
+        cap_add,
     })
 }
 

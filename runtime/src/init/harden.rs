@@ -463,9 +463,10 @@ pub fn abi_filter() -> BpfProgram {
 
 /// Drops every capability outside KEEP_CAPS from the bounding set. After exec (as uid 0) the
 /// process's permitted/effective sets equal the bounding set.
-pub fn drop_bounding_caps() -> Result<(), String> {
+/// Drops every capability but [`KEEP_CAPS`] and `extra` (the spec's `cap_add`) from the bounding set.
+pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), String> {
     for cap in 0..64u32 {
-        if KEEP_CAPS.contains(&cap) {
+        if KEEP_CAPS.contains(&cap) || extra.contains(&cap) {
             continue;
         }
         // SAFETY: prctl with integer arguments only.

@@ -161,7 +161,7 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
     close_fds_from(3);
 
     harden::set_rlimits(cfg.open_files)?;
-    harden::drop_bounding_caps()?;
+    harden::drop_bounding_caps(&cfg.extra_caps)?;
     harden::lock_down()?;
 
     let path = CString::new(INIT_PATH).expect("no NUL");

@@ -19,6 +19,9 @@ impl Runtime {
     /// network, env, labels and ttl; its id was never shown before, its root never written.
     pub(crate) fn claim_pooled(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>, Error> {
         validate::spec(spec)?;
+        if !spec.cap_add.is_empty() {
+            return Ok(None); // pooled sandboxes were set up with the default capabilities
+        }
         let limits = spec.limits.unwrap_or(self.config.defaults);
         validate::limits(&limits)?;
         let job = job_of(spec)?;

@@ -133,6 +133,7 @@ pub fn start_init_into(
         shm_size_mb: 16,
         open_files: 1024,
         new_netns: true,
+        extra_caps: Vec::new(),
     };
     let init = &t.externals[0].host_path;
     Ok(grove_runtime::spawner::spawn_init(
