@@ -80,7 +80,10 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/snapshots/missing", post(snapshots::missing))
         .route("/snapshots/pull", post(pull::pull))
         .route("/images", get(images::list).post(images::import))
-        .route("/images/{name}", delete(images::delete))
+        .route(
+            "/images/{name}",
+            get(images::inspect).delete(images::delete),
+        )
         .route("/images/{name}/tar", put(images::import_tar))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
