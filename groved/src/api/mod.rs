@@ -3,6 +3,7 @@
 mod exec;
 mod files;
 mod images;
+mod images_pull;
 mod node;
 pub(crate) mod pause;
 mod pools;
@@ -84,6 +85,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             "/images/{name}",
             get(images::inspect).delete(images::delete),
         )
+        // Registry pulls (issue 20).
+        .route("/images/pull", post(images_pull::pull))
         .route("/images/{name}/tar", put(images::import_tar))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
