@@ -200,7 +200,7 @@ pub enum PullEvent {
         size: u64,
     },
     Done {
-        image: crate::wire::Image,
+        image: Box<crate::wire::Image>,
         layers_fetched: usize,
         bytes_fetched: u64,
     },
