@@ -25,6 +25,11 @@ pub trait Images: Send + Sync {
     fn gc(&self) -> ApiResult<serde_json::Value>;
     /// Checks the store; returns (clean, report).
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)>;
+    /// The content store behind the images, for work that builds trees in it layer by layer
+    /// (registry pulls); None when images are plain directories.
+    fn store(&self) -> Option<std::sync::Arc<dyn nodefs::service::FsService>> {
+        None
+    }
 }
 
 /// Snapshots of running sandboxes and forks of them.
@@ -127,6 +132,7 @@ impl OverlayImages {
             name: name.to_string(),
             root,
             size_bytes: None,
+            config: None,
         }
     }
 

@@ -162,6 +162,8 @@ pub struct FileConfig {
     /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
     /// forever); unset or 0: no default, such sandboxes live until deleted.
     pub default_ttl_secs: Option<u64>,
+    /// `[registries]`: where image pulls may go, mirrors, credentials.
+    pub registries: crate::registry::RegistriesConfig,
 }
 
 /// Command-line overrides.
@@ -228,6 +230,7 @@ pub struct Config {
     pub import_retry: Duration,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
     pub default_ttl_secs: Option<u64>,
+    pub registries: std::sync::Arc<crate::registry::RegistriesConfig>,
 }
 
 impl Config {
@@ -390,6 +393,7 @@ impl Config {
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
             default_ttl_secs,
+            registries: std::sync::Arc::new(f.registries),
         })
     }
 

@@ -228,6 +228,7 @@ impl NodefsImages {
             name: name.into(),
             root: Some(id.to_hex()),
             size_bytes,
+            config: None,
         })
     }
 }
@@ -246,6 +247,7 @@ impl Images for NodefsImages {
                 name,
                 root: Some(id.to_hex()),
                 size_bytes: None,
+                config: None,
             })
             .collect())
     }
@@ -296,6 +298,10 @@ impl Images for NodefsImages {
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
         let r = self.store.fsck().map_err(store_err)?;
         Ok((r.is_clean(), serde_json::to_value(&r).unwrap_or_default()))
+    }
+
+    fn store(&self) -> Option<Arc<dyn FsService>> {
+        Some(self.store.clone())
     }
 }
 

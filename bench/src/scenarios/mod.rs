@@ -7,6 +7,7 @@ pub mod density;
 pub mod e2b;
 pub mod elastic;
 pub mod filesystem;
+pub mod images;
 pub mod lifecycle;
 pub mod rounds;
 pub mod soak;
@@ -140,6 +141,14 @@ pub fn all() -> Vec<Scenario> {
             opt_in: true,
             est_full: 120.0,
             run: e2b::run,
+        },
+        Scenario {
+            name: images::NAME,
+            title: "Images: pull from a local registry, Grove vs skopeo vs podman",
+            est_quick: 20.0,
+            opt_in: false,
+            est_full: 120.0,
+            run: images::run,
         },
         Scenario {
             name: soak::NAME,

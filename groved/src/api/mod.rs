@@ -3,6 +3,7 @@
 mod exec;
 mod files;
 mod images;
+mod images_pull;
 mod live;
 mod node;
 pub(crate) mod pause;
@@ -109,7 +110,12 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/snapshots/gc", post(snapshots::gc))
         .route("/snapshots/pull", post(pull::pull))
         .route("/images", get(images::list).post(images::import))
-        .route("/images/{name}", delete(images::delete))
+        .route(
+            "/images/{name}",
+            get(images::inspect).delete(images::delete),
+        )
+        // Registry pulls (issue 20).
+        .route("/images/pull", post(images_pull::pull))
         .route("/images/{name}/tar", put(images::import_tar))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))

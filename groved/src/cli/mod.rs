@@ -5,6 +5,7 @@ mod files;
 pub mod install;
 mod misc;
 mod mount;
+mod pull;
 mod sandbox;
 mod session;
 
@@ -103,6 +104,27 @@ pub enum ImagesCmd {
     Rm {
         name: String,
     },
+    /// Show an image and its config (env, workdir, user, entrypoint/cmd, exposed ports) as JSON.
+    Inspect {
+        name: String,
+    },
+    /// Pull an image from an OCI registry: `grove images pull registry.example/ns/app:1.0`.
+    Pull(PullArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`.
+    pub reference: String,
+    /// The image's name here (default: the repository's last part and the tag, e.g. `app-1.0`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `OS/ARCH[/VARIANT]` to pick from a multi-platform index (default linux/amd64).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// Print the progress events as JSON lines.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -156,7 +178,8 @@ pub struct RunArgs {
     /// Seconds before the command is killed.
     #[arg(long)]
     pub timeout: Option<f64>,
-    #[arg(last = true, required = true)]
+    /// The command; without one, the image's Entrypoint + Cmd.
+    #[arg(last = true)]
     pub cmd: Vec<String>,
 }
 

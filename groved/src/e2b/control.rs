@@ -265,6 +265,7 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
             labels,
             ttl_secs: Some(timeout),
             hostname_prefix: None,
+            queue_timeout_ms: None,
         };
         let snaps = app.snapshots().map_err(E2bError::from)?;
         let mut made = blocking(move || snaps.fork(&snap, &fork)).await?;
@@ -658,6 +659,7 @@ async fn fork(
                 name: None,
                 stop: false,
                 durable: false,
+                ttl_secs: None,
             },
         )?;
         let req = ForkRequest {
@@ -665,6 +667,7 @@ async fn fork(
             labels,
             ttl_secs: Some(secs),
             hostname_prefix: None,
+            queue_timeout_ms: None,
         };
         let made = snaps.fork(&snap.name, &req);
         // The snapshot was only the means: the forks hold what they need of it.
@@ -715,6 +718,7 @@ async fn snapshot(
                 name: s.name,
                 stop: false,
                 durable: false,
+                ttl_secs: None,
             },
         )
     })
