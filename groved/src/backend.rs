@@ -25,6 +25,10 @@ pub trait Images: Send + Sync {
     fn gc(&self) -> ApiResult<serde_json::Value>;
     /// Checks the store; returns (clean, report).
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)>;
+    /// The content store behind the images, where there is one (builds need it).
+    fn store(&self) -> Option<std::sync::Arc<dyn nodefs::service::FsService>> {
+        None
+    }
 }
 
 /// Snapshots of running sandboxes and forks of them.

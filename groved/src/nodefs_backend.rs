@@ -297,6 +297,10 @@ impl Images for NodefsImages {
         let r = self.store.fsck().map_err(store_err)?;
         Ok((r.is_clean(), serde_json::to_value(&r).unwrap_or_default()))
     }
+
+    fn store(&self) -> Option<Arc<dyn FsService>> {
+        Some(self.store.clone())
+    }
 }
 
 pub struct NodefsSnapshots {

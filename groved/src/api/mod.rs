@@ -1,5 +1,6 @@
 //! The HTTP API under /v1 (see groved/openapi.yaml).
 
+mod build;
 mod exec;
 mod files;
 mod images;
@@ -82,6 +83,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/images", get(images::list).post(images::import))
         .route("/images/{name}", delete(images::delete))
         .route("/images/{name}/tar", put(images::import_tar))
+        // Builds from Dockerfiles (h8).
+        .route("/images/build", post(build::build))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
         .route("/node", get(node::node))
