@@ -21,6 +21,8 @@ pub struct App {
     pub config: Config,
     pub runtime: Arc<Runtime>,
     pub images: Arc<dyn Images>,
+    /// The configs images came with (see [`crate::image_config`]).
+    pub image_configs: crate::image_config::ImageConfigs,
     pub snapshots: Option<Arc<dyn Snapshots>>,
     /// The `grove-fsd` serving nodefs roots: told to stop when the sandboxes go with groved.
     pub fsd: Option<Arc<nodefs::service::Client>>,
@@ -43,7 +45,9 @@ impl App {
         let events = crate::events::channel();
         crate::events::bridge(&runtime, events.clone());
         let idempotency = Idempotency::open(crate::idempotency::journal_dir(&config.state_dir));
+        let image_configs = crate::image_config::ImageConfigs::new(&config.state_dir);
         Arc::new(App {
+            image_configs,
             config,
             runtime,
             images,

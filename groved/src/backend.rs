@@ -131,6 +131,7 @@ impl OverlayImages {
             name: name.to_string(),
             root,
             size_bytes: None,
+            config: None,
         }
     }
 

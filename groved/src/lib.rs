@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod idempotency;
+pub mod image_config;
 pub mod jsonx;
 pub mod metrics;
 pub mod nodefs_backend;

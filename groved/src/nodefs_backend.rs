@@ -228,6 +228,7 @@ impl NodefsImages {
             name: name.into(),
             root: Some(id.to_hex()),
             size_bytes,
+            config: None,
         })
     }
 }
@@ -246,6 +247,7 @@ impl Images for NodefsImages {
                 name,
                 root: Some(id.to_hex()),
                 size_bytes: None,
+                config: None,
             })
             .collect())
     }

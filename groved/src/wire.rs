@@ -518,6 +518,9 @@ pub struct Image {
     pub name: String,
     pub root: Option<String>,
     pub size_bytes: Option<u64>,
+    /// What the image says about running it (absent for a plain directory or tar import).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<crate::image_config::ImageConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -47,6 +47,9 @@ pub enum Error {
     BadTar { entry: String, why: String },
     #[error("malformed OCI layout at {path}: {why}")]
     BadOci { path: PathBuf, why: String },
+    /// An image layer blob that is not what its digest says, or not a valid layer.
+    #[error("layer {digest}: {why}")]
+    BadLayer { digest: String, why: String },
     #[error("invalid ref name {0:?}")]
     BadRefName(String),
     #[error("no ref or manifest named {0:?}")]

@@ -12,6 +12,7 @@ mod export;
 mod fs;
 mod id;
 mod import;
+mod layer;
 mod oci;
 mod pack;
 mod pages;
@@ -35,6 +36,7 @@ pub(crate) fn cpus() -> usize {
 pub use chunker::ChunkPolicy;
 pub use error::{chain, Error, StoreError};
 pub use fs::{Mount, MountOptions, NodeFs, Usage};
+pub use layer::LayerCompression;
 pub use id::{ManifestId, ObjectId, ParseIdError};
 pub use store::{FsckReport, GcReport, Store, StoreStats};
 pub use stream::StreamStats;

@@ -130,13 +130,13 @@ impl Store {
 }
 
 /// Reads through, feeding a sha256 shared with the caller.
-struct HashingReader<R> {
+pub(crate) struct HashingReader<R> {
     inner: R,
-    hasher: Arc<Mutex<Sha256>>,
+    pub(crate) hasher: Arc<Mutex<Sha256>>,
 }
 
 impl<R: Read> HashingReader<R> {
-    fn new(inner: R) -> Self {
+    pub(crate) fn new(inner: R) -> Self {
         HashingReader {
             inner,
             hasher: Arc::new(Mutex::new(Sha256::new())),
@@ -152,7 +152,7 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-fn check_digest(digest: &str, got: &[u8]) -> Result<(), String> {
+pub(crate) fn check_digest(digest: &str, got: &[u8]) -> Result<(), String> {
     match digest.split_once(':') {
         Some(("sha256", hex)) if hex.eq_ignore_ascii_case(&hex::encode(got)) => Ok(()),
         Some(("sha256", _)) => Err(format!("blob {digest} does not match its digest")),

@@ -221,3 +221,73 @@ fn oci_whiteouts_hide_lower_layers_only() {
     assert_eq!(names(&out.join("w")), ["y"]);
     assert_eq!(names(&out), ["d", "e", "w"]);
 }
+
+fn sha(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+/// Layers applied one call at a time onto the previous result: whiteouts hide the base's
+/// entries, gzip and zstd decode, and each result is an ordinary manifest.
+#[test]
+fn layers_apply_one_at_a_time_onto_a_stored_base() {
+    use nodefs::LayerCompression as C;
+    let env = Env::new();
+    let l1 = layer(&[("etc/", None), ("etc/a", Some(b"a")), ("etc/b", Some(b"b"))]);
+    let l2 = layer(&[("etc/.wh.a", Some(b"")), ("etc/c", Some(b"c"))]);
+    let l1z = gzip(&l1);
+    let l2z = zstd::encode_all(&l2[..], 3).unwrap();
+    let base = env
+        .store
+        .apply_layer(None, C::Gzip, Some(&sha(&l1z)), &mut &l1z[..])
+        .unwrap();
+    let top = env
+        .store
+        .apply_layer(Some(&base), C::Zstd, Some(&sha(&l2z)), &mut &l2z[..])
+        .unwrap();
+    let out = env.path("out");
+    env.store.export_dir(&top, &out).unwrap();
+    assert!(!out.join("etc/a").exists());
+    assert_eq!(fs::read(out.join("etc/b")).unwrap(), b"b");
+    assert_eq!(fs::read(out.join("etc/c")).unwrap(), b"c");
+    assert!(!out.join("etc/.wh.a").exists());
+    // The same layers in one OCI import give the same tree.
+    assert_eq!(
+        env.store
+            .apply_layer(None, C::None, Some(&sha(&l1)), &mut &l1[..])
+            .unwrap(),
+        base
+    );
+}
+
+/// A blob that is not what its digest says fails, whatever its content does to the tar
+/// reader, and what it wrote is freed by gc: nothing of it stays.
+#[test]
+fn a_layer_with_a_wrong_digest_keeps_nothing() {
+    use nodefs::LayerCompression as C;
+    let env = Env::new();
+    env.store.set_fresh_grace(std::time::Duration::ZERO);
+    let before = env.store.stored_bytes();
+    let big = random_bytes(7, 3 << 20);
+    let l = layer(&[("big", Some(&big[..]))]);
+    let wrong = sha(b"something else");
+    match env.store.apply_layer(None, C::None, Some(&wrong), &mut &l[..]) {
+        Err(Error::BadLayer { digest, why }) => {
+            assert_eq!(digest, wrong);
+            assert!(why.contains("does not match"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Cut short: the tar is broken and the digest cannot match either.
+    let cut = &l[..l.len() / 2];
+    assert!(matches!(
+        env.store.apply_layer(None, C::None, Some(&sha(&l)), &mut &cut[..]),
+        Err(Error::BadLayer { .. })
+    ));
+    env.store.gc(&[]).unwrap();
+    assert!(env.store.fsck().unwrap().is_clean());
+    assert!(
+        env.store.stored_bytes() <= before + (64 << 10),
+        "{} bytes left of a failed layer",
+        env.store.stored_bytes() - before
+    );
+}

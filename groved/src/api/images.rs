@@ -37,9 +37,15 @@ pub async fn import(
         return Err(ApiError::invalid("reference", "only for source \"oci\""));
     }
     let dir = check_host_dir("path", &req.path)?;
-    let images = app.images.clone();
+    let (images, configs) = (app.images.clone(), app.image_configs.clone());
     let img = blocking(move || match req.source.as_str() {
-        "oci" => images.import_oci(&req.name, &dir, req.reference.as_deref()),
+        "oci" => {
+            // A layout whose config cannot be read still imports (nodefs judges the layers).
+            let cfg = crate::image_config::from_layout(&dir, req.reference.as_deref()).ok();
+            crate::image_config::with_config(&configs, &req.name, cfg.as_ref(), || {
+                images.import_oci(&req.name, &dir, req.reference.as_deref())
+            })
+        }
         _ => images.import_dir(&req.name, &dir),
     })
     .await?;
@@ -59,12 +65,38 @@ pub async fn import_tar(
     Ok((StatusCode::CREATED, Json(img)))
 }
 
+/// GET /v1/images/{name}: the image with its config.
+pub async fn inspect(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Image>> {
+    check_name("name", &name)?;
+    let (images, configs) = (app.images.clone(), app.image_configs.clone());
+    blocking(move || {
+        let mut img = images
+            .list()?
+            .into_iter()
+            .find(|i| i.name == name)
+            .ok_or_else(|| {
+                ApiError::not_found("image_not_found", format!("image {name:?} not found"))
+                    .with_field("name")
+            })?;
+        img.config = configs.get(&name)?;
+        Ok(Json(img))
+    })
+    .await
+}
+
 pub async fn delete(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     check_name("name", &name)?;
-    let images = app.images.clone();
-    blocking(move || images.delete(&name)).await?;
+    let (images, configs) = (app.images.clone(), app.image_configs.clone());
+    blocking(move || {
+        images.delete(&name)?;
+        configs.remove(&name)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

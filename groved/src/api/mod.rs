@@ -81,7 +81,10 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/snapshots/missing", post(snapshots::missing))
         .route("/snapshots/pull", post(pull::pull))
         .route("/images", get(images::list).post(images::import))
-        .route("/images/{name}", delete(images::delete))
+        .route(
+            "/images/{name}",
+            get(images::inspect).delete(images::delete),
+        )
         .route("/images/{name}/tar", put(images::import_tar))
         // Builds from Dockerfiles (h8).
         .route("/images/build", post(build::build))

@@ -20,8 +20,29 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
         &serde_json::to_vec(&spec_json(Some(&a.image), &a.spec)?).unwrap_or_default(),
     )
     .map_err(|e| CliError::Usage(e.message))?;
-    let spec = crate::api::build_spec(&req, &config.defaults)
+    let mut spec = crate::api::build_spec(&req, &config.defaults)
         .map_err(|e| CliError::Usage(format!("{}: {}", e.field.unwrap_or_default(), e.message)))?;
+    let configs = crate::image_config::ImageConfigs::new(&config.state_dir);
+    configs
+        .apply(&a.image, &mut spec)
+        .map_err(|e| CliError::Other(e.message))?;
+    let cmd = if a.cmd.is_empty() {
+        let cmd = configs
+            .get(&a.image)
+            .ok()
+            .flatten()
+            .map(|c| c.default_command())
+            .unwrap_or_default();
+        if cmd.is_empty() {
+            return Err(CliError::Usage(format!(
+                "image {:?} has no default command (Entrypoint/Cmd): give one after --",
+                a.image
+            )));
+        }
+        cmd
+    } else {
+        a.cmd.clone()
+    };
     let backend =
         crate::wiring::build(&config, true).map_err(|e| CliError::Other(format!("{e:#}")))?;
     let rt = backend.runtime;
@@ -29,7 +50,7 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
         .create(spec)
         .map_err(|e| CliError::Other(crate::error::chain(&e)));
     let result = info.and_then(|info| {
-        let mut req = ExecRequest::argv(a.cmd.clone());
+        let mut req = ExecRequest::argv(cmd.clone());
         req.timeout_ms = a.timeout.map(|t| (t * 1000.0).ceil() as u64);
         let mut out = |c: OutputChunk| {
             let _ = match c {

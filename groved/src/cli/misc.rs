@@ -68,6 +68,12 @@ pub async fn images(c: &Client, cmd: ImagesCmd) -> CliResult {
                 println!("{:<32} {}", i.name, i.root.unwrap_or_default());
             }
         }
+        ImagesCmd::Inspect { name } => {
+            let img: Image = c
+                .json(Method::GET, &format!("/v1/images/{}", enc(&name)), None)
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&img).unwrap_or_default());
+        }
         ImagesCmd::Rm { name } => {
             check(
                 c.send(
@@ -126,6 +132,23 @@ pub async fn images(c: &Client, cmd: ImagesCmd) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// The image's Entrypoint + Cmd, for `grove run IMAGE` without a command.
+pub async fn default_command(c: &Client, image: &str) -> CliResult<Vec<String>> {
+    let img: Image = c
+        .json(Method::GET, &format!("/v1/images/{}", enc(image)), None)
+        .await?;
+    let cmd = img
+        .config
+        .map(|cfg| cfg.default_command())
+        .unwrap_or_default();
+    if cmd.is_empty() {
+        return Err(CliError::Usage(format!(
+            "image {image:?} has no default command (Entrypoint/Cmd): give one after --"
+        )));
+    }
+    Ok(cmd)
 }
 
 pub async fn maintenance(c: &Client, what: &str) -> CliResult {

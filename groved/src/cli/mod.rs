@@ -97,6 +97,10 @@ pub enum ImagesCmd {
     Rm {
         name: String,
     },
+    /// Show an image and its config (env, workdir, user, entrypoint/cmd, exposed ports) as JSON.
+    Inspect {
+        name: String,
+    },
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -150,7 +154,8 @@ pub struct RunArgs {
     /// Seconds before the command is killed.
     #[arg(long)]
     pub timeout: Option<f64>,
-    #[arg(last = true, required = true)]
+    /// The command; without one, the image's Entrypoint + Cmd.
+    #[arg(last = true)]
     pub cmd: Vec<String>,
 }
 

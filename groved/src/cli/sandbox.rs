@@ -218,8 +218,13 @@ pub async fn exec(c: &Client, a: ExecArgs) -> CliResult {
 
 pub async fn run(c: &Client, a: RunArgs) -> CliResult {
     let body = spec_json(Some(&a.image), &a.spec)?;
+    let cmd = if a.cmd.is_empty() {
+        super::misc::default_command(c, &a.image).await?
+    } else {
+        a.cmd.clone()
+    };
     let s: Sandbox = c.json(Method::POST, "/v1/sandboxes", Some(&body)).await?;
-    let exec = exec_body(&a.cmd, a.timeout, &[], None);
+    let exec = exec_body(&cmd, a.timeout, &[], None);
     let code = match exec {
         Ok(b) => stream_exec(c, &s.id, &b).await,
         Err(e) => Err(e),

@@ -373,6 +373,21 @@ impl FsService for Client {
         self.import_pipe(Request::ImportTar, input)
     }
 
+    fn apply_layer(
+        &self,
+        base: Option<&ManifestId>,
+        compression: crate::LayerCompression,
+        digest: Option<&str>,
+        input: &mut dyn Read,
+    ) -> Result<ManifestId, Error> {
+        let req = Request::ApplyLayer {
+            base: base.copied(),
+            compression,
+            digest: digest.map(String::from),
+        };
+        self.import_pipe(req, input)
+    }
+
     fn export_dir(&self, id: &ManifestId, dst: &Path) -> Result<(), Error> {
         self.call(Request::ExportDir {
             id: *id,

@@ -108,6 +108,16 @@ impl FsService for Local {
         self.store().import_tar(input)
     }
 
+    fn apply_layer(
+        &self,
+        base: Option<&ManifestId>,
+        compression: crate::LayerCompression,
+        digest: Option<&str>,
+        input: &mut dyn Read,
+    ) -> Result<ManifestId, Error> {
+        self.store().apply_layer(base, compression, digest, input)
+    }
+
     fn export_dir(&self, id: &ManifestId, dst: &Path) -> Result<(), Error> {
         self.store().export_dir(id, dst)
     }

@@ -17,6 +17,7 @@ use crate::chunker::ChunkPolicy;
 use crate::error::Error;
 use crate::fs::{MountOptions, Usage};
 use crate::id::{ManifestId, ObjectId};
+use crate::layer::LayerCompression;
 use crate::store::{FsckReport, GcReport, StoreStats};
 
 pub use client::{Client, Spawn};
@@ -85,6 +86,14 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     ) -> Result<ManifestId, Error>;
     fn import_oci(&self, dir: &Path, reference: Option<&str>) -> Result<ManifestId, Error>;
     fn import_tar(&self, input: &mut dyn Read) -> Result<ManifestId, Error>;
+    /// One image layer onto `base` (see [`crate::Store::apply_layer`]).
+    fn apply_layer(
+        &self,
+        base: Option<&ManifestId>,
+        compression: LayerCompression,
+        digest: Option<&str>,
+        input: &mut dyn Read,
+    ) -> Result<ManifestId, Error>;
     /// Materializes a manifest as plain files at `dst` (absent).
     fn export_dir(&self, id: &ManifestId, dst: &Path) -> Result<(), Error>;
     /// A stream of `id` (see [`crate::Store::export_stream`]); with `only`, just those objects.

@@ -16,6 +16,7 @@ use super::ImportPolicy;
 use crate::error::{chain, Error};
 use crate::fs::MountOptions;
 use crate::id::{ManifestId, ObjectId};
+use crate::layer::LayerCompression;
 
 /// Bumped on any incompatible change; both sides refuse another version.
 pub const VERSION: u32 = 1;
@@ -60,6 +61,12 @@ pub(crate) enum Request {
     },
     /// Carries the read end of a pipe.
     ImportTar,
+    /// Carries the read end of a pipe: one image layer blob.
+    ApplyLayer {
+        base: Option<ManifestId>,
+        compression: LayerCompression,
+        digest: Option<String>,
+    },
     ExportDir {
         id: ManifestId,
         dst: PathBuf,
@@ -127,6 +134,7 @@ pub(crate) enum WireError {
     BadStream { why: String },
     UnknownMount { id: u64 },
     Other { message: String },
+    BadLayer { digest: String, why: String },
 }
 
 impl From<&Error> for WireError {
@@ -147,6 +155,10 @@ impl From<&Error> for WireError {
             Error::BadStream(w) => WireError::BadStream { why: w.clone() },
             Error::UnknownMount(id) => WireError::UnknownMount { id: *id },
             Error::Fsd(m) => WireError::Other { message: m.clone() },
+            Error::BadLayer { digest, why } => WireError::BadLayer {
+                digest: digest.clone(),
+                why: why.clone(),
+            },
             other => WireError::Other {
                 message: chain(other),
             },
@@ -166,6 +178,7 @@ impl From<WireError> for Error {
             WireError::BadStream { why } => Error::BadStream(why),
             WireError::UnknownMount { id } => Error::UnknownMount(id),
             WireError::Other { message } => Error::Fsd(message),
+            WireError::BadLayer { digest, why } => Error::BadLayer { digest, why },
         }
     }
 }

@@ -166,6 +166,15 @@ impl Server {
                 let res = svc.import_tar(&mut r);
                 v(self.finish_import(res, r, sock))
             }
+            Request::ApplyLayer {
+                base,
+                compression,
+                digest,
+            } => {
+                let mut r = File::from(fd.ok_or_else(need_fd)?);
+                let res = svc.apply_layer(base.as_ref(), compression, digest.as_deref(), &mut r);
+                v(self.finish_import(res, r, sock))
+            }
             Request::ImportStreams { count } => {
                 let mut r = File::from(fd.ok_or_else(need_fd)?);
                 let res = svc.import_streams(&mut r, count);
