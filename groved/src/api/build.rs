@@ -19,6 +19,7 @@ use crate::backend::check_name;
 use crate::build::engine::{BuildError, Engine, Inputs, Progress};
 use crate::build::{self, ImageConfig};
 use crate::error::{chain, ApiError, ApiResult};
+use crate::image_config::{with_config, ImageConfigs};
 use crate::pipe::ChanReader;
 use crate::wire::{network_from_wire, EgressRuleRequest, Image, NetworkRequest};
 
@@ -140,6 +141,7 @@ pub async fn build(
         })
         .await?;
     }
+    let active = eng.begin();
     // The context lands in a scratch directory that goes with the build, whatever happens.
     let ctx_parent = eng.uppers.clone();
     let ctx = blocking(move || {
@@ -178,30 +180,35 @@ pub async fn build(
                 text,
                 cached: c,
             } => {
-                if c {
-                    cached += 1;
-                } else {
-                    ran += 1;
+                match c {
+                    Some(true) => cached += 1,
+                    Some(false) => ran += 1,
+                    None => {}
                 }
                 send(Event::default().event("step").json_data(serde_json::json!({
                     "step": step, "total": total, "line": line,
                     "instruction": text, "cached": c,
                 })))
             }
-            Progress::Output { stderr, data } => {
-                send(Event::default().event("output").json_data(serde_json::json!({
+            Progress::Output { stderr, data } => send(Event::default().event("output").json_data(
+                serde_json::json!({
                     "stream": if stderr { "stderr" } else { "stdout" },
                     "data": String::from_utf8_lossy(data),
-                })))
-            }
+                }),
+            )),
         };
-        let images = app2.images.clone();
+        let configs = app2.image_configs.clone();
         let base = |name: &str| -> Result<(nodefs::ManifestId, Option<ImageConfig>), String> {
             check_name("from", name).map_err(|_| {
-                format!("{name:?} is not a Grove image name (pulling references is not wired in yet)")
+                format!(
+                    "{name:?} is not a Grove image name (pulling references is not wired in yet)"
+                )
             })?;
             match eng.store.get_ref(name) {
-                Ok(Some(id)) => Ok((id, None)),
+                Ok(Some(id)) => {
+                    let cfg = configs.get(name).map_err(|e| e.message)?;
+                    Ok((id, cfg))
+                }
                 Ok(None) => Err(format!("no image {name:?} on this node")),
                 Err(e) => Err(format!("image {name:?}: {}", chain(&e))),
             }
@@ -216,39 +223,50 @@ pub async fn build(
         let res = eng.build(&df, &inputs, &mut emit);
         drop(emit);
         let ev = match res {
-            Ok((root, cfg)) => match finish(&eng, images.as_ref(), &p.name, &root, &cfg) {
+            Ok((root, cfg)) => Some(match finish(&eng, &configs, &p.name, &root, &cfg) {
                 Ok(img) => Event::default().event("done").json_data(serde_json::json!({
-                    "image": img, "config": cfg,
+                    "image": img,
                     "steps_run": ran, "steps_cached": cached,
                 })),
                 Err(e) => Event::default().event("error").json_data(e.body()),
-            },
-            Err(BuildError::Cancelled) => return,
-            Err(e) => Event::default().event("error").json_data(error_body(&e)),
+            }),
+            Err(BuildError::Cancelled) => None,
+            Err(e) => Some(Event::default().event("error").json_data(error_body(&e))),
         };
-        if let Ok(ev) = ev {
+        // The scratch goes before the last event: a client that sees the end sees no residue.
+        drop(ctx);
+        drop(active);
+        if let Some(Ok(ev)) = ev {
             let _ = tx.blocking_send(Ok(ev));
         }
-        drop(ctx);
     });
     Ok(Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
 }
 
 /// The finished root becomes image `name` (replacing one of that name, as a tag moves).
+/// Its config is written first (see [`with_config`]), so the image never lacks it.
 fn finish(
     eng: &Engine,
-    _images: &dyn crate::backend::Images,
+    configs: &ImageConfigs,
     name: &str,
     root: &nodefs::ManifestId,
-    _cfg: &ImageConfig,
+    cfg: &ImageConfig,
 ) -> ApiResult<Image> {
-    eng.store
-        .set_ref(name, root)
-        .map_err(|e| ApiError::internal(format!("naming the image: {}", chain(&e))))?;
-    Ok(Image {
-        name: name.to_string(),
-        root: Some(root.to_hex()),
-        size_bytes: eng.store.manifest_bytes(root).ok(),
+    // Where a base image came from is not where this one did.
+    let mut cfg = cfg.clone();
+    cfg.source = None;
+    cfg.digest = None;
+    cfg.layers.clear();
+    with_config(configs, name, Some(&cfg), || {
+        eng.store
+            .set_ref(name, root)
+            .map_err(|e| ApiError::internal(format!("naming the image: {}", chain(&e))))?;
+        Ok(Image {
+            name: name.to_string(),
+            root: Some(root.to_hex()),
+            size_bytes: eng.store.manifest_bytes(root).ok(),
+            config: None,
+        })
     })
 }
 

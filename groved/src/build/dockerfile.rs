@@ -84,9 +84,11 @@ impl Dockerfile {
         if let Ok(i) = name.parse::<usize>() {
             return (i < before).then_some(i);
         }
-        self.stages[..before]
-            .iter()
-            .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        self.stages[..before].iter().position(|s| {
+            s.name
+                .as_deref()
+                .is_some_and(|n| n.eq_ignore_ascii_case(name))
+        })
     }
 }
 
@@ -222,7 +224,10 @@ fn parse_from(line: usize, args: &str) -> Result<Stage, ParseError> {
     let (flags, rest) = take_flags(args);
     if let Some((k, _)) = flags.first() {
         return if k == "platform" {
-            err(line, "FROM --platform is not supported (builds are linux/amd64)")
+            err(
+                line,
+                "FROM --platform is not supported (builds are linux/amd64)",
+            )
         } else {
             err(line, format!("FROM: unknown flag --{k}"))
         };
@@ -231,10 +236,7 @@ fn parse_from(line: usize, args: &str) -> Result<Stage, ParseError> {
     let (from, name) = match words.as_slice() {
         [img] => (*img, None),
         [img, as_, name] if as_.eq_ignore_ascii_case("as") => {
-            let ok = name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic())
+            let ok = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
                 && name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
@@ -415,7 +417,10 @@ fn parse_copy(line: usize, word: &str, args: &str, escape: char) -> Result<Copy,
         None => shell_words(line, rest, escape)?,
     };
     if words.len() < 2 {
-        return err(line, format!("{word} needs at least one source and a destination"));
+        return err(
+            line,
+            format!("{word} needs at least one source and a destination"),
+        );
     }
     c.dst = words.pop().expect("len >= 2");
     c.srcs = words;
@@ -610,7 +615,10 @@ mod tests {
             "# syntax=docker/dockerfile:1\nARG BASE=debian12\nFROM ${BASE} AS Build\nRUN make\n\nFROM scratch\nCOPY --from=build /out /\n",
         )
         .unwrap();
-        assert_eq!(df.global_args, vec![("BASE".into(), Some("debian12".into()))]);
+        assert_eq!(
+            df.global_args,
+            vec![("BASE".into(), Some("debian12".into()))]
+        );
         assert_eq!(df.stages.len(), 2);
         assert_eq!(df.stages[0].name.as_deref(), Some("build"));
         assert_eq!(df.stages[0].from, "${BASE}");
@@ -694,7 +702,10 @@ mod tests {
         );
         assert_eq!(
             one(r#"LABEL org.x="a b" y=z"#),
-            Kind::Label(vec![("org.x".into(), "a b".into()), ("y".into(), "z".into())])
+            Kind::Label(vec![
+                ("org.x".into(), "a b".into()),
+                ("y".into(), "z".into())
+            ])
         );
         assert_eq!(one("ARG V"), Kind::Arg("V".into(), None));
         assert_eq!(one("ARG V=3"), Kind::Arg("V".into(), Some("3".into())));
@@ -719,7 +730,9 @@ mod tests {
     #[test]
     fn errors_name_the_line() {
         assert_eq!(line_of("FROM a\n\nRUN x\nVOLUME /data\n").0, 4);
-        assert!(line_of("FROM a\nFOO bar\n").1.contains("unknown instruction FOO"));
+        assert!(line_of("FROM a\nFOO bar\n")
+            .1
+            .contains("unknown instruction FOO"));
         let (l, r) = line_of("FROM a\nRUN \\\n  --mount=type=cache,target=/c make\n");
         assert_eq!(l, 2);
         assert!(r.contains("--mount"), "{r}");

@@ -53,7 +53,8 @@ pub enum Progress<'a> {
         total: usize,
         line: usize,
         text: &'a str,
-        cached: bool,
+        /// None for steps that change no files (ENV, LABEL, ...): nothing to run or cache.
+        cached: Option<bool>,
     },
     Output {
         stderr: bool,
@@ -111,6 +112,25 @@ impl State {
 type Emit<'a> = dyn FnMut(Progress<'_>) -> bool + 'a;
 
 static VIEW_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Builds under way in this process: the scratch directories go when the last one ends.
+static ACTIVE: parking_lot::Mutex<usize> = parking_lot::Mutex::new(0);
+
+/// Held for a build's whole life (its context included).
+pub struct Active {
+    dirs: [PathBuf; 2],
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        let mut n = ACTIVE.lock();
+        *n -= 1;
+        if *n == 0 {
+            for d in &self.dirs {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+}
 
 /// A nodefs view of a root mounted on the host; unmounted (its upper dropped) on drop.
 struct View<'a> {
@@ -143,6 +163,14 @@ impl Drop for SandboxGuard<'_> {
 }
 
 impl Engine {
+    /// Marks a build as running until the guard drops.
+    pub fn begin(&self) -> Active {
+        *ACTIVE.lock() += 1;
+        Active {
+            dirs: [self.mounts.clone(), self.uppers.clone()],
+        }
+    }
+
     /// Builds the last stage (and the stages it needs); returns its root and config.
     pub fn build(
         &self,
@@ -166,7 +194,9 @@ impl Engine {
         let mut outs: Vec<Option<StageOut>> = vec![None; df.stages.len()];
         let mut step = 0;
         for &i in &needed {
-            let out = self.stage(df, i, &froms[i], &globals, &outs, inp, &mut step, total, emit)?;
+            let out = self.stage(
+                df, i, &froms[i], &globals, &outs, inp, &mut step, total, emit,
+            )?;
             outs[i] = Some(out);
         }
         let last = outs
@@ -206,7 +236,7 @@ impl Engine {
             total,
             line: st.line,
             text: &from_text,
-            cached: false,
+            cached: None,
         }) {
             return Err(BuildError::Cancelled);
         }
@@ -216,7 +246,9 @@ impl Engine {
                 cfg: ImageConfig::default(),
             }
         } else if let Some(j) = df.stage_index(from, idx) {
-            outs[j].clone().expect("stages a stage needs are built first")
+            outs[j]
+                .clone()
+                .expect("stages a stage needs are built first")
         } else {
             let (root, cfg) = (inp.base)(from).map_err(|r| at(*step, r))?;
             StageOut {
@@ -268,7 +300,7 @@ impl Engine {
     ) -> Result<(), StepError> {
         let vars = s.vars();
         let x = |t: &str| expand(t, &vars).map_err(StepError::Failed);
-        let announce = |emit: &mut Emit<'_>, cached: bool| {
+        let announce = |emit: &mut Emit<'_>, cached: Option<bool>| {
             if emit(Progress::Step {
                 step: n,
                 total,
@@ -283,15 +315,17 @@ impl Engine {
         };
         match &ins.kind {
             Kind::Env(kv) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 for (k, v) in kv {
                     let v = x(v)?;
-                    s.cfg.env.retain(|e| e.split_once('=').map(|p| p.0) != Some(k));
+                    s.cfg
+                        .env
+                        .retain(|e| e.split_once('=').map(|p| p.0) != Some(k));
                     s.cfg.env.push(format!("{k}={v}"));
                 }
             }
             Kind::Arg(k, default) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 let v = match inp.build_args.get(k) {
                     Some(v) => Some(v.clone()),
                     None => match default {
@@ -302,13 +336,13 @@ impl Engine {
                 s.args.insert(k.clone(), v.unwrap_or_default());
             }
             Kind::Label(kv) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 for (k, v) in kv {
                     s.cfg.labels.insert(x(k)?, x(v)?);
                 }
             }
             Kind::Expose(ports) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 for p in ports {
                     let p = normalize_port(&x(p)?).map_err(StepError::Failed)?;
                     if !s.cfg.exposed_ports.contains(&p) {
@@ -318,7 +352,7 @@ impl Engine {
                 s.cfg.exposed_ports.sort();
             }
             Kind::User(u) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 let u = x(u)?;
                 if u.is_empty() || u.contains(char::is_whitespace) {
                     return Err(StepError::Failed(format!("USER {u:?} is not a user")));
@@ -326,16 +360,16 @@ impl Engine {
                 s.cfg.user = Some(u);
             }
             Kind::Shell(sh) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 s.shell = sh.clone();
             }
             Kind::Cmd(c) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 s.cfg.cmd = Some(argv_of(c, &s.shell));
                 s.cmd_here = true;
             }
             Kind::Entrypoint(c) => {
-                announce(emit, false)?;
+                announce(emit, None)?;
                 s.cfg.entrypoint = Some(argv_of(c, &s.shell));
                 if !s.cmd_here {
                     s.cfg.cmd = None;
@@ -345,7 +379,7 @@ impl Engine {
                 let w = absolute(&s.workdir(), &x(w)?);
                 let key = cache_key(&s.root, &format!("WORKDIR {w}"), &[]);
                 let cached = self.cached(&key)?;
-                announce(emit, cached.is_some())?;
+                announce(emit, Some(cached.is_some()))?;
                 s.root = match cached {
                     Some(r) => r,
                     None => self.in_view(&s.root, &key, |root| {
@@ -366,7 +400,7 @@ impl Engine {
                 .to_string();
                 let key = cache_key(&s.root, &format!("RUN {resolved}"), &[]);
                 let cached = self.cached(&key)?;
-                announce(emit, cached.is_some())?;
+                announce(emit, Some(cached.is_some()))?;
                 s.root = match cached {
                     Some(r) => r,
                     None => self.run(&s.root, &key, argv, env, cwd, user, inp.network, emit)?,
@@ -404,7 +438,8 @@ impl Engine {
     }
 
     fn empty_root(&self) -> Result<ManifestId, String> {
-        std::fs::create_dir_all(&self.uppers).map_err(|e| format!("{}: {e}", self.uppers.display()))?;
+        std::fs::create_dir_all(&self.uppers)
+            .map_err(|e| format!("{}: {e}", self.uppers.display()))?;
         let d = tempfile::tempdir_in(&self.uppers).map_err(|e| format!("scratch: {e}"))?;
         self.store
             .import_dir(d.path(), ImportPolicy::Cdc, None)
@@ -433,7 +468,11 @@ impl Engine {
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&dir);
-                Err(format!("mounting a view of {}: {}", root.to_hex(), chain(&e)))
+                Err(format!(
+                    "mounting a view of {}: {}",
+                    root.to_hex(),
+                    chain(&e)
+                ))
             }
         }
     }
@@ -472,7 +511,9 @@ impl Engine {
         network: &NetworkPolicy,
         emit: &mut Emit<'_>,
     ) -> Result<ManifestId, StepError> {
-        let f = |what: &str, e: &dyn std::error::Error| StepError::Failed(format!("{what}: {}", chain(e)));
+        let f = |what: &str, e: &dyn std::error::Error| {
+            StepError::Failed(format!("{what}: {}", chain(e)))
+        };
         let spec = SandboxSpec {
             image: root.to_hex(),
             env: env.clone(),
@@ -570,7 +611,7 @@ impl Engine {
         s: &mut State,
         outs: &[Option<StageOut>],
         inp: &Inputs<'_>,
-        announce: impl Fn(&mut Emit<'_>, bool) -> Result<(), StepError>,
+        announce: impl Fn(&mut Emit<'_>, Option<bool>) -> Result<(), StepError>,
         emit: &mut Emit<'_>,
     ) -> Result<(), StepError> {
         let failed = StepError::Failed;
@@ -583,7 +624,11 @@ impl Engine {
                         .as_ref()
                         .map(|o| o.root)
                         .ok_or_else(|| failed(format!("--from={from}: stage not built")))?,
-                    None if df.stages.iter().any(|st| st.name.as_deref() == Some(from.as_str())) => {
+                    None if df
+                        .stages
+                        .iter()
+                        .any(|st| st.name.as_deref() == Some(from.as_str())) =>
+                    {
                         return Err(failed(format!("--from={from}: a later stage")))
                     }
                     None => (inp.base)(from).map_err(failed)?.0,
@@ -613,7 +658,7 @@ impl Engine {
         );
         let key = cache_key(&s.root, &text, &digest);
         let cached = self.cached(&key)?;
-        announce(emit, cached.is_some())?;
+        announce(emit, Some(cached.is_some()))?;
         s.root = match cached {
             Some(r) => r,
             None => self.in_view(&s.root, &key, |dst| {
@@ -701,7 +746,10 @@ fn plan_copy(
             tops.extend(found);
         } else {
             if excluded(&pat) || src.lstat(&format!("/{pat}")).ok().flatten().is_none() {
-                return Err(format!("{:?} is not in the source", if pat.is_empty() { "." } else { &pat }));
+                return Err(format!(
+                    "{:?} is not in the source",
+                    if pat.is_empty() { "." } else { &pat }
+                ));
             }
             tops.push(pat);
         }
@@ -804,7 +852,9 @@ fn digest_plan(src: &ConfinedRoot, plan: &[Item]) -> Result<Vec<u8>, String> {
                 let (mut f, _) = src.open_read(&shown).map_err(|e| e.to_string())?;
                 let mut buf = vec![0u8; 256 << 10];
                 loop {
-                    let n = f.read(&mut buf).map_err(|e| format!("reading {shown}: {e}"))?;
+                    let n = f
+                        .read(&mut buf)
+                        .map_err(|e| format!("reading {shown}: {e}"))?;
                     if n == 0 {
                         break;
                     }
@@ -844,7 +894,8 @@ fn apply_item(
         "dir" => {
             dst.mkdir_all(&it.dst).map_err(e)?;
             let mode = src.lstat(&shown).map_err(e)?.map(|(_, m)| m);
-            dst.set_owner_mode(&it.dst, owner, chmod.or(mode)).map_err(e)?;
+            dst.set_owner_mode(&it.dst, owner, chmod.or(mode))
+                .map_err(e)?;
         }
         "file" => {
             let (mut f, _) = src.open_read(&shown).map_err(e)?;
@@ -861,7 +912,11 @@ fn apply_item(
                 };
                 return dst.upload_tar(&it.dst, &mut r).map_err(e);
             }
-            let mode = src.lstat(&shown).map_err(e)?.map(|(_, m)| m).unwrap_or(0o644);
+            let mode = src
+                .lstat(&shown)
+                .map_err(e)?
+                .map(|(_, m)| m)
+                .unwrap_or(0o644);
             dst.write_from(&it.dst, &mut f, Some(chmod.unwrap_or(mode)))
                 .map_err(e)?;
             if owner.is_some() {
@@ -871,7 +926,8 @@ fn apply_item(
         _ => {
             let target = src.read_link(&shown).map_err(e)?;
             if let Some((parent, _)) = it.dst.rsplit_once('/') {
-                dst.mkdir_all(if parent.is_empty() { "/" } else { parent }).map_err(e)?;
+                dst.mkdir_all(if parent.is_empty() { "/" } else { parent })
+                    .map_err(e)?;
             }
             dst.make_symlink(&it.dst, &target).map_err(e)?;
             if owner.is_some() {
@@ -944,7 +1000,8 @@ fn run_env(s: &State) -> BTreeMap<String, String> {
     // ARGs reach RUN as env; ENV wins over them.
     let mut env = s.args.clone();
     env.extend(s.cfg.env_map());
-    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    env.entry("PATH".into())
+        .or_insert_with(|| DEFAULT_PATH.into());
     env
 }
 
@@ -988,7 +1045,8 @@ fn normalize_port(p: &str) -> Result<String, String> {
         Some((n, pr)) => (n, pr.to_ascii_lowercase()),
         None => (p, "tcp".to_string()),
     };
-    let ok = num.parse::<u16>().is_ok_and(|n| n > 0) && matches!(proto.as_str(), "tcp" | "udp" | "sctp");
+    let ok =
+        num.parse::<u16>().is_ok_and(|n| n > 0) && matches!(proto.as_str(), "tcp" | "udp" | "sctp");
     if ok {
         Ok(format!("{num}/{proto}"))
     } else {

@@ -13,30 +13,8 @@ use std::path::Path;
 use axum::http::StatusCode;
 use grove_runtime::ConfinedRoot;
 
-/// Stand-in for the image config record (engineer h7's `image_config::ImageConfig`), same fields.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ImageConfig {
-    #[serde(default)]
-    pub env: Vec<String>,
-    pub working_dir: Option<String>,
-    pub user: Option<String>,
-    pub entrypoint: Option<Vec<String>>,
-    pub cmd: Option<Vec<String>>,
-    #[serde(default)]
-    pub exposed_ports: Vec<String>,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-}
+pub use crate::image_config::ImageConfig;
 
-impl ImageConfig {
-    pub fn env_map(&self) -> std::collections::BTreeMap<String, String> {
-        self.env
-            .iter()
-            .filter_map(|e| e.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-}
 use crate::error::{ApiError, ApiResult};
 
 /// The largest build context accepted (the unpacked tar, bytes read off the wire).
@@ -114,11 +92,7 @@ pub fn read_dockerfile(ctx: &Path, path: &str) -> ApiResult<dockerfile::Dockerfi
     f.take(MAX_DOCKERFILE_BYTES)
         .read_to_string(&mut text)
         .map_err(|e| {
-            ApiError::bad_request(
-                "invalid_dockerfile",
-                "dockerfile",
-                format!("{path:?}: {e}"),
-            )
+            ApiError::bad_request("invalid_dockerfile", "dockerfile", format!("{path:?}: {e}"))
         })?;
     dockerfile::parse(&text)
         .map_err(|e| ApiError::bad_request("invalid_dockerfile", "dockerfile", e.to_string()))
