@@ -25,7 +25,8 @@ pub trait Images: Send + Sync {
     fn gc(&self) -> ApiResult<serde_json::Value>;
     /// Checks the store; returns (clean, report).
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)>;
-    /// The content store behind the images, where there is one (builds need it).
+    /// The content store behind the images, for work that builds trees in it layer by layer
+    /// (registry pulls); None when images are plain directories.
     fn store(&self) -> Option<std::sync::Arc<dyn nodefs::service::FsService>> {
         None
     }

@@ -154,6 +154,8 @@ pub struct FileConfig {
     pub peers: Vec<PeerFile>,
     /// How often failed background imports of snapshot images are retried (s, default 30).
     pub import_retry_secs: Option<u64>,
+    /// `[registries]`: where image pulls may go, mirrors, credentials.
+    pub registries: crate::registry::RegistriesConfig,
 }
 
 /// Command-line overrides.
@@ -212,6 +214,7 @@ pub struct Config {
     pub pools: PoolsConfig,
     pub peers: Vec<Peer>,
     pub import_retry: Duration,
+    pub registries: std::sync::Arc<crate::registry::RegistriesConfig>,
 }
 
 impl Config {
@@ -358,6 +361,7 @@ impl Config {
             pools,
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
+            registries: std::sync::Arc::new(f.registries),
         })
     }
 

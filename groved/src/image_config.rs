@@ -202,6 +202,20 @@ impl ImageConfigs {
         Ok(())
     }
 
+    /// The layer lists of every image's config (what pulled layers are still in use).
+    pub fn all_layers(&self) -> Vec<Vec<String>> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.strip_suffix(".json")?.to_string();
+                self.get(&n).ok().flatten().map(|c| c.layers)
+            })
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
     /// Removes the config of `name` (gone already is fine): call after the image's ref is gone.
     pub fn remove(&self, name: &str) -> ApiResult<()> {
         let p = self.path(name)?;
@@ -232,8 +246,8 @@ impl ImageConfigs {
 }
 
 /// Makes image `name` with `make` (which sets its ref), writing `cfg` first: a failed `make`
-/// takes the config back unless the name was already taken (then the config is the other
-/// image's). Builders and pulls call this so an image never exists without its config.
+/// puts back what was there before (the config of the image that holds the name, if one
+/// does). Builders and pulls call this so an image never exists without its config.
 pub fn with_config(
     configs: &ImageConfigs,
     name: &str,
@@ -243,6 +257,7 @@ pub fn with_config(
     let Some(cfg) = cfg else {
         return make();
     };
+    let before = configs.get(name)?;
     configs.put(name, cfg)?;
     match make() {
         Ok(mut img) => {
@@ -250,10 +265,12 @@ pub fn with_config(
             Ok(img)
         }
         Err(e) => {
-            if e.code != "image_exists" {
-                if let Err(r) = configs.remove(name) {
-                    tracing::warn!(image = name, "removing the config of a failed import: {}", r.message);
-                }
+            let undo = match &before {
+                Some(b) => configs.put(name, b),
+                None => configs.remove(name),
+            };
+            if let Err(r) = undo {
+                tracing::warn!(image = name, "restoring the config after a failed import: {}", r.message);
             }
             Err(e)
         }

@@ -18,6 +18,7 @@ pub mod jsonx;
 pub mod metrics;
 pub mod nodefs_backend;
 pub mod pipe;
+pub mod registry;
 pub mod server;
 pub mod systemd;
 pub mod wire;

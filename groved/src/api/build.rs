@@ -21,6 +21,8 @@ use crate::build::{self, ImageConfig};
 use crate::error::{chain, ApiError, ApiResult};
 use crate::image_config::{with_config, ImageConfigs};
 use crate::pipe::ChanReader;
+use crate::registry::pull::{self, Platform};
+use crate::registry::Reference;
 use crate::wire::{network_from_wire, EgressRuleRequest, Image, NetworkRequest};
 
 /// The build's parameters, from the query string (the body is the context).
@@ -166,6 +168,8 @@ pub async fn build(
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     let app2 = app.clone();
+    let handle = tokio::runtime::Handle::current();
+    let registries = app.config.registries.clone();
     tokio::task::spawn_blocking(move || {
         let send = |ev: Result<Event, axum::Error>| match ev {
             Ok(ev) => tx.blocking_send(Ok(ev)).is_ok(),
@@ -198,20 +202,36 @@ pub async fn build(
             )),
         };
         let configs = app2.image_configs.clone();
+        // A Grove image of that name, else a registry reference, pulled (its layers stay in the
+        // store as the pull keeps them; the build needs no name for its base).
         let base = |name: &str| -> Result<(nodefs::ManifestId, Option<ImageConfig>), String> {
-            check_name("from", name).map_err(|_| {
-                format!(
-                    "{name:?} is not a Grove image name (pulling references is not wired in yet)"
-                )
-            })?;
-            match eng.store.get_ref(name) {
-                Ok(Some(id)) => {
-                    let cfg = configs.get(name).map_err(|e| e.message)?;
-                    Ok((id, cfg))
+            if check_name("from", name).is_ok() {
+                match eng.store.get_ref(name) {
+                    Ok(Some(id)) => {
+                        let cfg = configs.get(name).map_err(|e| e.message)?;
+                        return Ok((id, cfg));
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("image {name:?}: {}", chain(&e))),
                 }
-                Ok(None) => Err(format!("no image {name:?} on this node")),
-                Err(e) => Err(format!("image {name:?}: {}", chain(&e))),
             }
+            let r = Reference::parse(name).map_err(|why| {
+                format!("{name:?} is no image on this node nor a registry reference: {why}")
+            })?;
+            let resolved = handle
+                .block_on(pull::resolve(
+                    registries.clone(),
+                    &r,
+                    &Platform::default(),
+                ))
+                .map_err(|e| format!("no image {name:?} on this node, and pulling it: {e}"))?;
+            let fetched = handle
+                .block_on(pull::fetch(eng.store.clone(), &resolved, &None))
+                .map_err(|e| format!("pulling {name:?}: {e}"))?;
+            let root = fetched
+                .root
+                .ok_or_else(|| format!("pulling {name:?}: no root"))?;
+            Ok((root, Some(resolved.config)))
         };
         let inputs = Inputs {
             context: ctx.path(),

@@ -95,7 +95,14 @@ pub async fn delete(
     let (images, configs) = (app.images.clone(), app.image_configs.clone());
     blocking(move || {
         images.delete(&name)?;
-        configs.remove(&name)
+        configs.remove(&name)?;
+        // Pulled layers only this image used go too, so gc frees them.
+        if let Some(store) = images.store() {
+            if let Err(e) = crate::registry::pull::sweep_layers(&*store, &configs.all_layers()) {
+                tracing::warn!("dropping unused layer refs: {}", nodefs::chain(&e));
+            }
+        }
+        Ok(())
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)

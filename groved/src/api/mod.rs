@@ -4,6 +4,7 @@ mod build;
 mod exec;
 mod files;
 mod images;
+mod images_pull;
 mod node;
 pub(crate) mod pause;
 mod pools;
@@ -85,6 +86,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
             "/images/{name}",
             get(images::inspect).delete(images::delete),
         )
+        // Registry pulls (issue 20).
+        .route("/images/pull", post(images_pull::pull))
         .route("/images/{name}/tar", put(images::import_tar))
         // Builds from Dockerfiles (h8).
         .route("/images/build", post(build::build))

@@ -74,6 +74,7 @@ pub async fn images(c: &Client, cmd: ImagesCmd) -> CliResult {
                 .await?;
             println!("{}", serde_json::to_string_pretty(&img).unwrap_or_default());
         }
+        ImagesCmd::Pull(a) => super::pull::pull(c, a).await?,
         ImagesCmd::Rm { name } => {
             check(
                 c.send(

@@ -6,6 +6,7 @@ mod files;
 pub mod install;
 mod misc;
 mod mount;
+mod pull;
 mod sandbox;
 
 use std::path::PathBuf;
@@ -104,6 +105,23 @@ pub enum ImagesCmd {
     Inspect {
         name: String,
     },
+    /// Pull an image from an OCI registry: `grove images pull registry.example/ns/app:1.0`.
+    Pull(PullArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`.
+    pub reference: String,
+    /// The image's name here (default: the repository's last part and the tag, e.g. `app-1.0`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `OS/ARCH[/VARIANT]` to pick from a multi-platform index (default linux/amd64).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// Print the progress events as JSON lines.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug, Clone, Default)]

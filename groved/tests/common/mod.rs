@@ -296,6 +296,8 @@ purpose = "groved-tests"
             run = dir.join("run").display(),
             dir = dir.display(),
         );
+        // A test binary's own sections (its registries, say), set before its first daemon().
+        let config = config + &std::env::var("GROVE_TEST_EXTRA_CONFIG").unwrap_or_default();
         std::fs::write(dir.join("groved.toml"), config).unwrap();
         let log = std::fs::File::create(dir.join("groved.log")).unwrap();
         let child = Command::new(
