@@ -11,12 +11,13 @@ Connects to the local groved over /run/grove/groved.sock (GROVE_SOCKET), or to G
 from ._api import EntryInfo, ExecResult, SandboxInfo
 from ._transport import AsyncClient, Client, RetryPolicy
 from .async_sandbox import AsyncSandbox, AsyncSnapshot
+from .images import Image
 from .errors import (CapacityExceeded, Conflict, ConnectionFailed, ForkError, GroveError, InvalidRequest, NotFound,
                      ServerError, Unauthorized, Unavailable, Unsupported)
 from .sandbox import Sandbox, Snapshot, Transfer
 
 __all__ = [
     "AsyncClient", "AsyncSandbox", "AsyncSnapshot", "CapacityExceeded", "Client", "Conflict", "ConnectionFailed",
-    "EntryInfo", "ExecResult", "ForkError", "GroveError", "InvalidRequest", "NotFound", "RetryPolicy", "Sandbox",
+    "EntryInfo", "ExecResult", "ForkError", "GroveError", "Image", "InvalidRequest", "NotFound", "RetryPolicy", "Sandbox",
     "SandboxInfo", "ServerError", "Snapshot", "Transfer", "Unauthorized", "Unavailable", "Unsupported",
 ]
