@@ -219,11 +219,7 @@ pub async fn build(
                 format!("{name:?} is no image on this node nor a registry reference: {why}")
             })?;
             let resolved = handle
-                .block_on(pull::resolve(
-                    registries.clone(),
-                    &r,
-                    &Platform::default(),
-                ))
+                .block_on(pull::resolve(registries.clone(), &r, &Platform::default()))
                 .map_err(|e| format!("no image {name:?} on this node, and pulling it: {e}"))?;
             let fetched = handle
                 .block_on(pull::fetch(eng.store.clone(), &resolved, &None))
@@ -241,7 +237,6 @@ pub async fn build(
             base: &base,
         };
         let res = eng.build(&df, &inputs, &mut emit);
-        drop(emit);
         let ev = match res {
             Ok((root, cfg)) => Some(match finish(&eng, &configs, &p.name, &root, &cfg) {
                 Ok(img) => Event::default().event("done").json_data(serde_json::json!({

@@ -285,7 +285,7 @@ fn parse_instr(line: usize, word: &str, args: &str, escape: char) -> Result<Kind
     Ok(match word {
         "RUN" => {
             let (flags, rest) = take_flags(args);
-            for (k, v) in &flags {
+            if let Some((k, v)) = flags.first() {
                 return match k.as_str() {
                     "mount" => err(
                         line,

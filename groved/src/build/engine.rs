@@ -62,6 +62,9 @@ pub enum Progress<'a> {
     },
 }
 
+/// Finds a `FROM` that is neither `scratch` nor a stage: its root and config.
+pub type BaseFn<'a> = dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), String> + 'a;
+
 /// Where a build finds things outside the Dockerfile.
 pub struct Inputs<'a> {
     pub context: &'a Path,
@@ -69,7 +72,7 @@ pub struct Inputs<'a> {
     pub build_args: &'a BTreeMap<String, String>,
     pub network: &'a NetworkPolicy,
     /// A `FROM` that is neither `scratch` nor a stage: its root and config.
-    pub base: &'a dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), String>,
+    pub base: &'a BaseFn<'a>,
 }
 
 pub struct Engine {
