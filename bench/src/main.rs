@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// Run only these scenarios (comma-separated): lifecycle, checkpoint, filesystem, density, elastic,
-    /// storage, soak, soak-full-disk (the soaks run only when named here).
+    /// storage, images, soak, soak-full-disk (the soaks run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Base image root the sandboxes and peers run on.

@@ -185,9 +185,7 @@ impl ImageConfigs {
     pub fn put(&self, name: &str, cfg: &ImageConfig) -> ApiResult<()> {
         let p = self.path(name)?;
         std::fs::create_dir_all(&self.dir).map_err(|e| io_err("creating", &self.dir, e))?;
-        let tmp = self
-            .dir
-            .join(format!(".{name}.{}.tmp", std::process::id()));
+        let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let res = (|| {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&serde_json::to_vec_pretty(cfg).map_err(std::io::Error::other)?)?;
@@ -270,7 +268,11 @@ pub fn with_config(
                 None => configs.remove(name),
             };
             if let Err(r) = undo {
-                tracing::warn!(image = name, "restoring the config after a failed import: {}", r.message);
+                tracing::warn!(
+                    image = name,
+                    "restoring the config after a failed import: {}",
+                    r.message
+                );
             }
             Err(e)
         }
@@ -283,7 +285,9 @@ pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, S
     let read = |digest: &str| -> Result<Value, String> {
         let (alg, hex) = digest
             .split_once(':')
-            .filter(|(a, h)| *a == "sha256" && !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .filter(|(a, h)| {
+                *a == "sha256" && !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit())
+            })
             .ok_or_else(|| format!("bad digest {digest:?}"))?;
         let p = dir.join("blobs").join(alg).join(hex);
         let f = std::fs::File::open(&p).map_err(|e| format!("{}: {e}", p.display()))?;

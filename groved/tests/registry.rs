@@ -78,9 +78,13 @@ impl Registry {
             .stderr(log)
             .spawn()
             .expect("docker-registry");
+        AT_EXIT.lock().unwrap().0.push(child.id() as i32);
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(20), "registry did not start");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "registry did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Registry { port, child }
@@ -183,7 +187,9 @@ fn relay(c: TcpStream, upstream: u16, mode: Mode, gets: &Mutex<HashMap<String, u
             head.push_str(&format!("{k}: {v}\r\n"));
         }
     }
-    head.push_str(&format!("host: 127.0.0.1:{upstream}\r\nconnection: close\r\n\r\n"));
+    head.push_str(&format!(
+        "host: 127.0.0.1:{upstream}\r\nconnection: close\r\n\r\n"
+    ));
     up.write_all(head.as_bytes()).unwrap();
     let mut resp = Vec::new();
     let _ = up.read_to_end(&mut resp);
@@ -230,7 +236,9 @@ struct Issuer {
 impl Issuer {
     fn start(dir: &Path) -> Issuer {
         let ok = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
             .args(["-subj", "/CN=grove-test-token"])
             .arg("-keyout")
             .arg(dir.join("key.pem"))
@@ -275,7 +283,9 @@ fn issue(c: TcpStream, key: &Path, der: &[u8], issued: &AtomicUsize) {
         base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASS}"))
     );
     if headers.get("authorization") != Some(&want) {
-        let _ = c.write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        let _ = c.write_all(
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        );
         return;
     }
     let query = first
@@ -287,7 +297,10 @@ fn issue(c: TcpStream, key: &Path, der: &[u8], issued: &AtomicUsize) {
     let mut access = Vec::new();
     for kv in query.split('&') {
         if let Some(s) = kv.strip_prefix("scope=") {
-            let s = s.replace("%3A", ":").replace("%2F", "/").replace("%2C", ",");
+            let s = s
+                .replace("%3A", ":")
+                .replace("%2F", "/")
+                .replace("%2C", ",");
             let parts: Vec<&str> = s.splitn(3, ':').collect();
             if parts.len() == 3 {
                 access.push(json!({"type": parts[0], "name": parts[1],
@@ -364,18 +377,42 @@ fn layer(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
 fn base_layer() -> Vec<u8> {
     let f = |p: &str| std::fs::read(Path::new(BASE_IMAGE_DIR).join(p)).unwrap();
     let mut files: Vec<(&str, Vec<u8>)> = [
-        "usr/", "usr/bin/", "usr/lib/", "usr/lib/x86_64-linux-gnu/", "usr/lib64/", "etc/", "tmp/",
-        "proc/", "dev/", "sys/", "run/", "root/", "srv/",
+        "usr/",
+        "usr/bin/",
+        "usr/lib/",
+        "usr/lib/x86_64-linux-gnu/",
+        "usr/lib64/",
+        "etc/",
+        "tmp/",
+        "proc/",
+        "dev/",
+        "sys/",
+        "run/",
+        "root/",
+        "srv/",
     ]
     .iter()
     .map(|d| (*d, Vec::new()))
     .collect();
     files.extend([
+        ("etc/passwd", f("etc/passwd")),
+        ("etc/group", f("etc/group")),
         ("usr/bin/dash", f("usr/bin/dash")),
         ("usr/bin/sh", f("usr/bin/dash")),
         ("usr/bin/cat", f("usr/bin/cat")),
-        ("usr/lib/x86_64-linux-gnu/libc.so.6", f("usr/lib/x86_64-linux-gnu/libc.so.6")),
-        ("usr/lib64/ld-linux-x86-64.so.2", f("usr/lib64/ld-linux-x86-64.so.2")),
+        (
+            "usr/lib/x86_64-linux-gnu/libc.so.6",
+            f("usr/lib/x86_64-linux-gnu/libc.so.6"),
+        ),
+        (
+            "usr/lib64/ld-linux-x86-64.so.2",
+            f("usr/lib64/ld-linux-x86-64.so.2"),
+        ),
+        // A grove-init built against glibc (not the static one CI uses) needs it.
+        (
+            "usr/lib/x86_64-linux-gnu/libgcc_s.so.1",
+            f("usr/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+        ),
         ("bin -> usr/bin", Vec::new()),
         ("lib -> usr/lib", Vec::new()),
         ("lib64 -> usr/lib64", Vec::new()),
@@ -414,7 +451,9 @@ impl Layout {
     fn blob(&self, data: &[u8]) -> Value {
         let d = sha(data);
         std::fs::write(
-            self.dir.join("blobs/sha256").join(d.trim_start_matches("sha256:")),
+            self.dir
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
             data,
         )
         .unwrap();
@@ -475,6 +514,24 @@ impl Layout {
     }
 }
 
+/// What the fixture leaves for the end of the test binary (statics are never dropped): the
+/// registries' pids and the scratch directory.
+static AT_EXIT: Mutex<(Vec<i32>, Option<PathBuf>)> = Mutex::new((Vec::new(), None));
+
+extern "C" fn cleanup_at_exit() {
+    let Ok(mut g) = AT_EXIT.lock() else { return };
+    for pid in g.0.drain(..) {
+        // SAFETY: kill(2) and waitpid(2) on the pid of a child this process started.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+    if let Some(d) = g.1.take() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 struct Fixture {
     basic: Registry,
     token: Registry,
@@ -501,6 +558,9 @@ fn fixture() -> Option<&'static Fixture> {
         }
         let tmp = tempfile::tempdir().unwrap();
         let t = tmp.path();
+        AT_EXIT.lock().unwrap().1 = Some(t.to_path_buf());
+        // SAFETY: registers a plain extern "C" fn with no captured state.
+        unsafe { libc::atexit(cleanup_at_exit) };
         std::fs::create_dir_all(t.join("basic")).unwrap();
         let ht = Command::new("htpasswd")
             .args(["-Bbn", USER, PASS])
@@ -629,9 +689,13 @@ fn pull(d: &Daemon, body: Value) -> Resp {
 
 /// The events of a streamed pull, up to its `done` or `error`.
 fn pull_events(d: &Daemon, body: Value) -> Vec<Value> {
-    sse_events(d, Method::POST, "/v1/images/pull?stream=true", Some(body), |k, _| {
-        k == "done" || k == "error"
-    })
+    sse_events(
+        d,
+        Method::POST,
+        "/v1/images/pull?stream=true",
+        Some(body),
+        |k, _| k == "done" || k == "error",
+    )
     .into_iter()
     .map(|(_, v)| v)
     .collect()
@@ -643,7 +707,10 @@ fn forget(d: &Daemon, name: &str) {
 }
 
 fn clean_store(d: &Daemon) {
-    let r = d.call(Method::POST, "/v1/node/fsck", None).expect(200).json();
+    let r = d
+        .call(Method::POST, "/v1/node/fsck", None)
+        .expect(200)
+        .json();
     assert_eq!(r["ok"], true, "fsck: {r}");
 }
 
@@ -651,11 +718,17 @@ fn clean_store(d: &Daemon) {
 fn a_pulled_image_runs_with_its_config_and_shares_layers() {
     let Some(f) = fixture() else { return };
     let d = daemon();
-    let img = pull(d, json!({"reference": format!("{}/ns/app:1", f.basic.host()), "name": "reg-app"}))
-        .expect(201)
-        .json();
+    let img = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.basic.host()), "name": "reg-app"}),
+    )
+    .expect(201)
+    .json();
     assert_eq!(img["name"], "reg-app");
-    let got = d.call(Method::GET, "/v1/images/reg-app", None).expect(200).json();
+    let got = d
+        .call(Method::GET, "/v1/images/reg-app", None)
+        .expect(200)
+        .json();
     let c = &got["config"];
     assert_eq!(c["working_dir"], "/srv");
     assert_eq!(c["user"], "1000:1000");
@@ -666,13 +739,14 @@ fn a_pulled_image_runs_with_its_config_and_shares_layers() {
 
     // Env and WorkingDir apply at create; the request's env wins over the image's.
     let id = {
-        let r = d
-            .call(
-                Method::POST,
-                "/v1/sandboxes",
-                Some(json!({"image": "reg-app", "env": {"OTHER": "x"}})),
-            )
-            .expect(201);
+        let r = d.call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "reg-app", "env": {"OTHER": "x"}})),
+        );
+        let log = d.log();
+        let tail = &log[log.len().saturating_sub(3000)..];
+        assert_eq!(r.status, 201, "{} {tail}", r.text());
         r.json()["id"].as_str().unwrap().to_string()
     };
     let out = d.exec(&id, "echo $GREETING $OTHER; pwd; cat app.txt");
@@ -686,7 +760,11 @@ fn a_pulled_image_runs_with_its_config_and_shares_layers() {
         .args(["run", "reg-app"])
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&run.stdout), "cmd-ran\napp one\n");
 
     // The second image shares the base layer: it is not fetched again.
@@ -703,8 +781,11 @@ fn a_pulled_image_runs_with_its_config_and_shares_layers() {
     assert_eq!(done["layers_fetched"], 1);
     assert_eq!(done["image"]["name"], "reg-app2");
     // The name is taken now.
-    pull(d, json!({"reference": format!("{}/ns/app2:1", f.basic.host()), "name": "reg-app2"}))
-        .expect_error(409, Some("name"));
+    pull(
+        d,
+        json!({"reference": format!("{}/ns/app2:1", f.basic.host()), "name": "reg-app2"}),
+    )
+    .expect_error(409, Some("name"));
     forget(d, "reg-app");
     forget(d, "reg-app2");
     d.call(Method::POST, "/v1/node/gc", None).expect(200);
@@ -716,14 +797,23 @@ fn token_auth_from_the_auth_file_and_a_mirror() {
     let Some(f) = fixture() else { return };
     let d = daemon();
     let before = f.issuer.issued.load(Ordering::SeqCst);
-    let img = pull(d, json!({"reference": format!("{}/ns/app:1", f.token.host()), "name": "reg-tok"}))
-        .expect(201)
-        .json();
+    let img = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.token.host()), "name": "reg-tok"}),
+    )
+    .expect(201)
+    .json();
     assert_eq!(img["config"]["labels"]["org.example.app"], "hello");
-    assert!(f.issuer.issued.load(Ordering::SeqCst) > before, "no token was asked for");
+    assert!(
+        f.issuer.issued.load(Ordering::SeqCst) > before,
+        "no token was asked for"
+    );
     // Nothing listens at the mirrored address: its mirror serves.
-    pull(d, json!({"reference": format!("{}/ns/app:1", f.mirrored), "name": "reg-mirror"}))
-        .expect(201);
+    pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.mirrored), "name": "reg-mirror"}),
+    )
+    .expect(201);
     forget(d, "reg-tok");
     forget(d, "reg-mirror");
 }
@@ -733,15 +823,26 @@ fn an_index_gives_the_platform_asked_for() {
     let Some(f) = fixture() else { return };
     let d = daemon();
     let r = format!("{}/ns/multi:1", f.basic.host());
-    let amd = pull(d, json!({"reference": r, "name": "reg-multi"})).expect(201).json();
-    assert_eq!(amd["config"]["labels"]["org.example.app"], "hello");
-    let arm = pull(d, json!({"reference": r, "name": "reg-multi-arm", "platform": "linux/arm64"}))
+    let amd = pull(d, json!({"reference": r, "name": "reg-multi"}))
         .expect(201)
         .json();
+    assert_eq!(amd["config"]["labels"]["org.example.app"], "hello");
+    let arm = pull(
+        d,
+        json!({"reference": r, "name": "reg-multi-arm", "platform": "linux/arm64"}),
+    )
+    .expect(201)
+    .json();
     assert_eq!(arm["config"]["labels"]["org.example.app"], "arm");
-    let e = pull(d, json!({"reference": r, "name": "reg-multi-s", "platform": "linux/s390x"}))
-        .expect_error(404, Some("platform"));
-    assert!(e["message"].as_str().unwrap().contains("linux/arm64"), "{e}");
+    let e = pull(
+        d,
+        json!({"reference": r, "name": "reg-multi-s", "platform": "linux/s390x"}),
+    )
+    .expect_error(404, Some("platform"));
+    assert!(
+        e["message"].as_str().unwrap().contains("linux/arm64"),
+        "{e}"
+    );
     forget(d, "reg-multi");
     forget(d, "reg-multi-arm");
 }
@@ -758,7 +859,12 @@ fn concurrent_pulls_fetch_each_blob_once() {
     });
     assert_eq!((a, b), (201, 201));
     // Each layer blob the store lacked was fetched once between the two pulls.
-    assert_eq!(f.counting.gets_of(&f.conc_layer), 1, "{:?}", f.counting.gets.lock().unwrap());
+    assert_eq!(
+        f.counting.gets_of(&f.conc_layer),
+        1,
+        "{:?}",
+        f.counting.gets.lock().unwrap()
+    );
     forget(d, "reg-conc-a");
     forget(d, "reg-conc-b");
 }
@@ -768,43 +874,67 @@ fn bad_pulls_fail_naming_what_and_keep_nothing() {
     let Some(f) = fixture() else { return };
     let d = daemon();
     // Unknown reference.
-    let e = pull(d, json!({"reference": format!("{}/ns/nope:1", f.basic.host()), "name": "reg-bad"}))
-        .expect_error(404, Some("reference"));
+    let e = pull(
+        d,
+        json!({"reference": format!("{}/ns/nope:1", f.basic.host()), "name": "reg-bad"}),
+    )
+    .expect_error(404, Some("reference"));
     assert!(e["message"].as_str().unwrap().contains("ns/nope"), "{e}");
     // Wrong password.
-    let e = pull(d, json!({"reference": format!("{}/ns/app:1", f.wrong_pass), "name": "reg-bad"}))
-        .expect_error(403, Some("reference"));
+    let e = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.wrong_pass), "name": "reg-bad"}),
+    )
+    .expect_error(403, Some("reference"));
     assert_eq!(e["code"], "registry_denied", "{e}");
     // A registry not listed as insecure is not spoken to.
-    let e = pull(d, json!({"reference": "192.0.2.1:5000/x:1", "name": "reg-bad"}))
-        .expect_error(422, Some("reference"));
+    let e = pull(
+        d,
+        json!({"reference": "192.0.2.1:5000/x:1", "name": "reg-bad"}),
+    )
+    .expect_error(422, Some("reference"));
     assert_eq!(e["code"], "registry_not_allowed", "{e}");
     // Malformed input.
-    pull(d, json!({"reference": "127.0.0.1:1/../x", "name": "reg-bad"})).expect_error(422, Some("reference"));
+    pull(
+        d,
+        json!({"reference": "127.0.0.1:1/../x", "name": "reg-bad"}),
+    )
+    .expect_error(422, Some("reference"));
     pull(d, json!({"reference": "x", "name": "../x"})).expect_error(422, Some("name"));
     pull(d, json!({"reference": "x", "platform": "linux"})).expect_error(422, Some("platform"));
     // A manifest that is not what its digest says.
-    let e = pull(d, json!({"reference": format!("{}/ns/app:1", f.altering.host()), "name": "reg-bad"}))
-        .expect_error(502, Some("reference"));
+    let e = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.altering.host()), "name": "reg-bad"}),
+    )
+    .expect_error(502, Some("reference"));
     assert_eq!(e["code"], "digest_mismatch", "{e}");
-    assert!(e["message"].as_str().unwrap().contains("manifest ns/app:1"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("manifest ns/app:1"),
+        "{e}"
+    );
     // A registry that closes mid-blob: the pull fails naming the blob; the layer below it was
     // stored and a later pull resumes from it.
-    let ev = pull_events(d, json!({"reference": format!("{}/ns/big:1", f.cutting.host()), "name": "reg-big"}));
+    let ev = pull_events(
+        d,
+        json!({"reference": format!("{}/ns/big:1", f.cutting.host()), "name": "reg-big"}),
+    );
     let last = ev.last().unwrap();
     assert_eq!(last["status"], "error", "{ev:?}");
     assert!(
         last["message"].as_str().unwrap().contains(&f.big_layers[1]),
         "{last}"
     );
-    d.call(Method::GET, "/v1/images/reg-big", None).expect_error(404, Some("name"));
-    for name in ["reg-bad"] {
-        d.call(Method::GET, &format!("/v1/images/{name}"), None)
-            .expect_error(404, Some("name"));
-    }
+    d.call(Method::GET, "/v1/images/reg-big", None)
+        .expect_error(404, Some("name"));
+    d.call(Method::GET, "/v1/images/reg-bad", None)
+        .expect_error(404, Some("name"));
     d.call(Method::POST, "/v1/node/gc", None).expect(200);
     clean_store(d);
-    let ev = pull_events(d, json!({"reference": format!("{}/ns/big:1", f.basic.host()), "name": "reg-big"}));
+    let ev = pull_events(
+        d,
+        json!({"reference": format!("{}/ns/big:1", f.basic.host()), "name": "reg-big"}),
+    );
     let layers: Vec<&Value> = ev.iter().filter(|e| e["status"] == "layer").collect();
     assert_eq!(layers[0]["cached"], true, "{ev:?}");
     assert_eq!(layers[1]["cached"], false, "{ev:?}");

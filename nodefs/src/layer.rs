@@ -76,9 +76,9 @@ impl Store {
         let mut r: Box<dyn Read + '_> = match compression {
             LayerCompression::None => Box::new(hashed),
             LayerCompression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(hashed)),
-            LayerCompression::Zstd => Box::new(
-                zstd::stream::Decoder::new(hashed).map_err(|e| bad(format!("zstd: {e}")))?,
-            ),
+            LayerCompression::Zstd => {
+                Box::new(zstd::stream::Decoder::new(hashed).map_err(|e| bad(format!("zstd: {e}")))?)
+            }
         };
         // This layer's new hard-link groups count up from 1; the base's are hashes (odd, 64-bit).
         let mut groups = 0u64;

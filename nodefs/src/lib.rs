@@ -36,8 +36,8 @@ pub(crate) fn cpus() -> usize {
 pub use chunker::ChunkPolicy;
 pub use error::{chain, Error, StoreError};
 pub use fs::{Mount, MountOptions, NodeFs, Usage};
-pub use layer::LayerCompression;
 pub use id::{ManifestId, ObjectId, ParseIdError};
+pub use layer::LayerCompression;
 pub use store::{FsckReport, GcReport, Store, StoreStats};
 pub use stream::StreamStats;
 pub use tree::{ChunkRef, Entry, Meta, Node, Tree};

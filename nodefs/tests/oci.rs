@@ -270,7 +270,10 @@ fn a_layer_with_a_wrong_digest_keeps_nothing() {
     let big = random_bytes(7, 3 << 20);
     let l = layer(&[("big", Some(&big[..]))]);
     let wrong = sha(b"something else");
-    match env.store.apply_layer(None, C::None, Some(&wrong), &mut &l[..]) {
+    match env
+        .store
+        .apply_layer(None, C::None, Some(&wrong), &mut &l[..])
+    {
         Err(Error::BadLayer { digest, why }) => {
             assert_eq!(digest, wrong);
             assert!(why.contains("does not match"), "{why}");
@@ -280,7 +283,8 @@ fn a_layer_with_a_wrong_digest_keeps_nothing() {
     // Cut short: the tar is broken and the digest cannot match either.
     let cut = &l[..l.len() / 2];
     assert!(matches!(
-        env.store.apply_layer(None, C::None, Some(&sha(&l)), &mut &cut[..]),
+        env.store
+            .apply_layer(None, C::None, Some(&sha(&l)), &mut &cut[..]),
         Err(Error::BadLayer { .. })
     ));
     env.store.gc(&[]).unwrap();

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod density;
 pub mod elastic;
 pub mod filesystem;
+pub mod images;
 pub mod images_build;
 pub mod lifecycle;
 pub mod rounds;
@@ -140,6 +141,14 @@ pub fn all() -> Vec<Scenario> {
             opt_in: false,
             est_full: 150.0,
             run: images_build::run,
+        },
+        Scenario {
+            name: images::NAME,
+            title: "Images: pull from a local registry, Grove vs skopeo vs podman",
+            est_quick: 20.0,
+            opt_in: false,
+            est_full: 120.0,
+            run: images::run,
         },
         Scenario {
             name: soak::NAME,

@@ -94,11 +94,13 @@ pub async fn delete(
     check_name("name", &name)?;
     let (images, configs) = (app.images.clone(), app.image_configs.clone());
     blocking(move || {
+        let gone = configs.get(&name).ok().flatten().map(|c| c.layers);
         images.delete(&name)?;
         configs.remove(&name)?;
         // Pulled layers only this image used go too, so gc frees them.
-        if let Some(store) = images.store() {
-            if let Err(e) = crate::registry::pull::sweep_layers(&*store, &configs.all_layers()) {
+        if let (Some(store), Some(gone)) = (images.store(), gone) {
+            let keep = configs.all_layers();
+            if let Err(e) = crate::registry::pull::sweep_layers(&*store, &gone, &keep) {
                 tracing::warn!("dropping unused layer refs: {}", nodefs::chain(&e));
             }
         }

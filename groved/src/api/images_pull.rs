@@ -82,7 +82,7 @@ pub async fn pull(
         match finish(store, configs, resolved, name, events).await {
             Ok((image, f)) => {
                 let _ = tx.send(PullEvent::Done {
-                    image,
+                    image: Box::new(image),
                     layers_fetched: f.layers_fetched,
                     bytes_fetched: f.bytes_fetched,
                 });

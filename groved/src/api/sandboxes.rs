@@ -64,7 +64,8 @@ async fn from_image(
 ) -> ApiResult<Response> {
     let mut spec = build_spec(&req, &app.config.defaults)?;
     let configs = app.image_configs.clone();
-    let spec = blocking(move || configs.apply(&spec.image.clone(), &mut spec).map(|_| spec)).await?;
+    let spec =
+        blocking(move || configs.apply(&spec.image.clone(), &mut spec).map(|_| spec)).await?;
     let rt = app.runtime.clone();
     let total = blocking(move || Ok(rt.capacity().total)).await?;
     if let Some(l) = &spec.limits {

@@ -55,12 +55,18 @@ pub async fn pull(c: &Client, a: PullArgs) -> CliResult {
                     Some("layer") => eprintln!(
                         "  {} {}",
                         v["digest"].as_str().unwrap_or_default(),
-                        if v["cached"] == true { "exists" } else { "fetching" }
+                        if v["cached"] == true {
+                            "exists"
+                        } else {
+                            "fetching"
+                        }
                     ),
                     _ => {}
                 },
             }
         }
     }
-    Err(CliError::Other("the pull's stream ended without a result".into()))
+    Err(CliError::Other(
+        "the pull's stream ended without a result".into(),
+    ))
 }

@@ -186,7 +186,9 @@ impl Registry {
                     "token realm {realm:?} is not a host listed in registries.insecure"
                 )));
             }
-            let resp = self.send(&uri, "application/json", self.basic().as_ref()).await?;
+            let resp = self
+                .send(&uri, "application/json", self.basic().as_ref())
+                .await?;
             let status = resp.status();
             let body = read_small(resp.into_body())
                 .await

@@ -108,7 +108,10 @@ mod tests {
         let f = br#"{"auths": {"127.0.0.1:5000": {"auth": "dXNlcjpwYTpzcw=="},
                      "https://index.docker.io/v1/": {"username": "d", "password": "p"}}}"#;
         let c = auth_file_entry(f, "127.0.0.1:5000").unwrap();
-        assert_eq!((c.username.as_str(), c.password.as_str()), ("user", "pa:ss"));
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("user", "pa:ss")
+        );
         assert_eq!(auth_file_entry(f, "docker.io").unwrap().username, "d");
         assert!(auth_file_entry(f, "other:1").is_none());
         assert!(format!("{c:?}").contains("<password>"));

@@ -69,7 +69,9 @@ pub enum PullError {
         what: String,
         why: String,
     },
-    #[error("{what} from {registry} does not match its digest {want} (its content hashes to {got})")]
+    #[error(
+        "{what} from {registry} does not match its digest {want} (its content hashes to {got})"
+    )]
     Digest {
         registry: String,
         what: String,
@@ -96,12 +98,16 @@ impl From<PullError> for ApiError {
             }
             PullError::NotFound { .. } => (StatusCode::NOT_FOUND, "image_not_found", "reference"),
             PullError::Denied { .. } => (StatusCode::FORBIDDEN, "registry_denied", "reference"),
-            PullError::Unreachable { .. } => {
-                (StatusCode::SERVICE_UNAVAILABLE, "registry_unreachable", "reference")
-            }
-            PullError::NotInsecure { .. } => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "registry_not_allowed", "reference")
-            }
+            PullError::Unreachable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "registry_unreachable",
+                "reference",
+            ),
+            PullError::NotInsecure { .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "registry_not_allowed",
+                "reference",
+            ),
             PullError::Protocol { .. } => (StatusCode::BAD_GATEWAY, "registry_error", "reference"),
             PullError::Digest { .. } => (StatusCode::BAD_GATEWAY, "digest_mismatch", "reference"),
             PullError::NoPlatform { .. } => (StatusCode::NOT_FOUND, "no_such_platform", "platform"),
@@ -194,7 +200,7 @@ pub enum PullEvent {
         size: u64,
     },
     Done {
-        image: crate::wire::Image,
+        image: Box<crate::wire::Image>,
         layers_fetched: usize,
         bytes_fetched: u64,
     },
@@ -230,11 +236,43 @@ pub struct Resolved {
 }
 
 /// What [`fetch`] did.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Default)]
 pub struct Fetched {
     pub root: Option<ManifestId>,
     pub layers_fetched: usize,
     pub bytes_fetched: u64,
+    /// Keeps `root` through gc until the image's ref names it.
+    pub hold: Option<Pinned>,
+}
+
+/// A manifest pinned in the store (kept by gc) until dropped: the tree a pull builds on must
+/// not be collected while the next layer is fetched, even if an image delete drops its ref.
+pub struct Pinned {
+    store: Arc<dyn FsService>,
+    id: ManifestId,
+}
+
+impl Pinned {
+    /// Pins `id` if the store still holds it whole; None if it does not (collected meanwhile).
+    async fn take(store: &Arc<dyn FsService>, id: ManifestId) -> Result<Option<Pinned>, PullError> {
+        let s = store.clone();
+        blocking(move || {
+            s.pin(&id).map_err(store_api)?;
+            let pinned = Pinned { store: s, id };
+            // A gc between reading the ref and pinning may have taken it.
+            match pinned.store.lacking(&[id]).map_err(store_api)? {
+                l if l.is_empty() => Ok(Some(pinned)),
+                _ => Ok(None),
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        self.store.unpin(&self.id);
+    }
 }
 
 fn endpoint(registry: &str) -> &str {
@@ -308,7 +346,11 @@ async fn resolve_at(
                     .iter()
                     .filter_map(|m| {
                         let p = &m["platform"];
-                        Some(format!("{}/{}", p["os"].as_str()?, p["architecture"].as_str()?))
+                        Some(format!(
+                            "{}/{}",
+                            p["os"].as_str()?,
+                            p["architecture"].as_str()?
+                        ))
                     })
                     .collect::<Vec<_>>()
                     .join(", "),
@@ -407,7 +449,12 @@ async fn small_ok(
     Ok(body)
 }
 
-fn check_status(reg: &Registry, status: StatusCode, body: &[u8], what: &str) -> Result<(), PullError> {
+fn check_status(
+    reg: &Registry,
+    status: StatusCode,
+    body: &[u8],
+    what: &str,
+) -> Result<(), PullError> {
     if status.is_success() {
         return Ok(());
     }
@@ -446,7 +493,9 @@ async fn fetch_manifest(
     want: Option<&str>,
 ) -> Result<(Value, String), PullError> {
     let what = format!("manifest {}:{wanted}", r.repository);
-    let resp = reg.get(&format!("manifests/{wanted}"), ACCEPT_MANIFESTS).await?;
+    let resp = reg
+        .get(&format!("manifests/{wanted}"), ACCEPT_MANIFESTS)
+        .await?;
     let claimed = resp
         .headers()
         .get("docker-content-digest")
@@ -460,7 +509,10 @@ async fn fetch_manifest(
         .to_string();
     let body = small_ok(reg, resp, &what).await?;
     let got = sha256_hex(&body);
-    for w in want.into_iter().chain(claimed.as_deref().filter(|c| valid_digest(c))) {
+    for w in want
+        .into_iter()
+        .chain(claimed.as_deref().filter(|c| valid_digest(c)))
+    {
         if w != got {
             return Err(PullError::Digest {
                 registry: reg.host.clone(),
@@ -540,6 +592,7 @@ pub async fn fetch(
     let digests: Vec<String> = res.layers.iter().map(|l| l.digest.clone()).collect();
     let mut out = Fetched::default();
     let mut base: Option<ManifestId> = None;
+    let mut hold: Option<Pinned> = None;
     for (layer, chain) in res.layers.iter().zip(chains(&digests)) {
         let name = format!("{LAYER_REF_PREFIX}{chain}");
         let lock = chain_lock(&chain);
@@ -548,16 +601,21 @@ pub async fn fetch(
             let (store, name) = (store.clone(), name.clone());
             blocking(move || store.get_ref(&name).map_err(store_api)).await?
         };
+        let pinned = match have {
+            Some(id) => Pinned::take(&store, id).await?,
+            None => None,
+        };
         emit(
             events,
             PullEvent::Layer {
                 digest: layer.digest.clone(),
                 size: layer.size,
-                cached: have.is_some(),
+                cached: pinned.is_some(),
             },
         );
-        if let Some(id) = have {
-            base = Some(id);
+        if let Some(p) = pinned {
+            base = Some(p.id);
+            hold = Some(p);
             continue;
         }
         let what = format!("blob {}", layer.digest);
@@ -598,19 +656,24 @@ pub async fn fetch(
         }
         out.layers_fetched += 1;
         out.bytes_fetched += counted.load(Ordering::Relaxed);
+        // The ref keeps it unless an image delete drops it meanwhile: the pin does regardless.
+        hold = Pinned::take(&store, id).await?.or(hold);
         base = Some(id);
     }
     let root = match base {
         Some(b) => b,
         // No layers: an empty root.
-        None => blocking(move || {
-            store
-                .apply_layer(None, LayerCompression::None, None, &mut io::empty())
-                .map_err(store_api)
-        })
-        .await?,
+        None => {
+            blocking(move || {
+                store
+                    .apply_layer(None, LayerCompression::None, None, &mut io::empty())
+                    .map_err(store_api)
+            })
+            .await?
+        }
     };
     out.root = Some(root);
+    out.hold = hold;
     Ok(out)
 }
 
@@ -721,18 +784,19 @@ impl io::Read for BlobReader {
     }
 }
 
-/// Drops the layer refs no image's config still names (after an image is deleted), so gc can
-/// free their content. The layers of an interrupted pull go with them.
-pub fn sweep_layers(store: &dyn FsService, keep_layers: &[Vec<String>]) -> Result<usize, nodefs::Error> {
-    let keep: HashSet<String> = keep_layers
-        .iter()
-        .flat_map(|l| chains(l))
-        .map(|c| format!("{LAYER_REF_PREFIX}{c}"))
-        .collect();
+/// After an image made of `gone` (layer digests) is deleted: drops its layer refs that no
+/// other image's layers (`keep`) reach, so gc can free their content. Layers an interrupted
+/// pull kept are not touched: the next pull of that image starts from them.
+pub fn sweep_layers(
+    store: &dyn FsService,
+    gone: &[String],
+    keep: &[Vec<String>],
+) -> Result<usize, nodefs::Error> {
+    let keep: HashSet<String> = keep.iter().flat_map(|l| chains(l)).collect();
     let mut n = 0;
-    for (name, _) in store.refs()? {
-        if name.starts_with(LAYER_REF_PREFIX) && !keep.contains(&name) {
-            store.delete_ref(&name)?;
+    for c in chains(gone) {
+        if !keep.contains(&c) {
+            store.delete_ref(&format!("{LAYER_REF_PREFIX}{c}"))?;
             n += 1;
         }
     }

@@ -59,7 +59,9 @@ impl Reference {
         if s.is_empty() || s.len() > 512 {
             return Err("must be 1-512 characters".into());
         }
-        if s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        if s.bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
             return Err("holds whitespace or control characters".into());
         }
         let (rest, digest) = match s.split_once('@') {
@@ -93,7 +95,9 @@ impl Reference {
                 && t.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
             if t.is_empty() || !ok {
-                return Err(format!("tag {t:?} is not [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}"));
+                return Err(format!(
+                    "tag {t:?} is not [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}"
+                ));
             }
         }
         if repo.is_empty() || repo.len() > 255 || !repo.split('/').all(valid_component) {
@@ -159,7 +163,10 @@ mod tests {
         assert_eq!(r.wanted(), d);
         assert_eq!(r.default_name(), "app-1.0");
         let r = Reference::parse("localhost/x").unwrap();
-        assert_eq!((r.registry.as_str(), r.repository.as_str()), ("localhost", "x"));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str()),
+            ("localhost", "x")
+        );
     }
 
     #[test]
