@@ -143,7 +143,8 @@ fn multi_ctx(x_conf: &str, secret: &str) -> Vec<u8> {
 /// COPY'd file reruns from that COPY on and nothing before it.
 #[test]
 fn multi_stage_cache_and_one_file_change() {
-    let _g = common::EXCLUSIVE.read().unwrap();
+    // Alone on the node: the checks for build sandboxes left over see every sandbox.
+    let _g = common::EXCLUSIVE.write().unwrap();
     let d = daemon();
     let name = format!("built-{}", rand_suffix());
     let q = format!("name={name}&build_arg=GREETING%3Dhello2");
@@ -228,7 +229,8 @@ fn multi_stage_cache_and_one_file_change() {
 /// step and line, and leaves no image, no sandbox and a clean store.
 #[test]
 fn errors_name_the_line_and_leave_nothing() {
-    let _g = common::EXCLUSIVE.read().unwrap();
+    // Alone on the node: the checks for build sandboxes left over see every sandbox.
+    let _g = common::EXCLUSIVE.write().unwrap();
     let d = daemon();
     let name = format!("bad-{}", rand_suffix());
     let df = format!("FROM {IMAGE}\nRUN true\n\nVOLUME /data\n");
@@ -269,7 +271,8 @@ fn errors_name_the_line_and_leave_nothing() {
 /// writes through. None reaches the host.
 #[test]
 fn hostile_context_and_tree_stay_inside() {
-    let _g = common::EXCLUSIVE.read().unwrap();
+    // Alone on the node: the checks for build sandboxes left over see every sandbox.
+    let _g = common::EXCLUSIVE.write().unwrap();
     let d = daemon();
     let name = format!("hostile-{}", rand_suffix());
 
