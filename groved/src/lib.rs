@@ -3,6 +3,7 @@
 pub mod api;
 pub mod app;
 pub mod backend;
+pub mod build;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -58,6 +58,83 @@ impl Root {
         Ok(Root { fd: init.root()? })
     }
 
+    /// A host directory used as a root the same way: an image build's view of its tree, or its
+    /// context, where every path must stay inside just as in a sandbox.
+    pub fn open_dir(dir: &std::path::Path) -> std::io::Result<Root> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        Ok(Root { fd: f.into() })
+    }
+
+    /// `mkdir -p` inside the root (directories made 0755).
+    pub fn mkdir_all(&self, path: &str) -> Result<(), Error> {
+        self.mkdir_p(path, &components(path)?)
+    }
+
+    /// The entry itself (a final symlink is not followed): its kind ("file", "dir", "symlink",
+    /// "other") and mode; None when absent.
+    pub fn lstat(&self, path: &str) -> Result<Option<(&'static str, u32)>, Error> {
+        let rel = join(&components(path)?);
+        match self.open_at(path, &rel, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            Ok(fd) => {
+                let st = nix::sys::stat::fstat(fd.as_raw_fd())
+                    .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+                Ok(Some((kind_of(st.st_mode), st.st_mode & 0o7777)))
+            }
+            Err(Error::FileNotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets owner (and, unless a symlink, the mode) of the entry itself, never of what a final
+    /// symlink points to.
+    pub fn set_owner_mode(
+        &self,
+        path: &str,
+        owner: Option<(u32, u32)>,
+        mode: Option<u32>,
+    ) -> Result<(), Error> {
+        let rel = join(&components(path)?);
+        let fd = self.open_at(path, &rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::fchownat(
+                Some(fd.as_raw_fd()),
+                "",
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+                nix::fcntl::AtFlags::AT_EMPTY_PATH,
+            )
+            .map_err(|e| Error::io(format!("chown {path:?}"), e.into()))?;
+        }
+        let st = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(|e| Error::io(format!("stat {path:?}"), e.into()))?;
+        if let Some(m) = mode.filter(|_| st.st_mode & libc::S_IFMT != libc::S_IFLNK) {
+            // Through our own fd: the inode opened above, whatever the path names by now.
+            std::fs::set_permissions(
+                format!("/proc/self/fd/{}", fd.as_raw_fd()),
+                std::fs::Permissions::from_mode(m & 0o7777),
+            )
+            .map_err(|e| Error::io(format!("chmod {path:?}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// The target of the symlink at `path`.
+    pub fn read_link(&self, path: &str) -> Result<String, Error> {
+        let comps = components(path)?;
+        let (last, parent) = comps
+            .split_last()
+            .ok_or_else(|| Error::invalid("path", "is the root directory"))?;
+        self.readlink(parent, last)
+    }
+
+    /// Makes (or replaces) a symlink at `path`.
+    pub fn make_symlink(&self, path: &str, target: &str) -> Result<(), Error> {
+        self.symlink(path, &components(path)?, target)
+    }
+
     /// openat2 below the root; maps resolution errors to the API's errors.
     fn open_at(&self, shown: &str, rel: &str, flags: i32, mode: u32) -> Result<OwnedFd, Error> {
         let c = CString::new(rel).map_err(|_| Error::invalid("path", "NUL byte"))?;

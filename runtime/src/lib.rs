@@ -35,6 +35,8 @@ mod validate;
 pub use client::ExecCancel;
 pub use config::{PortRange, RuntimeConfig};
 pub use error::Error;
+/// Paths resolved inside a root directory (a sandbox's, or a build's tree).
+pub use files::Root as ConfinedRoot;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};
 pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
 pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};

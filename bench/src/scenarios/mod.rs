@@ -8,6 +8,7 @@ pub mod e2b;
 pub mod elastic;
 pub mod filesystem;
 pub mod images;
+pub mod images_build;
 pub mod lifecycle;
 pub mod rounds;
 pub mod soak;
@@ -132,6 +133,15 @@ pub fn all() -> Vec<Scenario> {
             opt_in: false,
             est_full: 60.0,
             run: api::run,
+        },
+        // The build half of `images` (h8).
+        Scenario {
+            name: images_build::NAME,
+            title: "Images, build: a 6-step Dockerfile cold and fully cached, grove build vs podman build",
+            est_quick: 40.0,
+            opt_in: false,
+            est_full: 150.0,
+            run: images_build::run,
         },
         Scenario {
             name: e2b::NAME,

@@ -6,7 +6,7 @@ import base64
 import io
 import os
 import stat
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, Tuple, Union
 from urllib.parse import quote
 
 from ._api import ExecResult, SseParser, invalid, parse_exec
@@ -124,5 +124,30 @@ class _ExecEvents:
                 return True
             elif event == "error":
                 self.error = data
+                return True
+        return False
+
+
+class _Events:
+    """A Server-Sent Events response, parsed as it arrives: `on_event(event, data)` for each one until an event
+    in `final` (kept in `last`) ends it."""
+
+    def __init__(self, on_event: Callable[[str, Any], None], final: Iterable[str] = ("done", "error")):
+        self.p = SseParser()
+        self.pending = b""
+        self.on_event = on_event
+        self.final = set(final)
+        self.last: Optional[Tuple[str, Any]] = None
+
+    def __call__(self, chunk: bytes) -> bool:
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for raw in lines:
+            got = self.p.feed(raw.decode("utf-8").rstrip("\r"))
+            if got is None:
+                continue
+            self.on_event(*got)
+            if got[0] in self.final:
+                self.last = got
                 return True
         return False

@@ -1,5 +1,6 @@
 //! The HTTP API under /v1 (see groved/openapi.yaml).
 
+mod build;
 mod exec;
 mod files;
 mod images;
@@ -117,6 +118,8 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         // Registry pulls (issue 20).
         .route("/images/pull", post(images_pull::pull))
         .route("/images/{name}/tar", put(images::import_tar))
+        // Builds from Dockerfiles (h8).
+        .route("/images/build", post(build::build))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
         .route("/node", get(node::node))

@@ -1,5 +1,6 @@
 //! The `grove` command line: verbs a crictl/podman user knows, over the daemon's unix socket.
 
+mod build;
 mod embedded;
 mod files;
 pub mod install;
@@ -62,6 +63,8 @@ pub enum Cmd {
         #[arg(long)]
         sandbox: Option<String>,
     },
+    /// Build an image from a Dockerfile.
+    Build(build::BuildArgs),
     /// Manage images.
     Images {
         #[command(subcommand)]
@@ -356,6 +359,7 @@ async fn dispatch(cli: Cli) -> CliResult {
         Cmd::Cp { src, dst } => files::cp(&c, &src, &dst).await,
         Cmd::Events { sandbox } => misc::events(&c, sandbox).await,
         Cmd::Images { cmd } => misc::images(&c, cmd).await,
+        Cmd::Build(a) => build::run(&c, a).await,
         Cmd::Gc => misc::maintenance(&c, "gc").await,
         Cmd::Fsck => misc::maintenance(&c, "fsck").await,
         Cmd::Residue => {
