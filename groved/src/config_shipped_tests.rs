@@ -95,7 +95,7 @@ fn shipped_config_documents_every_key() {
     for (section, fields) in tables {
         assert!(!fields.is_empty(), "no fields recorded for [{section}]");
         for f in fields {
-            if section.is_empty() && ["capacity", "defaults", "labels"].contains(f) {
+            if section.is_empty() && ["capacity", "defaults", "labels", "registries"].contains(f) {
                 assert!(
                     SHIPPED.contains(&format!("\n[{f}]\n")),
                     "systemd/groved.toml lacks the [{f}] table"
