@@ -274,6 +274,10 @@ class Client:
         return self.send(Call(self, method, path, json=json, params=params, content=content, headers=headers,
                               timeout=timeout))
 
+    def stream(self, method: str, path: str, *, json: Any = None, timeout: Optional[float] = None):
+        """A streamed response read by its caller (a terminal's SSE); never retried once sent."""
+        return self._http.stream(method, path, json=json, timeout=_timeout(timeout))
+
 
 class AsyncClient:
     """An asyncio connection to groved (share one per event loop). `timeout`: seconds for short calls."""
@@ -329,6 +333,10 @@ class AsyncClient:
                       headers: Optional[dict] = None, timeout: Any = DEFAULT) -> httpx.Response:
         return await self.send(Call(self, method, path, json=json, params=params, content=content, headers=headers,
                                     timeout=timeout))
+
+    def stream(self, method: str, path: str, *, json: Any = None, timeout: Optional[float] = None):
+        """A streamed response read by its caller (`async with`); never retried once sent."""
+        return self._http.stream(method, path, json=json, timeout=_timeout(timeout))
 
 
 _default_sync: Optional[Client] = None

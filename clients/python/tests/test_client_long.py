@@ -86,7 +86,7 @@ async def transfers(groved, tmp_path, mib):
     try:
         # Interleaved rounds, best of each: the box is shared, so a stall hits whoever runs at that moment.
         # Every client writes the same path and reads the same file: the server does the same work for each.
-        for _ in range(4 if mib <= 50 else 2):
+        for _ in range(4 if mib <= 50 else 3):
             seen = []
             timed("curl_up", curl_put, groved, sbx.id, "/root/up", str(src))
             timed("up", sbx.files.upload, str(src), "/root/up", on_progress=lambda d, n: seen.append((d, n)))
