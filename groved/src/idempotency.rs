@@ -7,6 +7,7 @@
 //! so its retry runs again — and finds what the first attempt made: the handlers that create sandboxes tag each
 //! one with the key (label [`LABEL`], stored in the sandbox's own record) and create only what is missing.
 
+use crate::events::now_ms;
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -84,13 +85,6 @@ pub struct Idempotency {
     /// Where keys are journalled; None keeps them in memory only (no state dir).
     dir: Option<PathBuf>,
     entries: Mutex<HashMap<String, Arc<Entry>>>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -3,6 +3,7 @@
 //! descendants, and gc of snapshots nothing needs. A snapshot is needed while a sandbox forked from it
 //! lives or a snapshot below it is kept: expiry waits for those.
 
+pub use crate::events::now_ms;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -111,13 +112,6 @@ impl SnapshotTtls {
             .and_then(|()| std::fs::rename(&tmp, &self.path))
             .map_err(err)
     }
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The snapshot its source sandbox was forked from.

@@ -43,7 +43,7 @@ const READ_CHUNK: usize = 256 << 10;
 
 /// The file as a stream of chunks, each read on the blocking pool only when the client has taken the
 /// one before (so a slow client holds one chunk and no worker thread).
-fn file_chunks(
+pub(crate) fn file_chunks(
     file: std::fs::File,
     shown: String,
 ) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {

@@ -2,7 +2,7 @@
 
 mod build;
 mod exec;
-mod files;
+pub(crate) mod files;
 mod images;
 mod images_pull;
 mod live;

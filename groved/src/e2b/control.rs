@@ -3,6 +3,7 @@
 //! (what `create_snapshot` made), metadata are labels, `timeout` is the time to live, pause is
 //! Grove's pause to the store, connect resumes, fork is Grove's snapshot + fork.
 
+use crate::events::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -530,13 +531,6 @@ async fn refresh(
         blocking(move || rt.set_ttl(&id, Some(secs)).map_err(Into::into)).await?;
     }
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn stored_timeout(i: &SandboxInfo) -> u64 {

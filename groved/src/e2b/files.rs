@@ -176,7 +176,7 @@ async fn read(app: Arc<App>, info: SandboxInfo, req: Request) -> E2bResult<Respo
     })
     .await??;
     let shown = info.id.to_string();
-    let body = Body::from_stream(file_stream(file, shown));
+    let body = Body::from_stream(crate::api::files::file_chunks(file, shown));
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -185,42 +185,6 @@ async fn read(app: Arc<App>, info: SandboxInfo, req: Request) -> E2bResult<Respo
         body,
     )
         .into_response())
-}
-
-const CHUNK: usize = 256 << 10;
-
-/// The file a chunk at a time, each read on the blocking pool when the client took the last.
-fn file_stream(
-    file: std::fs::File,
-    shown: String,
-) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {
-    futures::stream::try_unfold(Some(file), move |file| {
-        let shown = shown.clone();
-        async move {
-            let Some(mut file) = file else {
-                return Ok(None);
-            };
-            let (file, chunk) = tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; CHUNK];
-                let n = loop {
-                    match file.read(&mut buf) {
-                        Ok(n) => break n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                };
-                buf.truncate(n);
-                Ok((file, buf))
-            })
-            .await
-            .map_err(std::io::Error::other)?
-            .inspect_err(|e| tracing::warn!(sandbox = %shown, "e2b file read failed: {e}"))?;
-            if chunk.is_empty() {
-                return Ok(None);
-            }
-            Ok(Some((Bytes::from(chunk), Some(file))))
-        }
-    })
 }
 
 /// Writes one stream into `path` as `u`: parents made, the file owned by the user.
