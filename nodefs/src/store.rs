@@ -819,6 +819,9 @@ impl Store {
 
     /// Verify every object reachable from every ref and stored manifest.
     pub fn fsck(&self) -> Result<FsckReport, Error> {
+        // No gc meanwhile: one that drops a manifest fsck has listed but not yet walked would
+        // read as damage. Imports may go on (they only add).
+        let _g = self.gc_lock.read();
         let mut rep = FsckReport::default();
         let mut roots: HashSet<ObjectId> = self.refs()?.into_iter().map(|(_, id)| id).collect();
         let mdir = self.dir.join("manifests");

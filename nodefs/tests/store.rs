@@ -5,6 +5,7 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::process::Command;
+use std::sync::Arc;
 
 use common::*;
 use nodefs::{ChunkPolicy, Error, ObjectId, Store, StoreError};
@@ -366,6 +367,43 @@ fn gc_drops_unreferenced_and_keeps_live() {
 
 /// A large file gets a whole-file object in `<store>/cache` at import (passthrough serves it
 /// from there); gc keeps the objects of live files and drops only those of collected ones.
+#[test]
+fn fsck_beside_a_gc_sees_no_damage() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let env = Env::new();
+    let dir = env.path("d");
+    fs::create_dir_all(&dir).unwrap();
+    // A tree for fsck to walk, so its walk takes a while.
+    let base = env.path("base");
+    make_tree(&base, 1);
+    let held = env.store.import_dir(&base).unwrap();
+    env.store.set_ref("held", &held).unwrap();
+    let store = env.store.clone();
+    let rounds = Arc::new(AtomicU64::new(0));
+    // Name an image, drop it, collect it: over and over, while fsck walks beside it.
+    let churn = {
+        let (store, rounds) = (store.clone(), rounds.clone());
+        std::thread::spawn(move || {
+            for i in 0..30 {
+                fs::write(dir.join("f"), random_bytes(i, 300_000)).unwrap();
+                let id = store.import_dir(&dir).unwrap();
+                store.set_ref("churn", &id).unwrap();
+                store.delete_ref("churn").unwrap();
+                store.gc(&[]).unwrap();
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut walks = 0;
+    while rounds.load(Ordering::Relaxed) < 30 {
+        let rep = store.fsck().unwrap();
+        assert!(rep.is_clean(), "after {walks} walks: {rep:?}");
+        walks += 1;
+    }
+    churn.join().unwrap();
+    assert!(walks > 1, "fsck never ran beside gc");
+}
+
 #[test]
 fn gc_keeps_cache_objects_of_live_files() {
     let env = Env::new();
