@@ -30,6 +30,8 @@ pub struct App {
     pub idempotency: Idempotency,
     pub snapshot_ttls: crate::lifetimes::SnapshotTtls,
     pub events: EventTx,
+    /// What the E2B endpoint's access tokens are derived with.
+    pub e2b_tokens: crate::e2b::auth::TokenKey,
     draining: AtomicBool,
     /// Flips to true on shutdown; long-lived streams watch it and end.
     pub shutdown: watch::Sender<bool>,
@@ -48,7 +50,9 @@ impl App {
         let idempotency = Idempotency::open(crate::idempotency::journal_dir(&config.state_dir));
         let snapshot_ttls = crate::lifetimes::SnapshotTtls::open(&config.state_dir);
         let image_configs = crate::image_config::ImageConfigs::new(&config.state_dir);
+        let e2b_tokens = crate::e2b::auth::TokenKey::open(&config.state_dir);
         Arc::new(App {
+            e2b_tokens,
             snapshot_ttls,
             image_configs,
             config,

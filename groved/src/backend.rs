@@ -92,6 +92,35 @@ pub fn check_name(field: &str, name: &str) -> ApiResult<()> {
     }
 }
 
+/// Names the API's own routes take beside `/v1/images/{name}` (`/v1/images/pull`, `.../build`):
+/// an image so named could not be inspected or deleted by name.
+const ROUTE_IMAGE_NAMES: &[&str] = &["pull", "build"];
+/// The same beside `/v1/snapshots/{name}` (`/v1/snapshots/gc`, `.../missing`, `.../pull`).
+const ROUTE_SNAPSHOT_NAMES: &[&str] = &["gc", "missing", "pull"];
+
+/// [`check_name`] for a new image, which may not take a name the routes use.
+pub fn check_new_image_name(field: &str, name: &str) -> ApiResult<()> {
+    check_name(field, name)?;
+    reserved(field, name, ROUTE_IMAGE_NAMES, "/v1/images")
+}
+
+/// [`check_name`] for a new snapshot, which may not take a name the routes use.
+pub fn check_new_snapshot_name(field: &str, name: &str) -> ApiResult<()> {
+    check_name(field, name)?;
+    reserved(field, name, ROUTE_SNAPSHOT_NAMES, "/v1/snapshots")
+}
+
+fn reserved(field: &str, name: &str, taken: &[&str], under: &str) -> ApiResult<()> {
+    if taken.contains(&name) {
+        return Err(ApiError::invalid(
+            field,
+            format!("{name:?} is reserved: {under}/{name} is a route of the API"),
+        )
+        .with_field(field));
+    }
+    Ok(())
+}
+
 /// A host path given in a request: absolute and existing.
 pub fn check_host_dir(field: &str, path: &str) -> ApiResult<PathBuf> {
     let p = PathBuf::from(path);

@@ -109,6 +109,19 @@ fn images_import_list_delete() {
         Some(json!({"name": "../x", "source": "dir", "path": "/tmp"})),
     )
     .expect_error(422, Some("name"));
+    // Names the routes beside /v1/images/{name} take: such an image could not be reached.
+    for name in ["pull", "build"] {
+        let e = d
+            .call(
+                Method::POST,
+                "/v1/images",
+                Some(json!({"name": name, "source": "dir", "path": common::BASE_IMAGE_DIR})),
+            )
+            .expect_error(422, Some("name"));
+        assert!(e["message"].as_str().unwrap().contains("reserved"), "{e}");
+    }
+    d.call(Method::POST, "/v1/images/build?name=pull", None)
+        .expect_error(422, Some("name"));
     d.call(
         Method::POST,
         "/v1/images",

@@ -643,6 +643,12 @@ impl Runtime {
         self.destroy_with(id, EventKind::Destroyed).map(|_| ())
     }
 
+    /// Destroys a live sandbox as its time-to-live running out does (an `expired` event): for a
+    /// caller that had a deadline of its own act first and fail (E2B's autoPause).
+    pub fn expire(&self, id: &SandboxId) -> Result<(), Error> {
+        self.destroy_with(id, EventKind::Expired).map(|_| ())
+    }
+
     /// Reclaims a live sandbox; on success it ends `Destroyed`, or parked as `Paused` when `kind`
     /// is `Paused` (the id is parked before it leaves `pending`, so no create can take it between).
     pub(crate) fn destroy_with(

@@ -3,6 +3,7 @@ create/list/get/connect/kill, timeouts, pause -> resume, snapshots and fork, err
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -128,6 +129,30 @@ def test_pause_then_connect_resumes(e2b_env):
         sbx.kill()
 
 
+def test_auto_pause_at_the_timeout_keeps_the_sandbox(e2b_env):
+    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        # As root: CRIU reads every process's rlimits, which for another uid's process takes
+        # CAP_SYS_RESOURCE, and this machine's root lacks it (bounding set).
+        sbx.commands.run("echo kept > /tmp/auto.txt; sleep 600 >/dev/null 2>&1 &", user="root")
+        deadline = time.monotonic() + 30
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "not paused at its timeout"
+            time.sleep(0.2)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert back.files.read("/tmp/auto.txt") == "kept\n"
+        # The process it had runs on: its memory came back with it.
+        assert back.commands.run("pgrep -x sleep").exit_code == 0
+    finally:
+        sbx.kill()
+    # Without the option the timeout kills it.
+    plain = Sandbox.create(timeout=1)
+    deadline = time.monotonic() + 30
+    while plain.is_running():
+        assert time.monotonic() < deadline, "not killed at its timeout"
+        time.sleep(0.2)
+
+
 def test_fork_into_four_that_diverge(e2b_env):
     sbx = Sandbox.create(timeout=120)
     forks = []
@@ -145,6 +170,20 @@ def test_fork_into_four_that_diverge(e2b_env):
         for i, f in enumerate(forks):
             assert f.files.read("/tmp/mine.txt") == f"fork {i}"
         assert not sbx.files.exists("/tmp/mine.txt")
+        # Every branch has an access token of its own (E2B's REST detail hands it out), and one
+        # branch's token opens no other sandbox.
+        api, key = os.environ["E2B_API_URL"], os.environ["E2B_API_KEY"]
+        tokens = [httpx.get(f"{api}/sandboxes/{x.sandbox_id}", headers={"X-API-Key": key}).json()
+                  ["envdAccessToken"] for x in [*forks, sbx]]
+        assert all(tokens) and len(set(tokens)) == 5, tokens
+        url = os.environ["E2B_SANDBOX_URL"]
+        for token, other in [(tokens[0], forks[1].sandbox_id), (tokens[0], sbx.sandbox_id)]:
+            r = httpx.get(f"{url}/files", params={"path": "/tmp/origin.txt", "username": "root"},
+                          headers={"E2b-Sandbox-Id": other, "X-Access-Token": token})
+            assert r.status_code == 401, r.text
+        r = httpx.get(f"{url}/files", params={"path": "/tmp/origin.txt", "username": "root"},
+                      headers={"E2b-Sandbox-Id": forks[0].sandbox_id, "X-Access-Token": tokens[0]})
+        assert (r.status_code, r.text) == (200, "before the fork"), r.text
     finally:
         for f in forks:
             if not isinstance(f, Exception):

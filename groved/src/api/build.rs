@@ -69,7 +69,7 @@ fn params(q: Vec<(String, String)>) -> ApiResult<Params> {
         }
     }
     let name = name.ok_or_else(|| ApiError::invalid("name", "the image name is required"))?;
-    check_name("name", &name)?;
+    crate::backend::check_new_image_name("name", &name)?;
     let network = if allow.is_empty() {
         NetworkPolicy::None
     } else {

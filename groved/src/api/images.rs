@@ -26,7 +26,7 @@ pub async fn import(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<ImageImportRequest>,
 ) -> ApiResult<(StatusCode, Json<Image>)> {
-    check_name("name", &req.name)?;
+    crate::backend::check_new_image_name("name", &req.name)?;
     if !matches!(req.source.as_str(), "dir" | "oci") {
         return Err(ApiError::invalid(
             "source",
@@ -58,7 +58,7 @@ pub async fn import_tar(
     Path(name): Path<String>,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Image>)> {
-    check_name("name", &name)?;
+    crate::backend::check_new_image_name("name", &name)?;
     let images = app.images.clone();
     let mut reader = ChanReader::spawn(body);
     let img = blocking(move || images.import_tar(&name, &mut reader)).await?;

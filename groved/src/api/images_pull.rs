@@ -19,7 +19,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt as _;
 
 use crate::app::{blocking, App};
-use crate::backend::check_name;
+use crate::backend::check_new_image_name;
 use crate::error::{ApiError, ApiResult};
 use crate::image_config::{with_config, ImageConfigs};
 use crate::jsonx::ApiJson;
@@ -47,7 +47,7 @@ pub async fn pull(
     let reference = Reference::parse(&req.reference)
         .map_err(|why| ApiError::invalid("reference", format!("{:?}: {why}", req.reference)))?;
     let name = req.name.clone().unwrap_or_else(|| reference.default_name());
-    check_name("name", &name)?;
+    check_new_image_name("name", &name)?;
     let platform = match &req.platform {
         Some(p) => Platform::parse(p).map_err(ApiError::from)?,
         None => Platform::default(),

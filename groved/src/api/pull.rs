@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::snapshots::parse_ids;
 use crate::app::{blocking, App};
-use crate::backend::check_name;
+use crate::backend::check_new_snapshot_name;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::events::own;
 use crate::jsonx::ApiJson;
@@ -31,7 +31,7 @@ pub async fn pull(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<PullRequest>,
 ) -> ApiResult<(StatusCode, Json<PullResult>)> {
-    check_name("name", &req.name)?;
+    check_new_snapshot_name("name", &req.name)?;
     let addr = crate::config::peer_addr(&req.source)
         .map_err(|why| ApiError::invalid("source", format!("{:?}: {why}", req.source)))?;
     let base = format!("http://{addr}");

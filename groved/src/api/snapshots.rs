@@ -34,7 +34,7 @@ pub async fn create(
 ) -> ApiResult<(StatusCode, Json<Snapshot>)> {
     let id = sandbox_id(&id)?;
     if let Some(n) = &req.name {
-        check_name("name", n)?;
+        crate::backend::check_new_snapshot_name("name", n)?;
     }
     crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
     let ttl = req.ttl_secs.filter(|t| *t > 0);

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::{self, TOKEN_LABEL};
+use super::auth::{self, SECURE_LABEL};
 use super::error::{E2bError, E2bResult};
 use crate::app::{blocking, App};
 use crate::wire::{CreateSandboxRequest, ForkRequest, SnapshotRequest};
@@ -163,13 +163,13 @@ fn template_of(i: &SandboxInfo) -> String {
 }
 
 /// What E2B calls a sandbox in create/connect answers.
-fn created(i: &SandboxInfo) -> Value {
+fn created(app: &App, i: &SandboxInfo) -> Value {
     json!({
         "templateID": template_of(i),
         "sandboxID": i.id.to_string(),
         "clientID": "grove",
         "envdVersion": super::ENVD_VERSION,
-        "envdAccessToken": i.spec.labels.get(TOKEN_LABEL),
+        "envdAccessToken": auth::token_of(app, i),
     })
 }
 
@@ -246,8 +246,7 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
     }
     let timeout = timeout_field(req.timeout, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
     let mut labels = metadata_labels(&req.metadata.clone().unwrap_or_default())?;
-    let token = auth::new_token();
-    labels.insert(TOKEN_LABEL.into(), token);
+    labels.insert(SECURE_LABEL.into(), "true".into());
     labels.insert(TEMPLATE_LABEL.into(), req.template_id.clone());
     labels.insert(TIMEOUT_LABEL.into(), timeout.to_string());
     if req.auto_pause {
@@ -295,7 +294,7 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
         let rt = app.runtime.clone();
         blocking(move || rt.create(spec).map_err(Into::into)).await?
     };
-    Ok((StatusCode::CREATED, Json(created(&info))).into_response())
+    Ok((StatusCode::CREATED, Json(created(&app, &info))).into_response())
 }
 
 /// The Grove image a template names; `base` is the node's base image.
@@ -474,7 +473,7 @@ async fn detail(State(app): State<Arc<App>>, Path(id): Path<String>) -> E2bResul
     let id = sandbox_id(&id)?;
     let i = info_of(&app, &id).await?;
     let mut v = listed(&i);
-    v["envdAccessToken"] = json!(i.spec.labels.get(TOKEN_LABEL));
+    v["envdAccessToken"] = json!(auth::token_of(&app, &i));
     Ok(Json(v))
 }
 
@@ -557,20 +556,55 @@ async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
+    pause_to_store(&app, &i).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Pauses a running sandbox to the store and drops its deadline; a failure leaves it as it was,
+/// its deadline included.
+async fn pause_to_store(app: &Arc<App>, i: &SandboxInfo) -> E2bResult<()> {
     // The deadline goes first: a sandbox paused to the store takes no more changes.
     let rt = app.runtime.clone();
-    let id2 = id.clone();
-    blocking(move || rt.set_ttl(&id2, None).map_err(Into::into)).await?;
-    if let Err(e) = crate::api::pause::pause_any(&app, &id).await {
-        // A failed pause leaves the sandbox as it was, its deadline included.
+    let id = i.id.clone();
+    blocking(move || rt.set_ttl(&id, None).map_err(Into::into)).await?;
+    if let Err(e) = crate::api::pause::pause_any(app, &i.id).await {
         let left = i
             .expires_at_ms
             .map(|t| (t.saturating_sub(now_ms()) / 1000).max(1));
         let rt = app.runtime.clone();
+        let id = i.id.clone();
         let _ = blocking(move || rt.set_ttl(&id, left).map_err(Into::into)).await;
         return Err(e.into());
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
+}
+
+/// E2B's `autoPause` (the SDK's `lifecycle={"on_timeout": "pause"}`): a sandbox made with it is
+/// paused to the store when its timeout comes, not killed, and `connect` resumes it. groved's
+/// reaper calls this just before it destroys what expired; a sandbox whose pause fails is killed
+/// then, as without the option, and the failure logged.
+pub async fn pause_due(app: &Arc<App>) {
+    let rt = app.runtime.clone();
+    let Ok(all) = blocking(move || Ok(rt.list())).await else {
+        return;
+    };
+    let now = now_ms();
+    let due = all.into_iter().filter(|i| {
+        i.state == SandboxState::Running
+            && i.spec.labels.contains_key(AUTO_PAUSE_LABEL)
+            && i.expires_at_ms.is_some_and(|t| t <= now)
+    });
+    for i in due {
+        match pause_to_store(app, &i).await {
+            Ok(()) => tracing::info!(sandbox = %i.id, "timeout: paused (autoPause)"),
+            Err(e) => {
+                tracing::warn!(sandbox = %i.id, "timeout: autoPause failed, so it is killed: {}", e.message);
+                let rt = app.runtime.clone();
+                let id = i.id.clone();
+                let _ = blocking(move || rt.expire(&id).map_err(Into::into)).await;
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -607,7 +641,7 @@ async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(created(&info))).into_response())
+    Ok((status, Json(created(&app, &info))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -617,7 +651,7 @@ struct ForkBody {
 }
 
 /// Fork: a snapshot of the running sandbox (it keeps running), then `count` sandboxes restored
-/// from it, each with the source's metadata and a fresh access token of this request.
+/// from it, each with the source's metadata and an access token of its own.
 async fn fork(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -642,9 +676,9 @@ async fn fork(
     }
     let snaps = app.snapshots().map_err(E2bError::from)?;
     let secs = given.unwrap_or_else(|| stored_timeout(&i));
-    let token = auth::new_token();
+    // Each branch's token is its own (a keyed hash of its id): the mark is all it takes.
     let mut labels = BTreeMap::new();
-    labels.insert(TOKEN_LABEL.to_string(), token);
+    labels.insert(SECURE_LABEL.to_string(), "true".into());
     labels.insert(TIMEOUT_LABEL.to_string(), secs.to_string());
     let results = blocking(move || {
         let snap = snaps.snapshot(
@@ -674,7 +708,7 @@ async fn fork(
     let out: Vec<Value> = results
         .into_iter()
         .map(|r| match r {
-            Ok(i) => json!({"sandbox": created(&i)}),
+            Ok(i) => json!({"sandbox": created(&app, &i)}),
             Err(e) => {
                 let e = E2bError::from(e);
                 json!({"error": {"code": e.status.as_u16(), "message": e.message}})
@@ -698,7 +732,7 @@ async fn snapshot(
     let id = sandbox_id(&id)?;
     let s: SnapshotBody = body(&raw)?;
     if let Some(n) = &s.name {
-        crate::backend::check_name("name", n).map_err(E2bError::from)?;
+        crate::backend::check_new_snapshot_name("name", n).map_err(E2bError::from)?;
     }
     let i = info_of(&app, &id).await?;
     if i.state == SandboxState::Paused {
