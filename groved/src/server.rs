@@ -38,6 +38,20 @@ pub fn bind_unix(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     Ok(l)
 }
 
+/// A TCP listener whose connections send small writes at once. With Nagle's algorithm on, a
+/// response written in pieces (headers, then body; HTTP/2's frames) waits for the client's
+/// delayed ACK of the first piece: 40 ms per request on loopback.
+pub fn no_delay(
+    l: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    l.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    })
+}
+
 /// Serves until a shutdown signal, then drains and shuts the runtime down.
 pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     let uds = bind_unix(&app.config.socket)?;
@@ -62,7 +76,7 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
         };
         let router = crate::api::router(app.clone(), app.config.api_key.clone());
         servers.spawn(
-            axum::serve(tcp, router)
+            axum::serve(no_delay(tcp), router)
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
                 .into_future(),
         );

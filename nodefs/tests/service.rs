@@ -135,8 +135,13 @@ fn a_client_does_everything_through_the_socket() {
     let committed = c.commit(m.id).unwrap();
     assert!(c.usage(m.id).unwrap().bytes >= 10_000);
     assert_eq!(c.mounts().unwrap(), vec![m.clone()]);
+    // The committed manifest is pinned by its mount, the image by its fresh import: gc keeps
+    // every object either reaches.
+    let reached = c.objects_of(&committed).unwrap();
     let gc = c.gc(&[]).unwrap();
-    let _ = gc; // the committed manifest is pinned by its mount
+    assert!(gc.kept_objects as usize >= reached.len(), "{gc:?}");
+    assert!(c.lacking(&reached).unwrap().is_empty(), "{gc:?}");
+    assert!(c.lacking(&objs).unwrap().is_empty(), "{gc:?}");
     c.export_dir(&committed, &tmp.path().join("committed"))
         .unwrap();
     assert!(tmp.path().join("committed/new").is_file());

@@ -1,6 +1,7 @@
 //! Grove sandboxes: namespaces, cgroups, seccomp, init, lifecycle, reclaim.
 //!
-//! The public API is described in RUNTIME-API.md; everything crossing it is re-exported here.
+//! Everything crossing the public API is re-exported here; groved's HTTP API over it is in
+//! groved/openapi.yaml and docs/api.md.
 
 mod admission;
 mod adopt;

@@ -47,7 +47,8 @@ pub trait RootMount: Send + Sync {
     fn usage(&self) -> DiskUsage;
     /// Idempotent; also drops the upper (writable) layer.
     fn unmount(&self) -> Result<(), RootError>;
-    /// Lets groved/snapshotter reach the concrete type (e.g. nodefs::Mount for commit).
+    /// Lets the snapshotter and groved's build engine reach the concrete type (the
+    /// snapshotter's `NodefsRootMount`, to commit the root as a manifest).
     fn as_any(&self) -> &dyn Any;
 }
 

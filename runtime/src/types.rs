@@ -1,4 +1,4 @@
-//! Public data types of the runtime API (see RUNTIME-API.md).
+//! Public data types of the runtime API (re-exported from the crate root).
 
 use std::collections::BTreeMap;
 use std::fmt;

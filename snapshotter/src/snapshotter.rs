@@ -563,6 +563,17 @@ impl Snapshotter {
                     log_tail.first().map(String::as_str).unwrap_or("")
                 ),
             },
+            Error::Criu(criu::Error::DumpFailed { ref log_tail, .. })
+                if criu::log::is_rlimit_denied(log_tail) =>
+            {
+                Error::Unsupported {
+                    what: format!(
+                        "checkpointing sandbox {sandbox}: a process in it runs as another user, and \
+                         CRIU reading its rlimits takes CAP_SYS_RESOURCE, which groved lacks ({})",
+                        log_tail.first().map(String::as_str).unwrap_or("")
+                    ),
+                }
+            }
             other => other,
         }
     }

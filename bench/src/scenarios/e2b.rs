@@ -80,8 +80,9 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     }
     res.note(
         "E2B: the unmodified e2b SDK (HTTP/2 to groved's E2B endpoint, Connect-RPC process service); \
-         Grove: its Python client on the unix socket; same sandbox, alternating call by call. \
-         Figures from a loaded 2-core machine are not final.",
+         Grove: its Python client on the unix socket; same sandbox, alternating call by call, and \
+         the same command: the SDK runs commands.run(\"true\") as `/bin/bash -l -c true`, so Grove's \
+         client execs that argv as the same user (`user`).",
     );
     let (sdk, native) = (samples(&v, "sdk_run"), samples(&v, "grove_run"));
     let key = Key::new(RUN, "sequential", "ms", Better::Lower);

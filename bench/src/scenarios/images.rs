@@ -118,13 +118,16 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         ));
     } else {
         let root = work.join("podman");
+        // podman refuses a runroot path longer than 50 bytes, so it gets a short one of its own.
+        let runroot =
+            std::path::PathBuf::from(format!("/run/grove-bench-podman-{}", std::process::id()));
         let pull = |repo: &str| {
             util::run(
                 Command::new("podman")
                     .arg("--root")
                     .arg(root.join("root"))
                     .arg("--runroot")
-                    .arg(root.join("run"))
+                    .arg(&runroot)
                     .args(["pull", "--quiet", "--tls-verify=false"])
                     .arg(format!("{host}/{repo}")),
             )
@@ -153,11 +156,12 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             .arg("--root")
             .arg(root.join("root"))
             .arg("--runroot")
-            .arg(root.join("run"))
+            .arg(&runroot)
             .args(["system", "reset", "--force"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        let _ = std::fs::remove_dir_all(&runroot);
     }
     drop(reg);
     let _ = std::fs::remove_dir_all(&work);

@@ -187,7 +187,8 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
 
 
 def exec_body(cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
-              cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None, with_encoding: bool = True) -> dict:
+              cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None, with_encoding: bool = True,
+              user: Optional[str] = None) -> dict:
     body: Dict[str, Any] = {}
     if isinstance(cmd, str):
         body["shell"] = cmd
@@ -200,6 +201,8 @@ def exec_body(cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None
         body["env"] = dict(env)
     if cwd is not None:
         body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
     if stdin is not None:
         data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
         body["stdin"] = base64.b64encode(data).decode()

@@ -221,13 +221,15 @@ class SandboxCore:
     @op
     def exec(self, cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None,
              env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None,
-             on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None) -> Op:
+             on_stdout: Optional[OutputCallback] = None, on_stderr: Optional[OutputCallback] = None,
+             user: Optional[str] = None) -> Op:
         """Runs `cmd` (a string runs under /bin/sh -c) to completion, however long it takes, or until `timeout`
-        seconds (None or 0: no limit), when it is killed in the sandbox. Never run twice: it carries an
+        seconds (None or 0: no limit), when it is killed in the sandbox. `user`: run as this user of the
+        sandbox, a name from its /etc/passwd or `uid[:gid]`. Never run twice: it carries an
         Idempotency-Key, so should the connection break, the retry gets the first run's answer. A streamed one
         (`on_stdout`/`on_stderr`) is not retried: `ConnectionLost`, and groved ends the command with it."""
         mark = uuid.uuid4().hex
-        body = exec_body(cmd, timeout=timeout, env={**(env or {}), EXEC_MARK: mark}, cwd=cwd, stdin=stdin)
+        body = exec_body(cmd, timeout=timeout, env={**(env or {}), EXEC_MARK: mark}, cwd=cwd, stdin=stdin, user=user)
         wait = http_timeout(timeout)
         # Should the caller give up (its deadline, a cancelled task, Ctrl-C), its processes are killed.
         end = Call(self._c, "POST", f"/v1/sandboxes/{self.id}/exec", timeout=30,

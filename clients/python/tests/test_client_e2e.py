@@ -240,6 +240,18 @@ async def test_lease_keeps_its_sandboxes_alive_then_deletes_them(api):
     assert await A(api.Sandbox.list(labels={"grove.lease": lease.id}, client=api.client)) == []
 
 
+async def test_exec_as_another_user(api):
+    sbx = await api.create()
+    try:
+        r = await A(sbx.exec(["sh", "-c", "id -u; echo $HOME"], user="user"))
+        assert (r.exit_code, r.stdout) == (0, "1000\n/home/user\n"), r
+        assert (await A(sbx.exec(["id", "-u"], user="0"))).stdout == "0\n"
+        with pytest.raises(grove.GroveError):
+            await A(sbx.exec(["true"], user="nobody-here"))
+    finally:
+        await api.kill(sbx)
+
+
 async def test_a_deadline_kills_the_command_in_the_sandbox(api):
     sbx = await api.create()
     try:

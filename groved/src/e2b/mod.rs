@@ -75,7 +75,7 @@ pub async fn serve(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let router = router(app);
-    axum::serve(listener, router)
+    axum::serve(crate::server::no_delay(listener), router)
         .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;
         })

@@ -126,7 +126,9 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     /// Commits a mount's current state as a manifest (pinned while the mount lives).
     fn commit(&self, mount: u64) -> Result<ManifestId, Error>;
     fn usage(&self, mount: u64) -> Result<Usage, Error>;
-    /// Unmounts and drops the upper layer; unknown ids are already gone (Ok).
+    /// Unmounts and drops the upper layer. An id this service handed out and has since forgotten
+    /// (unmounted, or detached from outside) is already gone: Ok. An id it never handed out is
+    /// `UnknownMount`.
     fn unmount(&self, mount: u64) -> Result<(), Error>;
     /// Live mounts, after forgetting those that someone else unmounted.
     fn mounts(&self) -> Result<Vec<MountInfo>, Error>;

@@ -44,6 +44,14 @@ pub fn is_external_socket(lines: &[String]) -> bool {
     })
 }
 
+/// Whether the dump could not read a process's rlimits (EPERM): for a process of another uid
+/// that takes CAP_SYS_RESOURCE, which a root without it in its bounding set never has.
+pub fn is_rlimit_denied(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| l.contains("Can't get rlimit") && l.contains("Operation not permitted"))
+}
+
 /// Whether a restore failed on an I/O error opening a file of the new root (a FUSE hiccup rather
 /// than a bad image): worth one more try.
 pub fn is_io_error(lines: &[String]) -> bool {
@@ -141,6 +149,14 @@ mod tests {
         let log = "(00.37)      4: Error (criu/files-reg.c:2353): Can't open file usr/bin/python3.11 on restore: Input/output error\n";
         assert!(is_io_error(&error_lines(log)));
         assert!(!is_io_error(&error_lines(DUMP_FAIL)));
+    }
+
+    #[test]
+    fn detects_denied_rlimits() {
+        let log =
+            "(00.030968) Error (criu/cr-dump.c:371): Can't get rlimit 0: Operation not permitted\n";
+        assert!(is_rlimit_denied(&error_lines(log)));
+        assert!(!is_rlimit_denied(&error_lines(DUMP_FAIL)));
     }
 
     #[test]
