@@ -13,8 +13,9 @@
 //! /dev/null or the run's input file, and cannot see the status pipe; the run ends when its nonce
 //! line arrives on that pipe, so no prompt is matched and output needs no trailing newline. An
 //! interrupt is SIGINT to the shell's process group: an interactive shell abandons the line and
-//! reads the status line next (`$?` = 130). A timeout escalates: SIGINT, then SIGKILL of what the
-//! run started, then of the shell (the session is then dead). Nothing here blocks the poll loop:
+//! reads the status line next (`$?` = 130). A timeout escalates: SIGINT (and 100 ms later once
+//! more to what the run started), then SIGKILL of what the run started, then of the shell (the
+//! session is then dead). Nothing here blocks the poll loop:
 //! pipes are non-blocking and every step is driven by readiness or a deadline.
 //!
 //! CRIU checkpoints init with its table and the shells: pipes inside the tree dump and restore,
@@ -49,6 +50,9 @@ const STATUS_FD: RawFd = 62;
 const SESSION_DIR: &str = "/run/grove/sessions";
 /// Between the steps of a timeout's escalation.
 const GRACE: Duration = Duration::from_millis(1000);
+/// After an interrupt, when the run's own processes get SIGINT once more: a child the shell had
+/// forked but not yet exec'd took the first one with the shell's handler and lost it.
+const REINTERRUPT: Duration = Duration::from_millis(100);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Default)]
@@ -83,6 +87,8 @@ struct Run {
     /// 0: none yet; 1: SIGINT sent; 2: what the run started was killed; 3: the shell was killed.
     stage: u8,
     next_step: Option<Instant>,
+    /// When the run's own processes get their second SIGINT (stage 1; see [`REINTERRUPT`]).
+    reinterrupt: Option<Instant>,
     timed_out: bool,
     interrupted: bool,
     /// The client went away: the run is wound down, nothing more is sent.
@@ -266,6 +272,7 @@ impl Sessions {
                 .map(|ms| started + Duration::from_millis(ms)),
             stage: 0,
             next_step: None,
+            reinterrupt: None,
             timed_out: false,
             interrupted: false,
             abandoned: false,
@@ -301,7 +308,11 @@ impl Sessions {
         self.map
             .values()
             .filter_map(|s| s.run.as_ref())
-            .filter_map(|r| r.next_step.or(r.deadline.filter(|_| r.stage == 0)))
+            .filter_map(|r| {
+                r.reinterrupt
+                    .or(r.next_step)
+                    .or(r.deadline.filter(|_| r.stage == 0))
+            })
             .map(|d| d.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1)
             .min()
     }
@@ -663,7 +674,20 @@ impl Session {
             r.timed_out = true;
             r.stage = 1;
             r.next_step = Some(now + GRACE);
+            r.reinterrupt = Some(now + REINTERRUPT);
             signal_group(pid, libc::SIGINT);
+        } else if r.stage == 1 && r.reinterrupt.is_some_and(|d| now >= d) {
+            // Only what this run started: the shell itself, reading its status line by now,
+            // would abandon that line on a second SIGINT.
+            r.reinterrupt = None;
+            for p in members(pid) {
+                if p != pid && !r.before.contains(&p) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p),
+                        nix::sys::signal::Signal::SIGINT,
+                    );
+                }
+            }
         } else if r.next_step.is_some_and(|d| now >= d) {
             if r.stage == 1 {
                 // The command ignores SIGINT: kill what this run started, keep older jobs.
