@@ -340,3 +340,40 @@ fn session_timeouts_interrupts_and_dead_shells() {
     rt.destroy(&id).unwrap();
     assert_gone(&rt, &id);
 }
+
+/// Commands start with every signal at its default, whatever the process that made the sandbox
+/// ignored. A runtime started from a background job of a shell ignores SIGINT and SIGQUIT, and
+/// before, so did every exec and session command (a session's interrupt then did nothing).
+#[test]
+fn commands_start_with_default_signals_whatever_the_runtime_inherited() {
+    if !can_run() {
+        return;
+    }
+    // As a background job of a shell starts it; this binary's other tests then run so too, and
+    // must not notice.
+    // SAFETY: signal(2) with integers, SIG_IGN installs no handler.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+    // The standard signals ignored (SigIgn, bits 0-30 for signals 1-31); the real-time ones
+    // are libc's to manage.
+    let ignored = |status: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .map(|mask| mask & 0x7fff_ffff)
+    };
+    let rt = rt();
+    let id = rt.create(spec()).expect("create").id;
+    let r = rt
+        .exec(&id, ExecRequest::argv(["cat", "/proc/self/status"]))
+        .unwrap();
+    assert_eq!(ignored(&out(&r)), Some(0), "exec: {}", out(&r));
+    create(&rt, &id, "sig");
+    let (text, code) = run(&rt, &id, "sig", "cat /proc/self/status");
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(ignored(&text), Some(0), "session: {text}");
+    rt.destroy(&id).unwrap();
+}

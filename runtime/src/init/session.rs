@@ -29,7 +29,6 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{fork, ForkResult};
 
@@ -777,9 +776,7 @@ fn child(
     candidates: &[CString],
     fds: [RawFd; 3],
 ) -> String {
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-    // SAFETY: resetting a disposition to default in the child before exec.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    super::spawn::default_signals();
     if let Err(e) = nix::unistd::setsid() {
         return format!("setsid: {e}");
     }

@@ -193,13 +193,22 @@ struct ChildArgs<'a> {
     devnull: &'a CString,
 }
 
+/// In a forked child before exec: no signal blocked, every one at its default. An ignored
+/// signal survives exec, and what groved inherited reaches init (a groved started from a
+/// background job of a shell ignores SIGINT and SIGQUIT): without this, every command would.
+pub(crate) fn default_signals() {
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: signal(2) with integers; SIG_DFL installs no handler (async-signal-safe).
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+}
+
 /// Runs in the forked child; returns only with an error message.
 fn child(a: ChildArgs<'_>) -> String {
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-    // SAFETY: resetting dispositions to default in the child before exec.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    default_signals();
     if let Err(e) = nix::unistd::setsid() {
         return format!("setsid: {e}");
     }
