@@ -2,7 +2,6 @@
 //! to every `/v1/events` subscriber.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use grove_runtime::{Event, Runtime};
 use tokio::sync::broadcast;
@@ -11,11 +10,20 @@ use crate::wire::EventWire;
 
 pub type EventTx = broadcast::Sender<EventWire>;
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+pub use grove_runtime::now_ms;
+
+/// The civil date (year, month 1-12, day 1-31) of `days` since 1970-01-01 (Howard Hinnant's
+/// algorithm), for the timestamps groved and the bench print.
+pub fn civil_date(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 pub fn channel() -> EventTx {

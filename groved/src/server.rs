@@ -166,7 +166,9 @@ async fn reap(app: Arc<App>) {
     loop {
         tick.tick().await;
         // Sandboxes made through the E2B endpoint with autoPause pause where others expire.
-        crate::e2b::control::pause_due(&app).await;
+        if app.config.e2b_listen.is_some() {
+            crate::e2b::control::pause_due(&app).await;
+        }
         let rt = app.runtime.clone();
         match tokio::task::spawn_blocking(move || rt.reap_expired()).await {
             Ok(ids) if !ids.is_empty() => {

@@ -43,5 +43,7 @@ pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
 pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
 pub use runtime::sessions::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
 pub use runtime::{CheckpointView, ExternalMount, RestoreFn, RestoreTarget, Runtime};
+/// Wall-clock milliseconds since the epoch (0 before it), as records and events carry them.
+pub use sandbox::now_ms;
 pub use types::*;
 pub use validate::{ttl as check_ttl, MAX_TTL_SECS, MIN_CPU_MILLIS};

@@ -36,6 +36,7 @@ use super::procs;
 use crate::proto::{
     self, Reply, Request, SessionErrorKind, SessionRunSpec, SessionSpec, SessionStatus, KIND_STDOUT,
 };
+use crate::sandbox::now_ms;
 
 /// Sessions one sandbox may hold at once.
 pub const MAX_SESSIONS: usize = 32;
@@ -128,13 +129,6 @@ fn nonce() -> String {
         rand::random::<u64>(),
         rand::random::<u64>()
     )
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn signal_group(pid: i32, sig: i32) {
