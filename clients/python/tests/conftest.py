@@ -18,6 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 BASE_IMAGE_DIR = "/var/lib/grove/images/debian12"
 IMAGE = "debian12"
+# Each sandbox's default disk quota. Admission counts every quota against the disk's free space (less
+# what sandboxes already wrote), so the 40 sandboxes of the e2e test need 40 × this free: kept small.
+DEFAULT_DISK_MB = 128
 
 
 def binary(env: str, name: str) -> Path:
@@ -73,7 +76,7 @@ cpu_millis = 250
 memory_mb = 128
 pids = 256
 open_files = 1024
-disk_mb = 512
+disk_mb = {DEFAULT_DISK_MB}
 """)
         env = dict(os.environ, GROVE_INIT_BINARY=str(binary("GROVE_INIT_BINARY", "grove-init")), GROVE_LOG="info")
         self.log = open(self.dir / "groved.log", "w")
@@ -155,6 +158,23 @@ def groved():
     d.import_base_image()
     yield d
     d.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_sandbox_outlives_its_test(request):
+    """A test that fails half-way leaves sandboxes on the session's daemon; they are killed here, so one
+    failure does not turn into the next tests' (their quotas would hold the disk, their labels the lists)."""
+    yield
+    if "groved" not in request.fixturenames:
+        return
+    d = request.getfixturevalue("groved")
+    with d.http() as c:
+        for _ in range(100):  # pages of the list, each emptied
+            items = c.get("/v1/sandboxes").json()["items"]
+            if not items:
+                return
+            for s in items:
+                c.delete(f"/v1/sandboxes/{s['id']}")
 
 
 @pytest.fixture

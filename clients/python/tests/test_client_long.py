@@ -68,7 +68,7 @@ async def transfers(groved, tmp_path, mib):
     size = src.stat().st_size
     sync = grove.Client(socket=groved.socket)
     asy = grove.AsyncClient(socket=groved.socket)
-    sbx = grove.Sandbox.create(client=sync)  # 512 MB of disk: the one file, overwritten
+    sbx = grove.Sandbox.create(disk_mb=512, client=sync)  # room for the one file, overwritten
     asbx = await grove.AsyncSandbox.connect(sbx.id, client=asy)
     times = {k: [] for k in ("curl_up", "up", "async_up", "curl_down", "down", "async_down")}
 
