@@ -1,7 +1,11 @@
 """Driver of grove-bench's `e2b` scenario: the same daemon through E2B's SDK and through Grove's own Python
 client. Prints one JSON object of latencies in ms (lists), or {"error": ...}.
 
-usage: driver.py E2B_ADDR GROVED_SOCKET IMAGE N_RUN N_CREATE FORK_N"""
+usage: driver.py E2B_ADDR GROVED_SOCKET IMAGE N_RUN N_CREATE FORK_N
+
+create → first command is measured twice: cold (the node builds the sandbox for the create), then with a
+warm pool of the template configured on the node (PUT /v1/pools: the create is a hand-over), each sample
+taken once the pool holds a ready sandbox again."""
 
 import json
 import os
@@ -18,14 +22,25 @@ def ms(t0):
     return (time.perf_counter() - t0) * 1000.0
 
 
+def ready(node, image, timeout=30.0):
+    """Waits until the node's pool of `image` holds an idle sandbox."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p["image"] == image and p["idle"] >= 1 for p in node.get("/v1/pools").json()["pools"]):
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"the pool of {image} did not refill in {timeout} s")
+
+
 def main():
     addr, sock, image, n_run, n_create, fork_n = sys.argv[1:7]
     n_run, n_create, fork_n = int(n_run), int(n_create), int(fork_n)
     os.environ.update(E2B_API_URL=f"http://{addr}", E2B_SANDBOX_URL=f"http://{addr}", E2B_API_KEY="e2b_bench")
     import grove
+    import httpx
     from e2b import Sandbox
 
-    out = {"sdk_run": [], "grove_run": [], "create_first": [], "fork": None}
+    out = {"sdk_run": [], "grove_run": [], "create_first": [], "create_first_pooled": [], "fork": None}
     client = grove.Client(socket=sock)
     sdk = Sandbox.create(template=image, timeout=600)
     native = grove.Sandbox.connect(sdk.sandbox_id, client=client)
@@ -49,6 +64,22 @@ def main():
             s.commands.run("true")
             out["create_first"].append(ms(t))
             s.kill()
+        node = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://groved", timeout=60)
+        try:
+            put = node.put("/v1/pools", json={"pools": [{"image": image, "mode": "fixed", "max": 1}]})
+            assert put.status_code == 200, put.text
+            for _ in range(n_create):
+                ready(node, image)
+                t = time.perf_counter()
+                s = Sandbox.create(template=image, timeout=60)
+                s.commands.run("true")
+                out["create_first_pooled"].append(ms(t))
+                s.kill()
+            hits = sum(p["hits"] for p in node.get("/v1/pools").json()["pools"] if p["image"] == image)
+            assert hits >= n_create, f"only {hits} of {n_create} creates came from the pool"
+        finally:
+            node.put("/v1/pools", json={"pools": []})
+            node.close()
         if fork_n and hasattr(sdk, "fork"):
             try:
                 t = time.perf_counter()

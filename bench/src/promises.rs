@@ -1,7 +1,7 @@
 //! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
 
 use crate::scenarios::{
-    api, checkpoint as ck, density as de, elastic as el, filesystem as fs, lifecycle as lc,
+    api, checkpoint as ck, density as de, e2b, elastic as el, filesystem as fs, lifecycle as lc,
     rounds as ro, storage as st,
 };
 
@@ -129,6 +129,8 @@ pub fn all() -> Vec<Promise> {
         Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
         Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "100 MiB tree", Stat::P50, 1.2),
         Promise::at_most("API-1", "latency the HTTP API adds to exec true over a library call, p50 (ms)", api::NAME, api::ADDED, api::EXEC_ADDED_P50, Stat::P50, 1.0),
+        Promise::at_most("EB-1", "latency the E2B path adds per commands.run over Grove's own client, p50 (ms)", e2b::NAME, e2b::ADDED, "p50", Stat::P50, 1.0),
+        Promise::at_most("EB-2", "E2B SDK create → first command, warm pool of the template, p50 (ms)", e2b::NAME, e2b::CREATE, e2b::POOLED, Stat::P50, 20.0),
     ]
 }
 
@@ -154,6 +156,7 @@ mod tests {
         assert!(find("CK-6").starts_with(&ro::rounds_param(100)));
         assert_eq!(find("CK-7"), ro::rounds_param(100));
         assert_eq!(find("API-1"), format!("{}, p50", api::EXEC));
+        assert_eq!(find("EB-2"), e2b::POOLED);
     }
 
     #[test]

@@ -13,11 +13,10 @@ pub fn set_hostname(init: &InitHandle, hostname: &str) -> Result<(), String> {
         .open_proc("ns/uts", OFlag::O_RDONLY)
         .map_err(|e| e.to_string())?;
     let name = hostname.to_string();
-    std::thread::spawn(move || {
+    grove_sys::thread::on_own_thread(move || {
         nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWUTS)
             .map_err(|e| format!("setns: {e}"))?;
         nix::unistd::sethostname(&name).map_err(|e| format!("sethostname: {e}"))
     })
-    .join()
-    .map_err(|_| "hostname thread panicked".to_string())?
+    .map_err(|e| e.to_string())?
 }

@@ -1,7 +1,6 @@
 //! Host mount-table helpers (reading /proc/self/mountinfo, unmounting).
 
 use std::io;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 /// Mount points from /proc/self/mountinfo (octal escapes decoded).
@@ -10,28 +9,8 @@ pub fn mount_points() -> io::Result<Vec<PathBuf>> {
     Ok(text
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape)
+        .map(grove_sys::mountinfo::unescape)
         .collect())
-}
-
-/// Decodes mountinfo's \ooo escapes (space, tab, newline, backslash); paths need not be UTF-8.
-fn unescape(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// Unmounts `target` (all stacked mounts), tolerating "not mounted". Falls back to a lazy detach when busy.
@@ -87,16 +66,7 @@ pub fn remove_dir_unless_mounted(dir: &Path) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::ffi::OsStrExt;
-
-    use super::{remove_dir_unless_mounted, unescape};
-
-    #[test]
-    fn unescape_decodes_octal_and_keeps_non_utf8_bytes() {
-        assert_eq!(unescape(r"/run/a\040b"), std::path::Path::new("/run/a b"));
-        let p = unescape(r"/x\377y");
-        assert_eq!(p.as_os_str().as_bytes(), b"/x\xffy");
-    }
+    use super::remove_dir_unless_mounted;
 
     #[test]
     fn a_run_dir_is_removed_but_never_through_a_mount() {

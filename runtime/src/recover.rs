@@ -112,8 +112,7 @@ impl Runtime {
             if criu_here && lazy {
                 // Its branch is pinged below and faults on every page not yet delivered: the copy
                 // runs at full priority from here on (it ran niced behind the forks).
-                // SAFETY: setpriority(2) with plain integers; at worst the pid is gone.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, 0) };
+                let _ = grove_sys::sched::set_nice(pid, 0);
             }
             let our_criu = criu_here && !lazy;
             let our_setup = setup_owner(&cmd).is_some_and(|(i, _)| i == self.config.cgroup_root);

@@ -91,13 +91,14 @@ fn wait_idle(rt: &Runtime, n: u32) {
     }
 }
 
-/// What a user could look at inside a fresh sandbox, with its own id replaced by "ID".
+/// What a user could look at inside a fresh sandbox, with its own id replaced by "ID" (the
+/// processes with their nice values: a pooled init was built at the refill's low priority).
 fn probe(rt: &Runtime, id: &SandboxId) -> String {
     let r = sh(
         rt,
         id,
         "hostname; echo \"env=$(env | sort | tr '\\n' ' ')\"; ls -A / /tmp /root /dev/shm; \
-         ps -e -o pid,ppid,comm --no-headers; cat /proc/self/cgroup | grep -c memory; \
+         ps -e -o pid,ppid,ni,comm --no-headers; cat /proc/self/cgroup | grep -c memory; \
          ulimit -n; df -m /tmp | tail -1 | awk '{print $2}'",
     );
     assert_eq!(r.exit_code, Some(0), "{r:?}");

@@ -6,7 +6,7 @@
 //! into it as before.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -32,46 +32,18 @@ pub(crate) fn is_external(images: &Path) -> bool {
 /// process in it does). Made on a short-lived thread: network namespaces are per thread, so
 /// the caller's stays untouched.
 pub(crate) fn fresh_loopback() -> io::Result<OwnedFd> {
-    std::thread::spawn(|| -> io::Result<OwnedFd> {
+    grove_sys::thread::on_own_thread(|| -> io::Result<OwnedFd> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
         let ns: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net")?.into();
-        loopback_up()?;
+        grove_sys::net::loopback_up()?;
         Ok(ns)
-    })
-    .join()
-    .map_err(|_| io::Error::other("netns thread panicked"))?
-}
-
-/// `ip link set lo up` in the calling thread's namespace (the kernel adds 127.0.0.1 with it).
-fn loopback_up() -> io::Result<()> {
-    // SAFETY: plain socket(2) call; the result is checked and wrapped right after.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a fresh descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS fills a properly sized ifreq.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: ifru_flags is the union field SIOCGIFFLAGS filled.
-    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-    // SAFETY: SIOCSIFFLAGS reads a properly sized ifreq.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    })?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn full_dumps_have_netdev_images() {

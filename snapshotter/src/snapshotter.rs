@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use grove_runtime::{Runtime, SandboxId, SandboxInfo, SandboxState};
 use nodefs::service::FsService;
@@ -129,12 +129,7 @@ fn ref_names(id: &str) -> [String; 2] {
 }
 const REF_PREFIX: &str = "grove/snapshots/";
 
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use grove_runtime::now_ms;
 
 pub(crate) fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
     hex.parse().map_err(|_| Error::InvalidInput {

@@ -17,6 +17,8 @@ use crate::{progress, stats, util};
 pub const NAME: &str = "e2b";
 pub const RUN: &str = "commands.run(\"true\") in a live sandbox";
 pub const CREATE: &str = "SDK create → first command";
+/// The create → first command figure with a warm pool of the template on the node.
+pub const POOLED: &str = "sequential, warm pool of the template";
 pub const FORK: &str = "SDK fork of 8";
 pub const ADDED: &str = "latency the E2B path adds over Grove's client";
 const IMAGE: &str = "debian12-bench";
@@ -82,7 +84,9 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         "E2B: the unmodified e2b SDK (HTTP/2 to groved's E2B endpoint, Connect-RPC process service); \
          Grove: its Python client on the unix socket; same sandbox, alternating call by call, and \
          the same command: the SDK runs commands.run(\"true\") as `/bin/bash -l -c true`, so Grove's \
-         client execs that argv as the same user (`user`).",
+         client execs that argv as the same user (`user`). Create → first command: cold, then \
+         with a warm pool of one sandbox of the template on the node (`PUT /v1/pools`), each \
+         create made once the pool is ready again.",
     );
     let (sdk, native) = (samples(&v, "sdk_run"), samples(&v, "grove_run"));
     let key = Key::new(RUN, "sequential", "ms", Better::Lower);
@@ -100,6 +104,13 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         "e2b SDK",
         true,
         &samples(&v, "create_first"),
+    ));
+    let key = Key::new(CREATE, POOLED, "ms", Better::Lower);
+    res.push(Measurement::samples(
+        &key,
+        "e2b SDK",
+        true,
+        &samples(&v, "create_first_pooled"),
     ));
     let fork = samples(&v, "fork");
     if fork.is_empty() {

@@ -281,7 +281,7 @@ impl NodeFs {
                 let (fstype, source) = (f.next()?, f.next()?);
                 let nodefs = (fstype == "fuse" || fstype == "fuse.nodefs") && source == "nodefs";
                 if nodefs {
-                    Some(unescape_mountinfo(pre.split(' ').nth(4)?))
+                    Some(grove_sys::mountinfo::unescape(pre.split(' ').nth(4)?))
                 } else {
                     None
                 }
@@ -324,7 +324,7 @@ impl NodeFs {
             if !(fstype == "fuse" || fstype == "fuse.nodefs") || source != "nodefs" {
                 continue;
             }
-            let Some(mp) = pre.split(' ').nth(4).map(unescape_mountinfo) else {
+            let Some(mp) = pre.split(' ').nth(4).map(grove_sys::mountinfo::unescape) else {
                 continue;
             };
             if mp.starts_with(under) && !ours.iter().any(|o| same_path(o, &mp)) {
@@ -345,26 +345,6 @@ fn same_path(a: &Path, b: &Path) -> bool {
     a == b || a.canonicalize().ok().as_deref() == Some(b)
 }
 
-/// mountinfo escapes space, tab, newline and backslash as \ooo.
-fn unescape_mountinfo(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(std::ffi::OsStr::from_bytes(&out))
-}
-
 impl Drop for NodeFs {
     fn drop(&mut self) {
         for m in std::mem::take(&mut *self.mounts.lock()) {
@@ -376,15 +356,14 @@ impl Drop for NodeFs {
 /// Unmount; if busy, detach lazily and abort the FUSE connection so that the session
 /// threads exit and processes still inside get ENOTCONN. Returns whether it was aborted.
 fn detach(mountpoint: &Path) -> bool {
-    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // SAFETY: c is a valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+    use nix::mount::{umount2, MntFlags};
+    if umount2(mountpoint, MntFlags::empty()).is_ok() {
         return true;
     }
     // Still mounted: its device names the connection to abort.
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
     let minor = cached_dev_minor(&c);
-    // SAFETY: as above.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    let _ = umount2(mountpoint, MntFlags::MNT_DETACH);
     minor.is_some_and(abort_connection)
 }
 
@@ -413,38 +392,28 @@ fn abort_connection(minor: u32) -> bool {
     if std::fs::write(&path, "1").is_ok() {
         return true;
     }
-    std::thread::spawn(move || {
-        // SAFETY: unshare affects only this thread (it gets its own fs and mount namespace).
-        if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_FS) } != 0 {
+    grove_sys::thread::on_own_thread(move || {
+        use nix::mount::{mount, MsFlags};
+        // This thread's own fs and mount namespace: the mount below is seen nowhere else.
+        if nix::sched::unshare(
+            nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_FS,
+        )
+        .is_err()
+        {
             return false;
         }
-        let root = c"/";
-        let none = c"none";
-        let target = c"/sys/fs/fuse/connections";
-        let fstype = c"fusectl";
-        // SAFETY: valid C strings; makes this namespace's mounts private.
-        unsafe {
-            libc::mount(
-                none.as_ptr(),
-                root.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            )
-        };
-        // SAFETY: valid C strings; the mount lives only in this thread's namespace.
-        let r = unsafe {
-            libc::mount(
-                none.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        r == 0 && std::fs::write(&path, "1").is_ok()
+        let none = None::<&str>;
+        let _ = mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none);
+        mount(
+            Some("none"),
+            "/sys/fs/fuse/connections",
+            Some("fusectl"),
+            MsFlags::empty(),
+            none,
+        )
+        .is_ok()
+            && std::fs::write(&path, "1").is_ok()
     })
-    .join()
     .unwrap_or(false)
 }
 

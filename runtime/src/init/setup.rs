@@ -150,7 +150,7 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
     chdir("/").map_err(|e| format!("chdir /: {e}"))?;
 
     sethostname(&cfg.hostname).map_err(|e| format!("sethostname: {e}"))?;
-    loopback_up()?;
+    grove_sys::net::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
     setsid().map_err(|e| format!("setsid: {e}"))?;
 
     // stdin -> /dev/null; stdout stays the pipe to the runtime until the server says ready.
@@ -361,38 +361,4 @@ fn bind_read_only(src: &Path, target: &Path, extra: MsFlags) -> R<()> {
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV_NOEXEC,
         None,
     )
-}
-
-/// Brings `lo` up in the new network namespace (the kernel adds 127.0.0.1 with it).
-fn loopback_up() -> R<()> {
-    // SAFETY: plain socket(2) call; the fd is wrapped right after.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&sock);
-    // SAFETY: ifreq is plain old data; zeroed is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads into a properly sized ifreq.
-    if unsafe { libc::ioctl(raw, libc::SIOCGIFFLAGS as libc::Ioctl, &mut req) } < 0 {
-        return Err(format!(
-            "SIOCGIFFLAGS lo: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: the union field ifru_flags is the one SIOCGIFFLAGS filled.
-    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-    // SAFETY: SIOCSIFFLAGS reads a properly sized ifreq.
-    if unsafe { libc::ioctl(raw, libc::SIOCSIFFLAGS as libc::Ioctl, &req) } < 0 {
-        return Err(format!(
-            "SIOCSIFFLAGS lo: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }

@@ -72,6 +72,11 @@ impl Runtime {
             reason,
         };
         client::ping(init).map_err(|e| init_err(format!("pooled init: {e}")))?;
+        // Built at the refill's low priority: from now on it runs at the caller's, as a cold
+        // one would (init is one thread, and what it starts inherits its priority).
+        grove_sys::sched::nice(0)
+            .and_then(|n| grove_sys::sched::set_nice(init.pid(), n))
+            .map_err(|e| init_err(format!("set the priority of the pooled init: {e}")))?;
         let hostname = match &spec.hostname {
             Some(h) if *h != pooled.hostname => {
                 crate::adopt::set_hostname(init, h)
