@@ -1,6 +1,7 @@
 //! Store bytes and dedup: the base image imported twice; a chain of 10 commits each changing 1 % of a
 //! 100 MiB tree (nodefs commits vs overlayfs layers, docker-commit style: one upper layer per commit);
-//! a fork tree of writable branches; and process snapshots of forked sandboxes (memory pages dedup).
+//! a fork tree of writable branches; process snapshots of forked sandboxes (memory pages dedup); and
+//! how long a store of many chunks takes to open, from its packs' idx files and by walking the packs.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ pub const CHAIN: &str = "commit after changing 1 % of the tree: bytes added";
 pub const CHAIN_RATIO: &str = "store bytes after 10 commits ÷ first commit's bytes";
 pub const DEDUP: &str = "dedup ratio: logical bytes of all versions ÷ bytes stored";
 pub const FORK_TREE: &str = "fork tree: bytes added per branch commit (each branch changes 1 %)";
+pub const OPEN: &str = "store open, cold page cache";
 pub const SNAP_BRANCH: &str =
     "snapshot of a forked sandbox after touching 1 % of its heap: bytes added";
 
@@ -215,7 +217,92 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         },
         Err(r) => res.push(Measurement::not_available(&ks, "grove", &r)),
     }
+
+    // 4. Opening a store of many chunks.
+    progress::step(0.95, "opening a store of many chunks");
+    let chunks = ctx.pick(8192, 65_536);
+    match store_open(ctx, chunks) {
+        Ok((idx, walk)) => {
+            let k = |how: &str| {
+                Key::new(
+                    OPEN,
+                    format!("{chunks} chunks of 4 KiB, {how}"),
+                    "ms",
+                    Better::Lower,
+                )
+            };
+            res.push(Measurement::samples(
+                &k("from the idx files"),
+                "nodefs",
+                true,
+                &idx,
+            ));
+            res.push(Measurement::samples(
+                &k("walking every pack (idx files removed)"),
+                "nodefs",
+                true,
+                &walk,
+            ));
+        }
+        Err(e) => {
+            let k = Key::new(
+                OPEN,
+                format!("{chunks} chunks of 4 KiB"),
+                "ms",
+                Better::Lower,
+            );
+            res.push(Measurement::failed(&k, "nodefs", true, format!("{e:#}")));
+        }
+    }
     Ok(())
+}
+
+/// Open times (ms) of a store holding `chunks` random 4 KiB chunks: loading the packs' idx files,
+/// then with them removed (the walk a store without them does, and that writes them again).
+fn store_open(ctx: &Ctx, chunks: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let dir = ctx.work.join("store-open");
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = (|| {
+        let store = Store::open(&dir)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..chunks / 1024 {
+            let batch: Vec<Vec<u8>> = (0..1024)
+                .map(|_| {
+                    let mut c = vec![0u8; 4096];
+                    rng.fill_bytes(&mut c);
+                    c
+                })
+                .collect();
+            store.put_chunks(&batch)?;
+        }
+        drop(store);
+        let timed_open = |remove_idx: bool| -> Result<f64> {
+            if remove_idx {
+                for e in std::fs::read_dir(dir.join("packs"))?.flatten() {
+                    if e.file_name().to_string_lossy().ends_with(".idx") {
+                        std::fs::remove_file(e.path())?;
+                    }
+                }
+            }
+            util::drop_caches()?;
+            let t = Instant::now();
+            let store = Store::open(&dir)?;
+            let ms = t.elapsed().as_secs_f64() * 1000.0;
+            let held = store.stats().chunks;
+            if held < chunks as u64 {
+                return Err(anyhow!("the store opened with {held} of {chunks} chunks"));
+            }
+            Ok(ms)
+        };
+        let (mut idx, mut walk) = (Vec::new(), Vec::new());
+        for _ in 0..ctx.pick(3, 5) {
+            walk.push(timed_open(true)?);
+            idx.push(timed_open(false)?);
+        }
+        Ok((idx, walk))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// "100 MiB tree": quick runs never match the full run's promise.

@@ -924,7 +924,6 @@ pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     /// Deterministic, incompressible-looking bytes.
     fn bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -1348,69 +1347,5 @@ mod tests {
         assert_eq!(ps.open_report().empty_removed, 1);
         assert!(!pack_path(dir, last + 1).exists());
         read_all(&ps, &objs);
-    }
-
-    /// Open time of a store with many packs, walking every pack (as before the idx) versus
-    /// loading idx files. Run with `--ignored --nocapture`.
-    #[test]
-    #[ignore = "timing printout, not a check"]
-    fn open_time_many_packs() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        let (rot, size, count) = (4u64 << 20, 4096usize, 65_536u64);
-        let ps = PackSet::open_with(dir, rot).unwrap();
-        fill(&ps, 0, count, size);
-        drop(ps);
-        let packs = files_with(dir, ".pack");
-        let drop_cache = || {
-            for e in fs::read_dir(dir).unwrap().flatten() {
-                let f = File::open(e.path()).unwrap();
-                f.sync_all().unwrap();
-                // SAFETY: plain syscall on a valid fd.
-                let rc = unsafe {
-                    libc::posix_fadvise(
-                        std::os::fd::AsRawFd::as_raw_fd(&f),
-                        0,
-                        0,
-                        libc::POSIX_FADV_DONTNEED,
-                    )
-                };
-                assert_eq!(rc, 0);
-            }
-        };
-        let walk_all = || {
-            let t = Instant::now();
-            let mut index = HashMap::new();
-            for &n in &packs {
-                let path = pack_path(dir, n);
-                let f = File::open(&path).unwrap();
-                for (id, loc) in scan(&f, n, &path).unwrap().0 {
-                    index.entry(id).or_insert(loc);
-                }
-            }
-            assert_eq!(index.len(), count as usize);
-            t.elapsed()
-        };
-        let open = || {
-            let t = Instant::now();
-            let ps = PackSet::open_with(dir, rot).unwrap();
-            let e = t.elapsed();
-            assert_eq!(ps.all().len(), count as usize);
-            assert_eq!(ps.open_report().from_idx, packs.len() - 1);
-            e
-        };
-        for _ in 0..2 {
-            drop_cache();
-            let cold_walk = walk_all();
-            let warm_walk = walk_all();
-            drop_cache();
-            let cold_open = open();
-            let warm_open = open();
-            println!(
-                "{} packs, {count} objects: walk every pack cold {cold_walk:?} warm {warm_walk:?}; \
-                 open with idx cold {cold_open:?} warm {warm_open:?}",
-                packs.len()
-            );
-        }
     }
 }
