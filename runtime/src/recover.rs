@@ -123,8 +123,10 @@ impl Runtime {
                 continue;
             }
             tracing::warn!(pid, cmd = %String::from_utf8_lossy(&cmd).replace('\0', " "), "stopping a predecessor's helper");
-            // SAFETY: kill(2) with plain integers.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             killed.push(pid);
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);

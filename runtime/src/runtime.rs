@@ -140,8 +140,7 @@ impl Runtime {
             ));
         }
         // Sandbox pid 1s are reparented to us when the setup process exits: reap them ourselves.
-        // SAFETY: prctl with integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        let _ = nix::sys::prctl::set_child_subreaper(true);
         let cgroups = cgroup::detect(&config.cgroup_root);
         cgroups.prepare().map_err(|e| Error::Cgroup {
             path: e.path.clone(),
@@ -530,8 +529,11 @@ impl Runtime {
             init.reap();
         } else if let Some(pid) = parts.init_pid {
             if !parts.cgroups {
-                // SAFETY: kill(2) with plain integers; the pid is this sandbox's init, our child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // This sandbox's init, our child (unreaped, so the pid is still its).
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             // Reap our (adopted) child; ECHILD when it was never ours.
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);

@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -68,8 +68,10 @@ pub fn spawn_init(
     let outcome = handshake(pid, cfg, stdin_w, stdout_r);
     outcome.map(|()| pid).map_err(|message| {
         // Our child and its namespace's init: killing it ends everything it started.
-        // SAFETY: kill(2) with plain integers on our own child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         SpawnError::Failed { pid, message }
     })
 }
@@ -116,13 +118,7 @@ fn handshake(pid: i32, cfg: &SetupConfig, stdin: OwnedFd, stdout: OwnedFd) -> Re
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array; both are owned right after.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptors, owned once each.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
 /// What the clone child needs, prepared beforehand: it must not allocate.

@@ -201,8 +201,11 @@ impl CgroupBackend for V1 {
             }
             let frozen = self.unified.is_none() && self.v1_freeze(id, true).is_ok();
             for pid in self.pids_in(&dir) {
-                // SAFETY: kill(2) with plain integers; pids come from the sandbox's own cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // Pids from the sandbox's own cgroup.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             if frozen {
                 self.v1_freeze(id, false)?;

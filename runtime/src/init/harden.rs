@@ -502,10 +502,7 @@ pub fn set_rlimits(open_files: u64) -> Result<(), String> {
 
 /// no_new_privs, then the seccomp filters.
 pub fn lock_down() -> Result<(), String> {
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
-    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
     let allow = allow_filter().map_err(|e| format!("build seccomp filter: {e}"))?;
     seccompiler::apply_filter(&allow).map_err(|e| format!("install seccomp filter: {e}"))?;
     seccompiler::apply_filter(&abi_filter()).map_err(|e| format!("install abi filter: {e}"))?;

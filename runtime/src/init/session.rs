@@ -774,9 +774,9 @@ fn child(
     if let Err(e) = nix::unistd::setsid() {
         return format!("setsid: {e}");
     }
-    // SAFETY: prctl with integer arguments only: the shell's double-forked jobs stay below it,
-    // where close and the timeout escalation find them.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // The shell's double-forked jobs stay below it, where close and the timeout escalation find
+    // them.
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     let [stdin, out, status] = fds;
     for (from, to) in [(stdin, 0), (out, 1), (out, 2), (status, STATUS_FD)] {
         if let Err(e) = nix::unistd::dup2(from, to) {

@@ -212,9 +212,9 @@ fn child(a: ChildArgs<'_>) -> String {
     if let Err(e) = nix::unistd::setsid() {
         return format!("setsid: {e}");
     }
-    // SAFETY: prctl with integer arguments only. The command becomes a subreaper so that its
-    // double-forked descendants stay in its subtree (the timeout kill walks that subtree).
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // The command becomes a subreaper so that its double-forked descendants stay in its subtree
+    // (the timeout kill walks that subtree).
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     if let Some(slave) = a.pty {
         if let Err(e) = pty::attach_child(slave) {
             return e;
