@@ -57,16 +57,7 @@ mod tests {
     #[test]
     fn fresh_namespace_is_new_and_leaves_ours_alone() {
         if !nix::unistd::geteuid().is_root() {
-            // Needs CAP_SYS_ADMIN: skip loudly, or fail where every capability must be present.
-            assert!(
-                std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() != Ok("1"),
-                "needs root (CAP_SYS_ADMIN); GROVE_REQUIRE_CAPABILITIES=1 forbids skipping"
-            );
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED fresh_namespace_is_new_and_leaves_ours_alone: needs root (CAP_SYS_ADMIN)\n"
-            );
+            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN)");
             return;
         }
         let ours = inode_of(std::process::id() as i32).unwrap();

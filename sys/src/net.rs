@@ -39,13 +39,7 @@ mod tests {
     #[test]
     fn brings_up_lo_in_a_fresh_namespace() {
         if !nix::unistd::geteuid().is_root() {
-            assert!(
-                std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() != Ok("1"),
-                "needs root (CAP_SYS_ADMIN); GROVE_REQUIRE_CAPABILITIES=1 forbids skipping"
-            );
-            eprintln!(
-                "\n*** SKIPPED brings_up_lo_in_a_fresh_namespace: needs root (CAP_SYS_ADMIN)\n"
-            );
+            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
             return;
         }
         let up = std::thread::spawn(|| {
