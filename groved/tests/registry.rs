@@ -2,7 +2,8 @@
 //! loopback ports, one with htpasswd (Basic) auth and one with token auth from a tiny issuer of
 //! this test's own, images pushed into them with `skopeo` from OCI layouts built here from
 //! the base image's shell and libc. Proxies in front of the first one count what is fetched,
-//! cut a blob mid-way, and alter a manifest.
+//! cut a blob mid-way, and alter a manifest. Two more serve over TLS: one with a certificate a
+//! CA of the test's own signs (given to groved in `ca_files`), one whose CA groved is not told.
 
 mod common;
 
@@ -62,11 +63,27 @@ struct Registry {
 
 impl Registry {
     fn start(dir: &Path, auth_yaml: &str) -> Registry {
+        Registry::serve(dir, auth_yaml, None)
+    }
+
+    /// Over TLS with `cert` (for 127.0.0.1) and its `key`.
+    fn start_tls(dir: &Path, auth_yaml: &str, (cert, key): (&Path, &Path)) -> Registry {
+        Registry::serve(dir, auth_yaml, Some((cert, key)))
+    }
+
+    fn serve(dir: &Path, auth_yaml: &str, tls: Option<(&Path, &Path)>) -> Registry {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let port = free_port();
+        let tls_yaml = tls.map_or(String::new(), |(c, k)| {
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                c.display(),
+                k.display()
+            )
+        });
         let cfg = format!(
             "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
-             delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth_yaml}",
+             delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls_yaml}{auth_yaml}",
             dir.join("data").display()
         );
         std::fs::write(dir.join("config.yml"), cfg).unwrap();
@@ -125,6 +142,89 @@ fn read_head(s: &mut BufReader<TcpStream>) -> Option<(String, HashMap<String, St
         }
     }
     Some((first, headers, raw))
+}
+
+/// A CA of the test's own in `dir` and a server certificate it signs for 127.0.0.1 (nothing
+/// else: `localhost` is a name the certificate does not hold). Returns (ca, cert, key).
+fn tls_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=grove-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "srv.key",
+        "-out",
+        "srv.csr",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "srv.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "srv.pem",
+    ]);
+    (dir.join("ca.pem"), dir.join("srv.pem"), dir.join("srv.key"))
+}
+
+/// A plain-HTTP server that answers every request with a 400, as an HTTP registry answers a
+/// TLS hello.
+fn plain_http_server() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            let mut buf = [0u8; 512];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    port
 }
 
 /// What a proxy does to the answers it relays.
@@ -535,6 +635,12 @@ extern "C" fn cleanup_at_exit() {
 struct Fixture {
     basic: Registry,
     token: Registry,
+    /// TLS, its CA in `ca_files`, htpasswd auth.
+    tls: Registry,
+    /// TLS, signed by a CA groved is not told of.
+    tls_untrusted: Registry,
+    /// Plain HTTP, not listed as insecure.
+    plain_unlisted: u16,
     issuer: Issuer,
     counting: Proxy,
     cutting: Proxy,
@@ -587,6 +693,17 @@ fn fixture() -> Option<&'static Fixture> {
             ),
         );
 
+        let (ca, cert, key) = tls_certs(&t.join("tls/certs"));
+        let htpasswd_yaml = format!(
+            "auth:\n  htpasswd:\n    realm: grove-test\n    path: {}\n",
+            t.join("basic/htpasswd").display()
+        );
+        let tls = Registry::start_tls(&t.join("tls"), &htpasswd_yaml, (&cert, &key));
+        let (_, other_cert, other_key) = tls_certs(&t.join("tls-untrusted/certs"));
+        let tls_untrusted =
+            Registry::start_tls(&t.join("tls-untrusted"), "", (&other_cert, &other_key));
+        let plain_unlisted = plain_http_server();
+
         let base = base_layer();
         let app1 = layer(&[("srv/", vec![]), ("srv/app.txt", b"app one\n".to_vec())]);
         let app2 = layer(&[("srv/", vec![]), ("srv/app.txt", b"app two\n".to_vec())]);
@@ -622,6 +739,7 @@ fn fixture() -> Option<&'static Fixture> {
             l.push(tag, &format!("{}/{repo}", basic.host()));
         }
         l.push("app", &format!("{}/ns/app:1", token.host()));
+        l.push("app", &format!("{}/ns/app:1", tls.host()));
 
         let counting = Proxy::start(basic.port, Mode::Pass);
         let cutting = Proxy::start(basic.port, Mode::CutBigBlobs);
@@ -636,7 +754,8 @@ fn fixture() -> Option<&'static Fixture> {
         )
         .unwrap();
         let mut extra = format!(
-            "[registries]\ninsecure = [{}]\nauth_file = \"{}\"\n[registries.mirrors]\n\"{mirrored}\" = [\"{}\"]\n",
+            "[registries]\ninsecure = [{}]\nauth_file = \"{}\"\nca_files = [\"{}\"]\n\
+             [registries.mirrors]\n\"{mirrored}\" = [\"{}\"]\n",
             [
                 basic.host(),
                 token.host(),
@@ -652,6 +771,7 @@ fn fixture() -> Option<&'static Fixture> {
             .collect::<Vec<_>>()
             .join(", "),
             t.join("auth.json").display(),
+            ca.display(),
             basic.host(),
         );
         for (h, p) in [
@@ -660,6 +780,8 @@ fn fixture() -> Option<&'static Fixture> {
             (cutting.host(), PASS),
             (altering.host(), PASS),
             (wrong_pass.clone(), "not-the-password"),
+            (tls.host(), PASS),
+            (format!("localhost:{}", tls.port), PASS),
         ] {
             extra.push_str(&format!(
                 "[registries.credentials.\"{h}\"]\nusername = \"{USER}\"\npassword = \"{p}\"\n"
@@ -669,6 +791,9 @@ fn fixture() -> Option<&'static Fixture> {
         Some(Fixture {
             basic,
             token,
+            tls,
+            tls_untrusted,
+            plain_unlisted,
             issuer,
             counting,
             cutting,
@@ -887,13 +1012,15 @@ fn bad_pulls_fail_naming_what_and_keep_nothing() {
     )
     .expect_error(403, Some("reference"));
     assert_eq!(e["code"], "registry_denied", "{e}");
-    // A registry not listed as insecure is not spoken to.
+    // A plain-HTTP registry not listed as insecure is spoken to over TLS only, which it
+    // cannot answer: the error says where to list it.
     let e = pull(
         d,
-        json!({"reference": "192.0.2.1:5000/x:1", "name": "reg-bad"}),
+        json!({"reference": format!("127.0.0.1:{}/x:1", f.plain_unlisted), "name": "reg-bad"}),
     )
-    .expect_error(422, Some("reference"));
-    assert_eq!(e["code"], "registry_not_allowed", "{e}");
+    .expect_error(502, Some("reference"));
+    assert_eq!(e["code"], "registry_untrusted", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("insecure"), "{e}");
     // Malformed input.
     pull(
         d,
@@ -940,6 +1067,57 @@ fn bad_pulls_fail_naming_what_and_keep_nothing() {
     assert_eq!(layers[1]["cached"], false, "{ev:?}");
     assert_eq!(ev.last().unwrap()["status"], "done", "{ev:?}");
     forget(d, "reg-big");
+    d.call(Method::POST, "/v1/node/gc", None).expect(200);
+    clean_store(d);
+}
+
+#[test]
+fn tls_registries_are_verified() {
+    let Some(f) = fixture() else { return };
+    let d = daemon();
+    // Signed by the CA in ca_files, with Basic auth over the TLS connection.
+    let r = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.tls.host()), "name": "reg-tls"}),
+    )
+    .expect(201)
+    .json();
+    assert_eq!(r["name"], "reg-tls", "{r}");
+    let id = d
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "reg-tls"})),
+        )
+        .expect(201)
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = d.exec(&id, "cat /srv/app.txt");
+    assert_eq!(out["stdout"], "app one\n", "{out}");
+    d.delete(&id);
+    forget(d, "reg-tls");
+    // The same registry by a name its certificate does not hold.
+    let e = pull(
+        d,
+        json!({"reference": format!("localhost:{}/ns/app:1", f.tls.port), "name": "reg-bad"}),
+    )
+    .expect_error(502, Some("reference"));
+    assert_eq!(e["code"], "registry_untrusted", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("localhost") && m.contains("certificate"), "{e}");
+    // A certificate from a CA this node does not trust.
+    let e = pull(
+        d,
+        json!({"reference": format!("{}/ns/app:1", f.tls_untrusted.host()), "name": "reg-bad"}),
+    )
+    .expect_error(502, Some("reference"));
+    assert_eq!(e["code"], "registry_untrusted", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("certificate") && m.contains("ca_files"), "{e}");
+    d.call(Method::GET, "/v1/images/reg-bad", None)
+        .expect_error(404, Some("name"));
     d.call(Method::POST, "/v1/node/gc", None).expect(200);
     clean_store(d);
 }

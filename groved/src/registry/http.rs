@@ -1,5 +1,6 @@
-//! One registry repository over HTTP: requests under `/v2/<repo>/`, with the auth a 401 asks
-//! for (a `Bearer` token from the realm it names, or `Basic`) and blob redirects followed.
+//! One registry repository over HTTPS (plain HTTP for the registries listed as insecure):
+//! requests under `/v2/<repo>/`, with the auth a 401 asks for (a `Bearer` token from the realm
+//! it names, or `Basic`) and blob redirects followed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -31,19 +33,25 @@ pub(super) struct Registry {
     cfg: Arc<RegistriesConfig>,
     /// The `Authorization` value that worked, reused for every later request.
     auth: tokio::sync::Mutex<Option<HeaderValue>>,
-    http: Client<HttpConnector, Empty<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
 
 impl Registry {
     pub fn new(cfg: Arc<RegistriesConfig>, host: &str, repo: &str) -> Result<Registry, PullError> {
-        if !cfg.is_insecure(host) {
-            return Err(PullError::NotInsecure {
-                registry: host.into(),
-            });
-        }
+        let tls = super::tls::client_config(&cfg).map_err(|why| PullError::Unreachable {
+            registry: host.into(),
+            why,
+        })?;
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(CONNECT_TIMEOUT));
         conn.set_nodelay(true);
+        conn.enforce_http(false);
+        // Either scheme is dialled; which one a URL may have is decided per host (`may_dial`).
+        let conn = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config((*tls).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(conn);
         Ok(Registry {
             host: host.into(),
             repo: repo.into(),
@@ -52,6 +60,15 @@ impl Registry {
             auth: tokio::sync::Mutex::new(None),
             http: Client::builder(TokioExecutor::new()).build(conn),
         })
+    }
+
+    /// The scheme this registry is spoken to with.
+    fn scheme(&self) -> &'static str {
+        if self.cfg.is_insecure(&self.host) {
+            "http"
+        } else {
+            "https"
+        }
     }
 
     fn unreachable(&self, why: impl std::fmt::Display) -> PullError {
@@ -79,7 +96,13 @@ impl Registry {
             .map_err(|e| self.unreachable(format!("building a request for {uri}: {e}")))?;
         match tokio::time::timeout(HEAD_TIMEOUT, self.http.request(req)).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(self.unreachable(crate::error::chain(&e))),
+            Ok(Err(e)) => Err(match super::tls::failure(&e) {
+                Some(why) => PullError::Untrusted {
+                    registry: self.host.clone(),
+                    why,
+                },
+                None => self.unreachable(crate::error::chain(&e)),
+            }),
             Err(_) => Err(self.unreachable(format!("no answer in {HEAD_TIMEOUT:?}"))),
         }
     }
@@ -87,7 +110,7 @@ impl Registry {
     /// GET `/v2/<repo>/<path>`: authenticates when asked, follows redirects (to hosts that may
     /// be spoken to, without the registry's credentials). Any final status is the caller's.
     pub async fn get(&self, path: &str, accept: &str) -> Result<Response<Incoming>, PullError> {
-        let first: Uri = format!("http://{}/v2/{}/{path}", self.host, self.repo)
+        let first: Uri = format!("{}://{}/v2/{}/{path}", self.scheme(), self.host, self.repo)
             .parse()
             .map_err(|e| self.unreachable(format!("bad URL: {e}")))?;
         let mut authed = false;
@@ -108,10 +131,10 @@ impl Registry {
                     .ok_or_else(|| self.unreachable("a redirect without Location"))?;
                 let next = resolve(&uri, loc)
                     .ok_or_else(|| self.unreachable(format!("bad redirect {loc:?}")))?;
-                let host = next.authority().map(|a| a.as_str()).unwrap_or("");
-                if next.scheme_str() != Some("http") || !self.cfg.is_insecure(host) {
+                if !self.cfg.may_dial(&next) {
                     return Err(self.unreachable(format!(
-                        "redirected to {next}, which is not a registry listed in registries.insecure"
+                        "redirected to {next}: plain HTTP, to a host not listed in \
+                         registries.insecure"
                     )));
                 }
                 let same = next.authority() == first.authority();
@@ -179,11 +202,11 @@ impl Registry {
             let uri: Uri = url
                 .parse()
                 .map_err(|_| self.denied(format!("token realm {realm:?} is not a URL")))?;
-            let host = uri.authority().map(|a| a.as_str()).unwrap_or("");
-            // The password goes only where it may: a realm this node is told it may speak to.
-            if uri.scheme_str() != Some("http") || !self.cfg.is_insecure(host) {
+            // The password goes only over TLS, or in the clear to a host listed as insecure.
+            if !self.cfg.may_dial(&uri) {
                 return Err(self.denied(format!(
-                    "token realm {realm:?} is not a host listed in registries.insecure"
+                    "token realm {realm:?} is plain HTTP to a host not listed in \
+                     registries.insecure"
                 )));
             }
             let resp = self
@@ -294,5 +317,35 @@ mod tests {
         assert_eq!(p[1], ("service".into(), "reg".into()));
         assert_eq!(p[2], ("scope".into(), "repository:a/b:pull,push".into()));
         assert_eq!(parse_params("realm=x, a=b")[1], ("a".into(), "b".into()));
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    /// A registry that answers TLS in plain HTTP (one not listed as insecure) fails as a TLS
+    /// failure, whose message says where to list it, not as a registry that is down.
+    #[tokio::test]
+    async fn a_plain_http_answer_to_tls_is_a_tls_failure() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for mut c in l.incoming().flatten() {
+                let mut b = [0u8; 512];
+                let _ = c.read(&mut b);
+                let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+            }
+        });
+        let host = format!("127.0.0.1:{port}");
+        let r = Registry::new(Arc::new(RegistriesConfig::default()), &host, "x").unwrap();
+        match r.get("manifests/1", "").await {
+            Err(PullError::Untrusted { registry, why }) => {
+                assert_eq!(registry, host);
+                assert!(why.contains("corrupt message"), "{why}");
+            }
+            other => panic!("{:?}", other.map(|r| r.status())),
+        }
     }
 }

@@ -4,6 +4,7 @@
 mod http;
 pub mod pull;
 pub mod reference;
+mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,9 +19,11 @@ pub use reference::Reference;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistriesConfig {
-    /// Registries (`host[:port]`) spoken to over plain HTTP. Nothing else is: this groved has no
-    /// TLS client, so a registry not listed here cannot be pulled from.
+    /// Registries (`host[:port]`) spoken to over plain HTTP; every other one over HTTPS.
     pub insecure: Vec<String>,
+    /// PEM files of certificate authorities trusted beside the system's (`/etc/ssl/certs`), for
+    /// registries whose certificates a private CA signs.
+    pub ca_files: Vec<PathBuf>,
     /// Per registry, mirrors (`host[:port]`) tried in order before it.
     pub mirrors: BTreeMap<String, Vec<String>>,
     /// Per registry, a user and password.
@@ -47,6 +50,17 @@ impl std::fmt::Debug for Credentials {
 impl RegistriesConfig {
     pub fn is_insecure(&self, host: &str) -> bool {
         self.insecure.iter().any(|h| h == host)
+    }
+
+    /// Whether a URL (a redirect's target, a token realm) may be dialled: HTTPS anywhere, plain
+    /// HTTP only to a host listed as insecure.
+    pub fn may_dial(&self, uri: &axum::http::Uri) -> bool {
+        let host = uri.authority().map(|a| a.as_str()).unwrap_or("");
+        match uri.scheme_str() {
+            Some("https") => !host.is_empty(),
+            Some("http") => self.is_insecure(host),
+            _ => false,
+        }
     }
 
     /// The credentials for `host`: the config's own, else the auth file's.
@@ -115,5 +129,20 @@ mod tests {
         assert_eq!(auth_file_entry(f, "docker.io").unwrap().username, "d");
         assert!(auth_file_entry(f, "other:1").is_none());
         assert!(format!("{c:?}").contains("<password>"));
+    }
+
+    #[test]
+    fn plain_http_only_to_insecure_hosts() {
+        let cfg = RegistriesConfig {
+            insecure: vec!["10.0.0.1:5000".into()],
+            ..Default::default()
+        };
+        let ok = |u: &str| cfg.may_dial(&u.parse().unwrap());
+        assert!(ok("https://auth.example.com/token"));
+        assert!(ok("http://10.0.0.1:5000/v2/"));
+        assert!(!ok("http://10.0.0.1:5001/v2/"));
+        assert!(!ok("http://auth.example.com/token"));
+        assert!(!ok("ftp://10.0.0.1:5000/x"));
+        assert!(!ok("/relative"));
     }
 }

@@ -59,10 +59,10 @@ pub enum PullError {
     #[error("cannot reach registry {registry}: {why}")]
     Unreachable { registry: String, why: String },
     #[error(
-        "registry {registry} is not listed in [registries] insecure: this groved speaks plain \
-         HTTP to the registries listed there and has no TLS client for the others"
+        "registry {registry} is not trusted: {why} (a registry behind a private CA needs its \
+         certificate in [registries] ca_files; a plain-HTTP one, its host in insecure)"
     )]
-    NotInsecure { registry: String },
+    Untrusted { registry: String, why: String },
     #[error("registry {registry} sent a bad {what}: {why}")]
     Protocol {
         registry: String,
@@ -103,11 +103,9 @@ impl From<PullError> for ApiError {
                 "registry_unreachable",
                 "reference",
             ),
-            PullError::NotInsecure { .. } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "registry_not_allowed",
-                "reference",
-            ),
+            PullError::Untrusted { .. } => {
+                (StatusCode::BAD_GATEWAY, "registry_untrusted", "reference")
+            }
             PullError::Protocol { .. } => (StatusCode::BAD_GATEWAY, "registry_error", "reference"),
             PullError::Digest { .. } => (StatusCode::BAD_GATEWAY, "digest_mismatch", "reference"),
             PullError::NoPlatform { .. } => (StatusCode::NOT_FOUND, "no_such_platform", "platform"),
