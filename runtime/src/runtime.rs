@@ -166,8 +166,8 @@ impl Runtime {
         let sb_dir = config.run_dir.join("sandboxes");
         std::fs::create_dir_all(&sb_dir).map_err(io_err(format!("create {}", sb_dir.display())))?;
         let table = config.cgroup_root.replace('-', "_");
-        let net =
-            Network::new(&table, &config.net_pool).map_err(|e| Error::invalid("net_pool", e))?;
+        let net = Network::new(&table, &config.net_pool)
+            .map_err(|e| Error::invalid("net_pool", e.to_string()))?;
         // From here on sandboxes bind the runtime's own copy, whose path reveals nothing.
         let mut config = config;
         config.init_binary =
