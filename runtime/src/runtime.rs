@@ -571,7 +571,7 @@ impl Runtime {
         }
         if let Some(dir) = &parts.dir {
             if let Err(e) = crate::mounts::remove_dir_unless_mounted(dir) {
-                errors.push(e);
+                errors.push(e.to_string());
             }
         }
         if errors.is_empty() {
