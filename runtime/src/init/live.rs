@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use nix::sys::wait::WaitStatus;
 
 use super::{procs, pty, spawn, Failure};
-use crate::proto::InitErrorKind::{self, NoProcess, Other, Refused};
+use crate::proto::InitErrorKind::{self, NoProcess, Refused};
 use crate::proto::{
     self, ExecSpec, LiveInfo, ProcSpec, Reply, Request, KIND_PTY, KIND_STDERR, KIND_STDOUT, LOG_DIR,
 };
@@ -595,7 +595,7 @@ impl Table {
                 Ok(p) => match &p.pty {
                     Some(m) if size.cols > 0 && size.rows > 0 => match pty::resize(m, size) {
                         Ok(()) => Reply::Ok,
-                        Err(m) => err(Other, m),
+                        Err(f) => f.into(),
                     },
                     Some(_) => err(Refused, "a terminal has at least one column and one row"),
                     None => err(Refused, format!("process {pid} has no terminal")),

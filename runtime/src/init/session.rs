@@ -241,7 +241,7 @@ impl Sessions {
         let input_path = match &spec.input {
             Some(data) => match stage_input(&nonce, data) {
                 Ok(p) => Some(p),
-                Err(m) => return err(&mut conn, SessionErrorKind::BadInput, m),
+                Err((kind, m)) => return err(&mut conn, kind, m),
             },
             None => None,
         };
@@ -378,7 +378,13 @@ fn members(sid: i32) -> HashSet<i32> {
         .collect()
 }
 
-fn stage_input(nonce: &str, data: &[u8]) -> Result<String, String> {
+fn stage_input(nonce: &str, data: &[u8]) -> Result<String, Refusal> {
+    let failed = |path: &str, e: std::io::Error| {
+        (
+            SessionErrorKind::BadInput,
+            format!("stage input at {path}: {e}"),
+        )
+    };
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let _ = std::fs::DirBuilder::new().mode(0o700).create(SESSION_DIR);
     let path = format!("{SESSION_DIR}/{nonce}.in");
@@ -387,10 +393,10 @@ fn stage_input(nonce: &str, data: &[u8]) -> Result<String, String> {
         .create_new(true)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| format!("stage input at {path}: {e}"))?;
+        .map_err(|e| failed(&path, e))?;
     if let Err(e) = f.write_all(data) {
         let _ = std::fs::remove_file(&path);
-        return Err(format!("stage input at {path}: {e}"));
+        return Err(failed(&path, e));
     }
     Ok(path)
 }

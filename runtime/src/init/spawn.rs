@@ -116,11 +116,7 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, Failure> {
             .collect()
     };
 
-    let pair = o
-        .pty
-        .map(pty::open)
-        .transpose()
-        .map_err(|m| Failure::new(Spawn, m))?;
+    let pair = o.pty.map(pty::open).transpose()?;
     let (in_r, in_w) = if o.stdin && pair.is_none() {
         let (r, w) = pipe()?;
         (Some(r), Some(w))
@@ -223,7 +219,7 @@ fn child(a: ChildArgs<'_>) -> Failure {
     let _ = nix::sys::prctl::set_child_subreaper(true);
     if let Some(slave) = a.pty {
         if let Err(e) = pty::attach_child(slave) {
-            return Failure::new(Spawn, e);
+            return e;
         }
     } else {
         let stdin = match a.stdin {
