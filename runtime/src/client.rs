@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::init_handle::{HandleError, InitHandle};
-use crate::proto::{self, ExecSpec, Proc, Reply, Request, KIND_JSON, KIND_STDERR, KIND_STDOUT};
+use crate::proto::{
+    self, ExecSpec, InitErrorKind, Proc, Reply, Request, KIND_JSON, KIND_STDERR, KIND_STDOUT,
+};
 use crate::types::{ExecResult, OutputChunk};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,8 +20,12 @@ pub enum ClientError {
     Connect(#[from] HandleError),
     #[error("talk to init")]
     Io(#[from] std::io::Error),
-    #[error("init: {0}")]
-    Init(String),
+    /// Init refused the request; `kind` is what to classify it by (the message is for people).
+    #[error("init: {message}")]
+    Init {
+        kind: InitErrorKind,
+        message: String,
+    },
     #[error("bad reply from init: {0}")]
     Protocol(String),
     /// The exec was cancelled (see [`ExecCancel`]).
@@ -95,7 +101,7 @@ fn simple_within(
     let mut s = connect(init, req)?;
     s.set_read_timeout(Some(timeout))?;
     match read_reply(&mut s)? {
-        Reply::Error { message } => Err(ClientError::Init(message)),
+        Reply::Error { kind, message } => Err(ClientError::Init { kind, message }),
         r => Ok(r),
     }
 }
@@ -170,7 +176,7 @@ fn exec_on(
             res.pid = Some(pid);
             res.log_path = log_path;
         }
-        Reply::Error { message } => return Err(ClientError::Init(message)),
+        Reply::Error { kind, message } => return Err(ClientError::Init { kind, message }),
         r => return Err(ClientError::Protocol(format!("{r:?}"))),
     }
     if background {
@@ -216,7 +222,9 @@ fn exec_on(
                         res.duration_ms = duration_ms;
                         return Ok(res);
                     }
-                    Reply::Error { message } => return Err(ClientError::Init(message)),
+                    Reply::Error { kind, message } => {
+                        return Err(ClientError::Init { kind, message })
+                    }
                     r => return Err(ClientError::Protocol(format!("{r:?}"))),
                 }
             }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::client::ClientError;
-use crate::proto::{self, ProcSpec, Reply, Request, KIND_JSON, KIND_PTY, KIND_STDERR, KIND_STDOUT};
+use crate::proto::{
+    self, InitErrorKind, ProcSpec, Reply, Request, KIND_JSON, KIND_PTY, KIND_STDERR, KIND_STDOUT,
+};
 use crate::runtime::Runtime;
 use crate::types::SandboxId;
 use crate::validate;
@@ -128,7 +130,9 @@ fn follow(
                             duration_ms,
                         })
                     }
-                    Reply::Error { message } => return Err(ClientError::Init(message)),
+                    Reply::Error { kind, message } => {
+                        return Err(ClientError::Init { kind, message })
+                    }
                     r => return Err(ClientError::Protocol(format!("{r:?}"))),
                 }
             }
@@ -142,6 +146,20 @@ fn follow(
         if !on_event(ev) {
             return Err(gone());
         }
+    }
+}
+
+/// Init's refusal of a request about a kept process: 404 for a pid it does not keep, 409 for
+/// anything else (the process cannot take it).
+fn live_refusal(id: &SandboxId, pid: i32, kind: InitErrorKind, message: String) -> Error {
+    match kind {
+        InitErrorKind::NoProcess => Error::NotFound {
+            id: format!("process {pid} in {id}"),
+        },
+        _ => Error::Conflict {
+            id: id.clone(),
+            reason: message,
+        },
     }
 }
 
@@ -204,7 +222,9 @@ impl Runtime {
                     .map_err(|e| ClientError::Protocol(e.to_string()))?
                 {
                     Reply::Started { pid, .. } => pid,
-                    Reply::Error { message } => return Err(ClientError::Init(message)),
+                    Reply::Error { kind, message } => {
+                        return Err(ClientError::Init { kind, message })
+                    }
                     r => return Err(ClientError::Protocol(format!("{r:?}"))),
                 },
                 _ => return Err(ClientError::Protocol("no start reply".into())),
@@ -253,7 +273,7 @@ impl Runtime {
                 Some((KIND_JSON, body)) => match serde_json::from_slice(&body)
                     .map_err(|e| ClientError::Protocol(e.to_string()))?
                 {
-                    Reply::Error { message } => Err(ClientError::Init(message)),
+                    Reply::Error { kind, message } => Err(ClientError::Init { kind, message }),
                     r => Ok(r),
                 },
                 _ => Err(ClientError::Protocol("no reply".into())),
@@ -266,13 +286,7 @@ impl Runtime {
     /// that cannot take it).
     fn live_error(&self, id: &SandboxId, pid: i32, e: ClientError) -> Error {
         match e {
-            ClientError::Init(m) if m.starts_with("no process") => Error::NotFound {
-                id: format!("process {pid} in {id}"),
-            },
-            ClientError::Init(m) => Error::Conflict {
-                id: id.clone(),
-                reason: m,
-            },
+            ClientError::Init { kind, message } => live_refusal(id, pid, kind, message),
             e => match self.running(id) {
                 Ok(sb) => self.client_error(&sb, e),
                 Err(e) => e,
@@ -307,6 +321,30 @@ impl Runtime {
                 id: id.clone(),
                 reason: format!("unexpected reply {r:?}"),
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_refusals_by_kind() {
+        let id = SandboxId::generate();
+        let gone = live_refusal(&id, 7, InitErrorKind::NoProcess, "no process 7".into());
+        assert!(
+            matches!(&gone, Error::NotFound { id } if id.starts_with("process 7 in")),
+            "{gone:?}"
+        );
+        for k in [
+            InitErrorKind::Refused,
+            InitErrorKind::Other,
+            InitErrorKind::Spawn,
+        ] {
+            // By kind, not text: an older init's "no process" (no kind) is a conflict.
+            let e = live_refusal(&id, 7, k, "no process 7".into());
+            assert!(matches!(e, Error::Conflict { .. }), "{k:?}: {e:?}");
         }
     }
 }

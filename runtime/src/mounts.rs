@@ -29,12 +29,22 @@ pub fn unmount_if_mounted(target: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Why a sandbox's run dir was not removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveDirError {
+    /// Something is still mounted below it: left in place, never read through.
+    #[error("{} still has mounts; left in place", .0.display())]
+    Mounted(PathBuf),
+    #[error("remove {}: {error}", .dir.display())]
+    Remove { dir: PathBuf, error: io::Error },
+}
+
 /// Removes `dir` (a sandbox's run dir) without ever walking into a mount. Its entries are
 /// removed one level deep: rmdir refuses a directory something is mounted on (EBUSY) rather
 /// than reading through it, and costs nothing like a read of the host's whole mount table.
 /// Only a directory with content of its own (nothing Grove leaves there) falls back to that
 /// table and a recursive removal.
-pub fn remove_dir_unless_mounted(dir: &Path) -> Result<(), String> {
+pub fn remove_dir_unless_mounted(dir: &Path) -> Result<(), RemoveDirError> {
     let shallow = || -> io::Result<()> {
         for e in std::fs::read_dir(dir)? {
             let e = e?;
@@ -50,23 +60,26 @@ pub fn remove_dir_unless_mounted(dir: &Path) -> Result<(), String> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            Err(format!("{} still has mounts; left in place", dir.display()))
+            Err(RemoveDirError::Mounted(dir.to_path_buf()))
         }
         Err(_) => {
             let mounted = mount_points()
                 .map(|m| m.iter().any(|p| p.starts_with(dir)))
                 .unwrap_or(true);
             if mounted {
-                return Err(format!("{} still has mounts; left in place", dir.display()));
+                return Err(RemoveDirError::Mounted(dir.to_path_buf()));
             }
-            std::fs::remove_dir_all(dir).map_err(|e| format!("remove {}: {e}", dir.display()))
+            std::fs::remove_dir_all(dir).map_err(|error| RemoveDirError::Remove {
+                dir: dir.to_path_buf(),
+                error,
+            })
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::remove_dir_unless_mounted;
+    use super::{remove_dir_unless_mounted, RemoveDirError};
 
     #[test]
     fn a_run_dir_is_removed_but_never_through_a_mount() {
@@ -105,7 +118,11 @@ mod tests {
         let mounted = Unmount(&root);
         std::fs::write(root.join("precious"), b"keep").unwrap();
         let err = remove_dir_unless_mounted(&dir).unwrap_err();
-        assert!(err.contains("still has mounts"), "{err}");
+        assert!(
+            matches!(&err, RemoveDirError::Mounted(d) if *d == dir),
+            "{err}"
+        );
+        assert!(err.to_string().contains("still has mounts"), "{err}");
         assert_eq!(std::fs::read(root.join("precious")).unwrap(), b"keep");
         drop(mounted);
         remove_dir_unless_mounted(&dir).unwrap();

@@ -52,37 +52,49 @@ struct NetState {
     held: HashMap<u16, OwnedFd>,
 }
 
-/// Why a sandbox's network could not be set up.
+/// Why a sandbox's network could not be set up, torn down or restored.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
     /// A published port that cannot be had: the client's to fix (a 4xx naming the field).
     #[error("{0}")]
     Port(Error),
+    /// The address pool of the config is not a usable CIDR.
     #[error("{0}")]
-    Wire(String),
+    BadPool(Error),
+    #[error("address pool /{0} is too small")]
+    PoolTooSmall(u8),
+    #[error("address pool exhausted")]
+    PoolExhausted,
+    #[error("enable ip_forward: {0}")]
+    IpForward(std::io::Error),
+    /// A command (`ip`, `nsenter`, `nft`) could not be started or waited for.
+    #[error("{cmd}: {error}")]
+    Run { cmd: String, error: std::io::Error },
+    /// A command ran and failed; `stderr` is what it said.
+    #[error("{program:?} failed: {stderr}")]
+    Failed { program: String, stderr: String },
+    /// Each step of a teardown that failed (the others were still done).
+    #[error("{}", join(.0))]
+    Teardown(Vec<NetError>),
+}
+
+fn join(errors: &[NetError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl NetError {
     pub(crate) fn into_error(self, id: &SandboxId) -> Error {
         match self {
             NetError::Port(e) => e,
-            NetError::Wire(reason) => Error::Network {
+            e => Error::Network {
                 id: id.clone(),
-                reason,
+                reason: e.to_string(),
             },
         }
-    }
-}
-
-impl From<String> for NetError {
-    fn from(s: String) -> Self {
-        NetError::Wire(s)
-    }
-}
-
-impl From<&str> for NetError {
-    fn from(s: &str) -> Self {
-        NetError::Wire(s.into())
     }
 }
 
@@ -112,7 +124,7 @@ pub fn host_if(id: &SandboxId) -> String {
     format!("grove{}", &id.short()[..10])
 }
 
-fn run(cmd: &mut Command, input: Option<&str>) -> Result<(), String> {
+fn run(cmd: &mut Command, input: Option<&str>) -> Result<(), NetError> {
     cmd.stdin(if input.is_some() {
         Stdio::piped()
     } else {
@@ -120,33 +132,34 @@ fn run(cmd: &mut Command, input: Option<&str>) -> Result<(), String> {
     })
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let failed = |cmd: &Command, error| NetError::Run {
+        cmd: format!("{cmd:?}"),
+        error,
+    };
+    let mut child = cmd.spawn().map_err(|e| failed(cmd, e))?;
     if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
         let _ = stdin.write_all(text.as_bytes());
     }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| failed(cmd, e))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{:?} failed: {}",
-            cmd.get_program(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(NetError::Failed {
+            program: cmd.get_program().to_string_lossy().into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
-fn nft(script: &str) -> Result<(), String> {
+fn nft(script: &str) -> Result<(), NetError> {
     run(Command::new("nft").arg("-f").arg("-"), Some(script))
 }
 
 impl Network {
-    pub fn new(table: &str, pool: &str) -> Result<Network, String> {
-        let pool = validate::cidr(pool).map_err(|e| e.to_string())?;
+    pub fn new(table: &str, pool: &str) -> Result<Network, NetError> {
+        let pool = validate::cidr(pool).map_err(NetError::BadPool)?;
         if pool.1 > 28 {
-            return Err(format!("address pool /{} is too small", pool.1));
+            return Err(NetError::PoolTooSmall(pool.1));
         }
         let nonlocal_bind = std::fs::read_to_string("/proc/sys/net/ipv4/ip_nonlocal_bind")
             .is_ok_and(|v| v.trim() != "0");
@@ -212,14 +225,14 @@ impl Network {
         if st.leases == 0 {
             // Made under the lock so a concurrent setup never adds rules to a missing table.
             let made = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-                .map_err(|e| format!("enable ip_forward: {e}"))
+                .map_err(NetError::IpForward)
                 .and_then(|()| {
                     let _ = nft(&format!("delete table inet {}\n", self.table));
                     nft(&self.base_table())
                 });
             if let Err(e) = made {
                 Self::release_ports(&mut st, &held);
-                return Err(e.into());
+                return Err(e);
             }
         }
         let blocks = 1u32 << (32 - u32::from(self.pool.1) - 2);
@@ -233,7 +246,7 @@ impl Network {
             if st.leases == 0 {
                 self.delete_table();
             }
-            return Err("address pool exhausted".into());
+            return Err(NetError::PoolExhausted);
         };
         let (host_addr, sandbox_addr) = self.block(index);
         let lease = NetLease {
@@ -251,7 +264,7 @@ impl Network {
             Ok(()) => Ok(lease),
             Err(e) => {
                 let _ = self.teardown(&lease);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -310,7 +323,7 @@ impl Network {
         Ok(())
     }
 
-    fn wire(&self, l: &NetLease, pid: i32, allow: &[EgressRule]) -> Result<(), String> {
+    fn wire(&self, l: &NetLease, pid: i32, allow: &[EgressRule]) -> Result<(), NetError> {
         let h = &l.host_if;
         let restored = std::path::Path::new("/sys/class/net").join(h).exists();
         let mut host_cmds = String::new();
@@ -374,7 +387,7 @@ impl Network {
     }
 
     /// Removes the link, the rules and the lease; the table goes with the last lease.
-    pub fn teardown(&self, l: &NetLease) -> Result<(), String> {
+    pub fn teardown(&self, l: &NetLease) -> Result<(), NetError> {
         let mut errors = Vec::new();
         if std::path::Path::new("/sys/class/net")
             .join(&l.host_if)
@@ -412,14 +425,14 @@ impl Network {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(errors.join("; "))
+            Err(NetError::Teardown(errors))
         }
     }
 
     /// At start-up, with the leases of the sandboxes a restart adopted: the table is rebuilt to hold
     /// exactly their rules, in one nft transaction (no instant without the filter). With none, the
     /// table goes.
-    pub fn restore(&self, adopted: &[(NetLease, Vec<EgressRule>)]) -> Result<(), String> {
+    pub fn restore(&self, adopted: &[(NetLease, Vec<EgressRule>)]) -> Result<(), NetError> {
         let mut st = self.state.lock();
         let t = &self.table;
         if adopted.is_empty() {
@@ -486,4 +499,42 @@ pub fn counters(l: &NetLease) -> (u64, u64) {
             .unwrap_or(0)
     };
     (read("tx_bytes"), read("rx_bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_errors_read_as_before_and_map_by_variant() {
+        let failed = NetError::Failed {
+            program: "nft".into(),
+            stderr: "no such table".into(),
+        };
+        assert_eq!(failed.to_string(), r#""nft" failed: no such table"#);
+        let both = NetError::Teardown(vec![failed, NetError::PoolExhausted]);
+        assert_eq!(
+            both.to_string(),
+            r#""nft" failed: no such table; address pool exhausted"#
+        );
+        assert_eq!(
+            NetError::PoolTooSmall(30).to_string(),
+            "address pool /30 is too small"
+        );
+        let id = SandboxId::generate();
+        assert!(matches!(
+            NetError::PoolExhausted.into_error(&id),
+            Error::Network { reason, .. } if reason == "address pool exhausted"
+        ));
+        let port = NetError::Port(Error::invalid("ports[0].host_port", "80 is in use"));
+        assert_eq!(port.into_error(&id).field(), Some("ports[0].host_port"));
+        assert!(matches!(
+            Network::new("t", "10.0.0.0/30"),
+            Err(NetError::PoolTooSmall(30))
+        ));
+        assert!(matches!(
+            Network::new("t", "nonsense"),
+            Err(NetError::BadPool(_))
+        ));
+    }
 }

@@ -198,8 +198,93 @@ pub enum SessionErrorKind {
     Exists,
     Dead,
     Busy,
-    Invalid,
     Limit,
+    /// The session's working directory cannot be entered.
+    BadCwd,
+    /// The shell is not one program, or cannot be executed.
+    BadShell,
+    /// The command of a run is too long or holds a NUL byte.
+    BadCommand,
+    /// The input of a run is too long, or could not be staged.
+    BadInput,
+    /// Anything else wrong with the request (the session name; a start-up step of the shell): also
+    /// what an older init's `invalid` means, for it said no more.
+    Invalid,
+}
+
+impl SessionErrorKind {
+    /// The request field an invalid-request kind blames; None for the other kinds.
+    pub fn field(self) -> Option<&'static str> {
+        match self {
+            SessionErrorKind::BadCwd => Some("cwd"),
+            SessionErrorKind::BadShell => Some("shell"),
+            SessionErrorKind::BadCommand => Some("command"),
+            SessionErrorKind::BadInput => Some("input"),
+            SessionErrorKind::Invalid => Some("name"),
+            SessionErrorKind::NotFound
+            | SessionErrorKind::Exists
+            | SessionErrorKind::Dead
+            | SessionErrorKind::Busy
+            | SessionErrorKind::Limit => None,
+        }
+    }
+}
+
+/// What init failed at, carried by [`Reply::Error`]: the runtime classifies a refusal by this,
+/// never by the message's text (which is for people).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitErrorKind {
+    /// The working directory cannot be entered (chdir failed, as the command's user).
+    BadCwd,
+    /// The program cannot be executed (no PATH candidate could be exec'd).
+    BadExec,
+    /// The user is not a name of the sandbox's /etc/passwd nor `uid[:gid]`.
+    BadUser,
+    /// The sandbox's root filesystem is gone (ENOTCONN: its file server was lost).
+    RootGone,
+    /// No process of that pid is kept by init.
+    NoProcess,
+    /// The process cannot take the request (ended, stdin closed, no terminal, pid not signallable,
+    /// a queue full, a bad terminal size).
+    Refused,
+    /// The request could not be read, or is not one this init serves.
+    Protocol,
+    /// Setting the command up failed in init itself (pipe, fork, pty, dup2, ids, a NUL byte).
+    Spawn,
+    /// Anything else. An older init's reply carries no kind and decodes as this, as does a kind
+    /// this runtime does not know.
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+impl InitErrorKind {
+    /// The request field a refusal of this kind blames: None for the kinds that are not the
+    /// request's fault (or not its spec's).
+    pub fn spec_field(self) -> Option<&'static str> {
+        match self {
+            InitErrorKind::BadCwd => Some("cwd"),
+            InitErrorKind::BadExec => Some("argv"),
+            InitErrorKind::BadUser => Some("user"),
+            InitErrorKind::RootGone
+            | InitErrorKind::NoProcess
+            | InitErrorKind::Refused
+            | InitErrorKind::Protocol
+            | InitErrorKind::Spawn
+            | InitErrorKind::Other => None,
+        }
+    }
+
+    /// The kind of a failed system call: ENOTCONN (the root's file server went away) wins over
+    /// what the call was for.
+    pub fn of_errno(errno: i32, otherwise: InitErrorKind) -> InitErrorKind {
+        if errno == libc::ENOTCONN {
+            InitErrorKind::RootGone
+        } else {
+            otherwise
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -235,6 +320,9 @@ pub enum Reply {
     },
     Ok,
     Error {
+        /// Absent from an older init's replies (a restored sandbox may run one): `Other`.
+        #[serde(default)]
+        kind: InitErrorKind,
         message: String,
     },
     Sessions {
@@ -337,6 +425,95 @@ mod tests {
         );
         assert_eq!(setup_owner(b"/x/grove-init\0--setup\0"), None);
         assert_eq!(setup_owner(b"/x/grove-init\0--setup\0--instance\0"), None);
+    }
+
+    fn decode(json: &str) -> Reply {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn error_kind_decodes_with_and_without_kind() {
+        let r = Reply::Error {
+            kind: InitErrorKind::BadCwd,
+            message: "cwd \"/x\": ENOENT".into(),
+        };
+        let wire = serde_json::to_string(&r).unwrap();
+        assert!(wire.contains(r#""kind":"bad_cwd""#), "{wire}");
+        assert!(matches!(
+            decode(&wire),
+            Reply::Error { kind: InitErrorKind::BadCwd, message } if message == "cwd \"/x\": ENOENT"
+        ));
+        // An older init (a restored sandbox's) sends no kind: the generic one, message kept.
+        assert!(matches!(
+            decode(r#"{"type":"error","message":"cwd \"/x\": ENOENT"}"#),
+            Reply::Error { kind: InitErrorKind::Other, message } if message.starts_with("cwd")
+        ));
+        // A kind this runtime does not know is the generic one too.
+        assert!(matches!(
+            decode(r#"{"type":"error","kind":"from_the_future","message":"m"}"#),
+            Reply::Error {
+                kind: InitErrorKind::Other,
+                ..
+            }
+        ));
+        for k in [
+            InitErrorKind::BadCwd,
+            InitErrorKind::BadExec,
+            InitErrorKind::BadUser,
+            InitErrorKind::RootGone,
+            InitErrorKind::NoProcess,
+            InitErrorKind::Refused,
+            InitErrorKind::Protocol,
+            InitErrorKind::Spawn,
+            InitErrorKind::Other,
+        ] {
+            let wire = serde_json::to_string(&Reply::Error {
+                kind: k,
+                message: String::new(),
+            })
+            .unwrap();
+            assert!(
+                matches!(decode(&wire), Reply::Error { kind, .. } if kind == k),
+                "{wire}"
+            );
+        }
+    }
+
+    #[test]
+    fn errno_kind() {
+        assert_eq!(
+            InitErrorKind::of_errno(libc::ENOTCONN, InitErrorKind::BadCwd),
+            InitErrorKind::RootGone
+        );
+        assert_eq!(
+            InitErrorKind::of_errno(libc::ENOENT, InitErrorKind::BadCwd),
+            InitErrorKind::BadCwd
+        );
+    }
+
+    #[test]
+    fn session_error_kinds() {
+        // An older init's `invalid` still decodes (as the generic invalid request).
+        assert!(matches!(
+            decode(r#"{"type":"session_error","kind":"invalid","message":"cwd: x"}"#),
+            Reply::SessionError {
+                kind: SessionErrorKind::Invalid,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decode(r#"{"type":"session_error","kind":"bad_cwd","message":"m"}"#),
+            Reply::SessionError {
+                kind: SessionErrorKind::BadCwd,
+                ..
+            }
+        ));
+        assert_eq!(SessionErrorKind::BadCwd.field(), Some("cwd"));
+        assert_eq!(SessionErrorKind::BadShell.field(), Some("shell"));
+        assert_eq!(SessionErrorKind::BadCommand.field(), Some("command"));
+        assert_eq!(SessionErrorKind::BadInput.field(), Some("input"));
+        assert_eq!(SessionErrorKind::Invalid.field(), Some("name"));
+        assert_eq!(SessionErrorKind::Busy.field(), None);
     }
 
     #[test]

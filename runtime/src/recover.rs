@@ -11,7 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::client;
-use crate::init_handle::InitHandle;
+use crate::init_handle::{HandleError, InitHandle};
 use crate::mounts;
 use crate::network::host_if;
 use crate::proto::setup_owner;
@@ -20,6 +20,23 @@ use crate::residue::{cgroup_of, dir_names, host_processes, sandbox_of_cgroup};
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
 use crate::types::{EventKind, NetworkPolicy, SandboxId, SandboxState};
+
+/// Why a recorded sandbox was not adopted by a restarted runtime (its reason as a lost sandbox).
+#[derive(Debug, thiserror::Error)]
+enum AdoptError {
+    /// The recorded init is gone, or its pid now belongs to another process.
+    #[error("{0}")]
+    Init(#[from] HandleError),
+    #[error("making {} private: {error}", .dir.display())]
+    Private { dir: PathBuf, error: std::io::Error },
+    #[error("its root filesystem did not survive the restart")]
+    RootLost,
+    #[error("its link {0} is gone")]
+    LinkGone(String),
+    /// `why`: the ping's error with its sources.
+    #[error("init {pid} does not answer: {why}")]
+    NoAnswer { pid: i32, why: String },
+}
 
 impl Runtime {
     pub(crate) fn lost_dir(&self) -> PathBuf {
@@ -40,7 +57,8 @@ impl Runtime {
             let adopted = match (name.parse::<SandboxId>(), record::read(&dir)) {
                 (Ok(id), Ok(rec)) if rec.id == id => match self.adopt(rec.clone(), dir) {
                     Ok(sb) => Some(sb),
-                    Err(reason) => {
+                    Err(e) => {
+                        let reason = e.to_string();
                         tracing::warn!(sandbox = %id, %reason, "not adopted: reclaimed, reported failed");
                         self.mark_lost(rec, reason);
                         None
@@ -144,19 +162,22 @@ impl Runtime {
 
     /// A sandbox from its record, if its init is the same process and answers, and its root is
     /// still served. The reason otherwise.
-    fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, String> {
+    fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, AdoptError> {
         // The recorded pid must still be the process that started then (not a reused pid).
-        let init = InitHandle::adopt(rec.init_pid, rec.init_start).map_err(|e| e.to_string())?;
+        let init = InitHandle::adopt(rec.init_pid, rec.init_start)?;
         // Run dirs made before they were private (0755) let host users reach the root's setuid files.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| format!("making {} private: {e}", dir.display()))?;
+            .map_err(|error| AdoptError::Private {
+                dir: dir.clone(),
+                error,
+            })?;
         let root = self
             .roots
             .reattach(&rec.id, &rec.spec.image, &dir.join("root"))
-            .ok_or("its root filesystem did not survive the restart")?;
+            .ok_or(AdoptError::RootLost)?;
         if let Some(net) = &rec.net {
             if !Path::new("/sys/class/net").join(&net.host_if).exists() {
-                return Err(format!("its link {} is gone", net.host_if));
+                return Err(AdoptError::LinkGone(net.host_if.clone()));
             }
         }
         if rec.state == SandboxState::Running {
@@ -171,7 +192,10 @@ impl Runtime {
                     why = format!("{why}: {c}");
                     cur = c.source();
                 }
-                format!("init {} does not answer: {why}", rec.init_pid)
+                AdoptError::NoAnswer {
+                    pid: rec.init_pid,
+                    why,
+                }
             })?;
         }
         Ok(Arc::new(Sandbox {

@@ -19,7 +19,7 @@ use crate::init_watch::InitWatch;
 use crate::jobs::Jobs;
 use crate::network::Network;
 use crate::pool::Pools;
-use crate::proto::{self, ExecSpec, SetupConfig};
+use crate::proto::{self, ExecSpec, InitErrorKind, SetupConfig};
 use crate::record::{self, LostRecord};
 use crate::root::{DiskQuota, RootMount, RootProvider};
 use crate::sandbox::{now_ms, Parts, Sandbox};
@@ -114,6 +114,22 @@ pub struct Runtime {
     init_watch: std::sync::OnceLock<InitWatch>,
 }
 
+/// What an init refusal means for the request, by its kind alone; None for a failure of init's own
+/// (judged by the sandbox's state: destroyed, init gone, or an init error).
+fn init_refusal(id: &SandboxId, kind: InitErrorKind, message: &str) -> Option<Error> {
+    match kind {
+        // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
+        InitErrorKind::RootGone => Some(Error::Unavailable {
+            what: format!("the root filesystem of {id}"),
+            reason: message.to_string(),
+        }),
+        k => k.spec_field().map(|field| Error::InvalidSpec {
+            field: field.into(),
+            reason: message.to_string(),
+        }),
+    }
+}
+
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Io { context, source }
 }
@@ -150,8 +166,8 @@ impl Runtime {
         let sb_dir = config.run_dir.join("sandboxes");
         std::fs::create_dir_all(&sb_dir).map_err(io_err(format!("create {}", sb_dir.display())))?;
         let table = config.cgroup_root.replace('-', "_");
-        let net =
-            Network::new(&table, &config.net_pool).map_err(|e| Error::invalid("net_pool", e))?;
+        let net = Network::new(&table, &config.net_pool)
+            .map_err(|e| Error::invalid("net_pool", e.to_string()))?;
         // From here on sandboxes bind the runtime's own copy, whose path reveals nothing.
         let mut config = config;
         config.init_binary =
@@ -555,7 +571,7 @@ impl Runtime {
         }
         if let Some(dir) = &parts.dir {
             if let Err(e) = crate::mounts::remove_dir_unless_mounted(dir) {
-                errors.push(e);
+                errors.push(e.to_string());
             }
         }
         if errors.is_empty() {
@@ -784,25 +800,13 @@ impl Runtime {
 
     pub(crate) fn client_error(&self, sb: &Arc<Sandbox>, e: ClientError) -> Error {
         let id = &sb.id;
+        if let ClientError::Init { kind, message } = &e {
+            if let Some(err) = init_refusal(id, *kind, message) {
+                return err;
+            }
+        }
         match e {
-            // The root's file server is gone (a lost grove-fsd not yet noticed): not the request's fault.
-            ClientError::Init(m) if m.contains("ENOTCONN") => Error::Unavailable {
-                what: format!("the root filesystem of {id}"),
-                reason: m,
-            },
             ClientError::Cancelled => Error::Cancelled { id: id.clone() },
-            ClientError::Init(m) if m.starts_with("cwd") => Error::InvalidSpec {
-                field: "cwd".into(),
-                reason: m,
-            },
-            ClientError::Init(m) if m.starts_with("exec") => Error::InvalidSpec {
-                field: "argv".into(),
-                reason: m,
-            },
-            ClientError::Init(m) if m.starts_with("user ") => Error::InvalidSpec {
-                field: "user".into(),
-                reason: m,
-            },
             e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {
                 id: format!("{id} (destroyed: {e})"),
             },
@@ -842,7 +846,8 @@ impl Runtime {
         }
         let sb = self.running(id)?;
         client::signal(&sb.init, pid, signal).map_err(|e| match e {
-            ClientError::Init(m) => Error::invalid("pid", m),
+            // Whatever init refused (pid 1, a pid gone, kill's own failure), the pid is at fault.
+            ClientError::Init { message, .. } => Error::invalid("pid", message),
             e => self.client_error(&sb, e),
         })
     }
@@ -1137,3 +1142,42 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Runtime>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_refusals_by_kind() {
+        let id = SandboxId::generate();
+        for (kind, field) in [
+            (InitErrorKind::BadCwd, "cwd"),
+            (InitErrorKind::BadExec, "argv"),
+            (InitErrorKind::BadUser, "user"),
+        ] {
+            let e = init_refusal(&id, kind, "whatever the text").unwrap();
+            assert_eq!(e.field(), Some(field), "{kind:?}: {e:?}");
+            assert!(e.to_string().contains("whatever the text"), "{e}");
+        }
+        let gone = init_refusal(&id, InitErrorKind::RootGone, "cwd \"/x\": ENOTCONN").unwrap();
+        assert!(matches!(gone, Error::Unavailable { .. }), "{gone:?}");
+        // Init's own failures, and an older init's kindless refusals, whatever their text: judged
+        // by the sandbox's state instead.
+        for kind in [
+            InitErrorKind::NoProcess,
+            InitErrorKind::Refused,
+            InitErrorKind::Protocol,
+            InitErrorKind::Spawn,
+            InitErrorKind::Other,
+        ] {
+            for text in [
+                "cwd \"/x\": ENOENT",
+                "exec \"x\": ENOENT",
+                "user \"u\": x",
+                "ENOTCONN",
+            ] {
+                assert!(init_refusal(&id, kind, text).is_none(), "{kind:?} {text:?}");
+            }
+        }
+    }
+}

@@ -20,8 +20,22 @@ pub enum SpawnError {
         source: std::io::Error,
     },
     /// Pid 1 (killed since) reported a failure, exited or timed out during setup.
-    #[error("{message}")]
-    Failed { pid: i32, message: String },
+    #[error("{reason}")]
+    Failed { pid: i32, reason: SetupFailure },
+}
+
+/// How the setup handshake with pid 1 failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupFailure {
+    /// Pid 1's own words: its `error <message>` line (or any line that is not `ready`).
+    #[error("{0}")]
+    Reported(String),
+    #[error("timed out waiting for sandbox init")]
+    TimedOut,
+    #[error("sandbox init (pid {pid}) exited during setup")]
+    Exited { pid: i32 },
+    #[error("read from sandbox init: {0}")]
+    Read(std::io::Error),
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -66,18 +80,23 @@ pub fn spawn_init(
     .map_err(start_err)?;
     drop((stdin_r, stdout_w, null));
     let outcome = handshake(pid, cfg, stdin_w, stdout_r);
-    outcome.map(|()| pid).map_err(|message| {
+    outcome.map(|()| pid).map_err(|reason| {
         // Our child and its namespace's init: killing it ends everything it started.
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        SpawnError::Failed { pid, message }
+        SpawnError::Failed { pid, reason }
     })
 }
 
 /// Sends the config and waits for `ready` or `error <message>`.
-fn handshake(pid: i32, cfg: &SetupConfig, stdin: OwnedFd, stdout: OwnedFd) -> Result<(), String> {
+fn handshake(
+    pid: i32,
+    cfg: &SetupConfig,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+) -> Result<(), SetupFailure> {
     let config = serde_json::to_vec(cfg).unwrap_or_default();
     // Dropped after writing: pid 1 reads the config to EOF.
     let _ = std::fs::File::from(stdin).write_all(&config);
@@ -90,12 +109,14 @@ fn handshake(pid: i32, cfg: &SetupConfig, stdin: OwnedFd, stdout: OwnedFd) -> Re
             let line = line.trim_end();
             return match line {
                 "ready" => Ok(()),
-                _ => Err(line.strip_prefix("error ").unwrap_or(line).to_string()),
+                _ => Err(SetupFailure::Reported(
+                    line.strip_prefix("error ").unwrap_or(line).to_string(),
+                )),
             };
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err("timed out waiting for sandbox init".into());
+            return Err(SetupFailure::TimedOut);
         }
         let mut pfd = libc::pollfd {
             fd: stdout.as_raw_fd(),
@@ -109,10 +130,10 @@ fn handshake(pid: i32, cfg: &SetupConfig, stdin: OwnedFd, stdout: OwnedFd) -> Re
         }
         let mut buf = [0u8; 512];
         match stdout.read(&mut buf) {
-            Ok(0) => return Err(format!("sandbox init (pid {pid}) exited during setup")),
+            Ok(0) => return Err(SetupFailure::Exited { pid }),
             Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("read from sandbox init: {e}")),
+            Err(e) => return Err(SetupFailure::Read(e)),
         }
     }
 }
@@ -209,5 +230,58 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         libc::sigprocmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut());
         libc::execve(a.path, a.argv, a.envp);
         libc::_exit(127)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SetupConfig {
+        SetupConfig {
+            root: "/r".into(),
+            hostname: "h".into(),
+            cgroup_procs: vec![],
+            init_binary: "/i".into(),
+            tmp_size_mb: 1,
+            shm_size_mb: 1,
+            open_files: 1,
+            new_netns: false,
+            extra_caps: vec![],
+        }
+    }
+
+    /// Runs the handshake against pid 1's side as `said` (then its stdout closes).
+    fn handshake_with(said: &[u8]) -> Result<(), SetupFailure> {
+        let (in_r, in_w) = pipe().unwrap();
+        let (out_r, out_w) = pipe().unwrap();
+        std::fs::File::from(out_w).write_all(said).unwrap();
+        let r = handshake(42, &cfg(), in_w, out_r);
+        let mut config = String::new();
+        std::fs::File::from(in_r)
+            .read_to_string(&mut config)
+            .unwrap();
+        assert!(config.contains("\"hostname\":\"h\""), "{config}");
+        r
+    }
+
+    #[test]
+    fn handshake_outcomes() {
+        assert!(handshake_with(b"ready\n").is_ok());
+        match handshake_with(b"error mount /proc: EPERM\nready\n") {
+            Err(SetupFailure::Reported(m)) => assert_eq!(m, "mount /proc: EPERM"),
+            r => panic!("{r:?}"),
+        }
+        match handshake_with(b"read") {
+            Err(e @ SetupFailure::Exited { pid: 42 }) => {
+                assert_eq!(e.to_string(), "sandbox init (pid 42) exited during setup")
+            }
+            r => panic!("{r:?}"),
+        }
+        let e = SpawnError::Failed {
+            pid: 42,
+            reason: SetupFailure::TimedOut,
+        };
+        assert_eq!(e.to_string(), "timed out waiting for sandbox init");
     }
 }

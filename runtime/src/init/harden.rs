@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// Docker's default capability set less CAP_MKNOD (CAP_* numbers): a sandbox makes no device
@@ -370,18 +370,41 @@ const INET_TYPES: &[u64] = &[
 /// 0xffffffff query.
 const PERSONALITIES: &[u64] = &[0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
-fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| e.to_string())
+/// Why pid 1 could not harden itself during setup.
+#[derive(Debug, thiserror::Error)]
+pub enum HardenError {
+    #[error("drop capability {cap}: {error}")]
+    DropCap { cap: u32, error: std::io::Error },
+    /// `what`: the limit, as `RLIMIT_NOFILE=<n>` or `RLIMIT_CORE`.
+    #[error("{what}: {errno}")]
+    Rlimit {
+        what: String,
+        errno: nix::errno::Errno,
+    },
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(nix::errno::Errno),
+    #[error("build seccomp filter: {0}")]
+    BuildFilter(BackendError),
+    /// `which`: `seccomp` (the allowlist) or `abi`.
+    #[error("install {which} filter: {error}")]
+    InstallFilter {
+        which: &'static str,
+        error: seccompiler::Error,
+    },
 }
 
-fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
-    SeccompRule::new(conds).map_err(|e| e.to_string())
+fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, BackendError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, BackendError> {
+    SeccompRule::new(conds)
 }
 
 /// The allowlist: [`ALLOWED_SYSCALLS`] unconditionally; clone without namespace flags; socket
 /// outside [`DENIED_FAMILIES`] and without raw inet sockets; personality with [`PERSONALITIES`].
 /// Anything else: EPERM.
-pub fn allow_filter() -> Result<BpfProgram, String> {
+pub fn allow_filter() -> Result<BpfProgram, BackendError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED_SYSCALLS
         .iter()
         .map(|&nr| (nr, Vec::new()))
@@ -417,10 +440,8 @@ pub fn allow_filter() -> Result<BpfProgram, String> {
         SeccompAction::Errno(libc::EPERM as u32),
         SeccompAction::Allow,
         TargetArch::x86_64,
-    )
-    .map_err(|e| e.to_string())?
+    )?
     .try_into()
-    .map_err(|e: seccompiler::BackendError| e.to_string())
 }
 
 /// What the number-keyed allowlist cannot say, in one small hand-written filter:
@@ -464,7 +485,7 @@ pub fn abi_filter() -> BpfProgram {
 /// Drops every capability outside KEEP_CAPS from the bounding set. After exec (as uid 0) the
 /// process's permitted/effective sets equal the bounding set.
 /// Drops every capability but [`KEEP_CAPS`] and `extra` (the spec's `cap_add`) from the bounding set.
-pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), String> {
+pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), HardenError> {
     for cap in 0..64u32 {
         if KEEP_CAPS.contains(&cap) || extra.contains(&cap) {
             continue;
@@ -476,7 +497,7 @@ pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), String> {
             if err.raw_os_error() == Some(libc::EINVAL) {
                 break; // past CAP_LAST_CAP
             }
-            return Err(format!("drop capability {cap}: {err}"));
+            return Err(HardenError::DropCap { cap, error: err });
         }
     }
     // SAFETY: prctl with integer arguments only.
@@ -492,20 +513,22 @@ pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), String> {
     Ok(())
 }
 
-pub fn set_rlimits(open_files: u64) -> Result<(), String> {
+pub fn set_rlimits(open_files: u64) -> Result<(), HardenError> {
     use nix::sys::resource::{setrlimit, Resource};
+    let failed = |what: String| move |errno| HardenError::Rlimit { what, errno };
     setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)
-        .map_err(|e| format!("RLIMIT_NOFILE={open_files}: {e}"))?;
-    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| format!("RLIMIT_CORE: {e}"))?;
+        .map_err(failed(format!("RLIMIT_NOFILE={open_files}")))?;
+    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(failed("RLIMIT_CORE".into()))?;
     Ok(())
 }
 
 /// no_new_privs, then the seccomp filters.
-pub fn lock_down() -> Result<(), String> {
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-    let allow = allow_filter().map_err(|e| format!("build seccomp filter: {e}"))?;
-    seccompiler::apply_filter(&allow).map_err(|e| format!("install seccomp filter: {e}"))?;
-    seccompiler::apply_filter(&abi_filter()).map_err(|e| format!("install abi filter: {e}"))?;
+pub fn lock_down() -> Result<(), HardenError> {
+    let install = |which| move |error| HardenError::InstallFilter { which, error };
+    nix::sys::prctl::set_no_new_privs().map_err(HardenError::NoNewPrivs)?;
+    let allow = allow_filter().map_err(HardenError::BuildFilter)?;
+    seccompiler::apply_filter(&allow).map_err(install("seccomp"))?;
+    seccompiler::apply_filter(&abi_filter()).map_err(install("abi"))?;
     Ok(())
 }
 
@@ -517,5 +540,22 @@ mod tests {
     fn filters_build() {
         assert!(!allow_filter().unwrap().is_empty());
         assert_eq!(abi_filter().len(), 9);
+    }
+
+    #[test]
+    fn harden_errors_read_as_before() {
+        let e = HardenError::Rlimit {
+            what: "RLIMIT_NOFILE=7".into(),
+            errno: nix::errno::Errno::EPERM,
+        };
+        assert_eq!(
+            e.to_string(),
+            "RLIMIT_NOFILE=7: EPERM: Operation not permitted"
+        );
+        let e = HardenError::InstallFilter {
+            which: "abi",
+            error: seccompiler::Error::EmptyFilter,
+        };
+        assert!(e.to_string().starts_with("install abi filter: "), "{e}");
     }
 }

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::wait::WaitStatus;
 
-use super::{procs, pty, spawn};
+use super::{procs, pty, spawn, Failure};
+use crate::proto::InitErrorKind::{self, NoProcess, Refused};
 use crate::proto::{
     self, ExecSpec, LiveInfo, ProcSpec, Reply, Request, KIND_PTY, KIND_STDERR, KIND_STDOUT, LOG_DIR,
 };
@@ -73,10 +74,9 @@ fn reply(conn: &mut UnixStream, r: &Reply) {
     let _ = conn.write_all(&proto::encode_json(r));
 }
 
-fn err(message: impl Into<String>) -> Reply {
-    Reply::Error {
-        message: message.into(),
-    }
+/// A refusal of a request about a kept process.
+fn err(kind: InitErrorKind, message: impl Into<String>) -> Reply {
+    Failure::new(kind, message).into()
 }
 
 fn open_log(pid: i32) -> (Option<(File, u64)>, Option<String>) {
@@ -468,8 +468,8 @@ impl Table {
         };
         let s = match spawn::spawn(&o) {
             Ok(s) => s,
-            Err(m) => {
-                reply(&mut conn, &err(m));
+            Err(f) => {
+                reply(&mut conn, &f.into());
                 return None;
             }
         };
@@ -557,7 +557,7 @@ impl Table {
             Request::ProcConnect { pid } => {
                 match self.procs.get_mut(&pid) {
                     Some(p) => p.add_sub(conn, false),
-                    None => reply(&mut conn, &err(format!("no process {pid}"))),
+                    None => reply(&mut conn, &err(NoProcess, format!("no process {pid}"))),
                 }
                 return None;
             }
@@ -565,12 +565,12 @@ impl Table {
                 list: self.procs.values().map(|p| p.info.clone()).collect(),
             },
             Request::ProcInput { pid, data } => match self.running(pid) {
-                Err(m) => err(m),
+                Err(f) => f.into(),
                 Ok(p) if p.pty.is_none() && (p.stdin.is_none() || p.close_stdin) => {
-                    err(format!("stdin of process {pid} is not open"))
+                    err(Refused, format!("stdin of process {pid} is not open"))
                 }
                 Ok(p) if p.stdin_q.len() + data.len() > STDIN_CAP => {
-                    err(format!("stdin of process {pid}: too much queued"))
+                    err(Refused, format!("stdin of process {pid}: too much queued"))
                 }
                 Ok(p) => {
                     p.stdin_q.extend(data);
@@ -579,10 +579,11 @@ impl Table {
                 }
             },
             Request::ProcCloseStdin { pid } => match self.running(pid) {
-                Err(m) => err(m),
-                Ok(p) if p.pty.is_some() => {
-                    err(format!("process {pid} runs on a terminal: send EOT (0x04)"))
-                }
+                Err(f) => f.into(),
+                Ok(p) if p.pty.is_some() => err(
+                    Refused,
+                    format!("process {pid} runs on a terminal: send EOT (0x04)"),
+                ),
                 Ok(p) => {
                     p.close_stdin = true;
                     p.write_stdin();
@@ -590,14 +591,14 @@ impl Table {
                 }
             },
             Request::ProcResize { pid, size } => match self.running(pid) {
-                Err(m) => err(m),
+                Err(f) => f.into(),
                 Ok(p) => match &p.pty {
                     Some(m) if size.cols > 0 && size.rows > 0 => match pty::resize(m, size) {
                         Ok(()) => Reply::Ok,
-                        Err(m) => err(m),
+                        Err(f) => f.into(),
                     },
-                    Some(_) => err("a terminal has at least one column and one row"),
-                    None => err(format!("process {pid} has no terminal")),
+                    Some(_) => err(Refused, "a terminal has at least one column and one row"),
+                    None => err(Refused, format!("process {pid} has no terminal")),
                 },
             },
             other => return Some((conn, other)),
@@ -606,11 +607,11 @@ impl Table {
         None
     }
 
-    fn running(&mut self, pid: i32) -> Result<&mut Proc, String> {
+    fn running(&mut self, pid: i32) -> Result<&mut Proc, Failure> {
         match self.procs.get_mut(&pid) {
             Some(p) if p.ended.is_none() => Ok(p),
-            Some(_) => Err(format!("process {pid} has ended")),
-            None => Err(format!("no process {pid}")),
+            Some(_) => Err(Failure::new(Refused, format!("process {pid} has ended"))),
+            None => Err(Failure::new(NoProcess, format!("no process {pid}"))),
         }
     }
 }

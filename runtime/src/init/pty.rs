@@ -5,6 +5,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::{FcntlArg, FdFlag, OFlag};
 
+use super::Failure;
+use crate::proto::InitErrorKind::{Other, Spawn};
 use crate::proto::PtySize;
 
 pub struct Pair {
@@ -22,15 +24,15 @@ fn winsize(size: PtySize) -> libc::winsize {
 }
 
 /// Opens a pair of the given size; both ends close on exec (the child dups the slave onto 0-2).
-pub fn open(size: PtySize) -> Result<Pair, String> {
+pub fn open(size: PtySize) -> Result<Pair, Failure> {
     let ws = winsize(size);
-    let p = nix::pty::openpty(Some(&ws), None).map_err(|e| format!("openpty: {e}"))?;
+    let p = nix::pty::openpty(Some(&ws), None).map_err(|e| Failure::errno(Spawn, "openpty", e))?;
     for fd in [&p.master, &p.slave] {
         nix::fcntl::fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
-            .map_err(|e| format!("pty cloexec: {e}"))?;
+            .map_err(|e| Failure::errno(Spawn, "pty cloexec", e))?;
     }
     nix::fcntl::fcntl(p.master.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
-        .map_err(|e| format!("pty nonblocking: {e}"))?;
+        .map_err(|e| Failure::errno(Spawn, "pty nonblocking", e))?;
     Ok(Pair {
         master: p.master,
         slave: p.slave,
@@ -38,27 +40,26 @@ pub fn open(size: PtySize) -> Result<Pair, String> {
 }
 
 /// Sets the terminal size (the kernel sends SIGWINCH to the foreground group).
-pub fn resize(master: &OwnedFd, size: PtySize) -> Result<(), String> {
+pub fn resize(master: &OwnedFd, size: PtySize) -> Result<(), Failure> {
     let ws = winsize(size);
     // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer; the fd is a pty master we own.
     let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
     if rc != 0 {
-        return Err(format!("resize: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::new(Other, format!("resize: {e}")));
     }
     Ok(())
 }
 
 /// In the forked child after setsid(): the slave becomes the controlling terminal and stdio.
-pub fn attach_child(slave: RawFd) -> Result<(), String> {
+pub fn attach_child(slave: RawFd) -> Result<(), Failure> {
     // SAFETY: TIOCSCTTY with an integer argument on a descriptor the child holds.
     if unsafe { libc::ioctl(slave, libc::TIOCSCTTY, 0) } != 0 {
-        return Err(format!(
-            "controlling tty: {}",
-            std::io::Error::last_os_error()
-        ));
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::new(Spawn, format!("controlling tty: {e}")));
     }
     for to in 0..=2 {
-        nix::unistd::dup2(slave, to).map_err(|e| format!("dup2 pty: {e}"))?;
+        nix::unistd::dup2(slave, to).map_err(|e| Failure::errno(Spawn, "dup2 pty", e))?;
     }
     Ok(())
 }

@@ -13,7 +13,8 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{live, procs, session, spawn};
+use super::{live, procs, session, spawn, Failure};
+use crate::proto::InitErrorKind::{NoProcess, Protocol, Refused};
 use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
 
 /// A foreground exec bound to its client connection.
@@ -300,7 +301,7 @@ fn handle_conn(
     let req = match req {
         Ok(r) => r,
         Err(message) => {
-            reply(&mut conn, &Reply::Error { message });
+            reply(&mut conn, &Failure::new(Protocol, message).into());
             return None;
         }
     };
@@ -322,9 +323,7 @@ fn handle_conn(
         ),
         Request::Signal { pid, signal } => {
             let r = if pid <= 1 {
-                Reply::Error {
-                    message: format!("pid {pid} cannot be signalled"),
-                }
+                Failure::new(Refused, format!("pid {pid} cannot be signalled")).into()
             } else {
                 // A command started by exec leads its own session and group: signal the whole
                 // group, so `sh -c 'server'` stops with its children instead of orphaning them.
@@ -337,9 +336,14 @@ fn handle_conn(
                 // SAFETY: kill(2) with plain integers.
                 match unsafe { libc::kill(target, signal) } {
                     0 => Reply::Ok,
-                    _ => Reply::Error {
-                        message: format!("kill {pid}: {}", std::io::Error::last_os_error()),
-                    },
+                    _ => {
+                        let e = std::io::Error::last_os_error();
+                        let kind = match e.raw_os_error() {
+                            Some(libc::ESRCH) => NoProcess,
+                            _ => Refused,
+                        };
+                        Failure::new(kind, format!("kill {pid}: {e}")).into()
+                    }
                 }
             };
             reply(&mut conn, &r);
@@ -352,9 +356,7 @@ fn handle_conn(
         | Request::SessionList) => sessions.handle(conn, r),
         other => reply(
             &mut conn,
-            &Reply::Error {
-                message: format!("unexpected request {other:?}"),
-            },
+            &Failure::new(Protocol, format!("unexpected request {other:?}")).into(),
         ),
     }
     None
@@ -364,8 +366,8 @@ fn start_exec(mut conn: UnixStream, spec: ExecSpec) -> Option<Exec> {
     let started = Instant::now();
     let s = match spawn::spawn(&spawn::Opts::exec(&spec)) {
         Ok(s) => s,
-        Err(message) => {
-            reply(&mut conn, &Reply::Error { message });
+        Err(f) => {
+            reply(&mut conn, &f.into());
             return None;
         }
     };

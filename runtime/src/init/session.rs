@@ -32,9 +32,10 @@ use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{fork, ForkResult};
 
-use super::procs;
+use super::{procs, Failure};
 use crate::proto::{
-    self, Reply, Request, SessionErrorKind, SessionRunSpec, SessionSpec, SessionStatus, KIND_STDOUT,
+    self, InitErrorKind, Reply, Request, SessionErrorKind, SessionRunSpec, SessionSpec,
+    SessionStatus, KIND_STDOUT,
 };
 use crate::sandbox::now_ms;
 
@@ -97,6 +98,9 @@ struct Run {
     /// Members of the shell's session when the run began (kept by escalation step 2).
     before: HashSet<i32>,
 }
+
+/// A refused session request: its kind, and the message for people.
+type Refusal = (SessionErrorKind, String);
 
 fn err(conn: &mut UnixStream, kind: SessionErrorKind, message: String) {
     let _ = conn.set_nonblocking(false);
@@ -166,9 +170,7 @@ impl Sessions {
             }
             _ => reply(
                 &mut conn,
-                &Reply::Error {
-                    message: "not a session request".into(),
-                },
+                &Failure::new(InitErrorKind::Protocol, "not a session request").into(),
             ),
         }
     }
@@ -195,7 +197,7 @@ impl Sessions {
                 self.map.insert(spec.name, s);
                 reply(&mut conn, &Reply::Sessions { list: vec![st] });
             }
-            Err(m) => err(&mut conn, SessionErrorKind::Invalid, m),
+            Err((kind, m)) => err(&mut conn, kind, m),
         }
     }
 
@@ -215,22 +217,31 @@ impl Sessions {
             return err(&mut conn, SessionErrorKind::Busy, m);
         }
         let bad = if spec.command.contains('\0') {
-            Some("the command contains a NUL byte".to_string())
+            Some((
+                SessionErrorKind::BadCommand,
+                "the command contains a NUL byte".to_string(),
+            ))
         } else if spec.command.len() > MAX_COMMAND {
-            Some(format!("the command is over {MAX_COMMAND} bytes"))
+            Some((
+                SessionErrorKind::BadCommand,
+                format!("the command is over {MAX_COMMAND} bytes"),
+            ))
         } else if spec.input.as_ref().is_some_and(|i| i.len() > MAX_INPUT) {
-            Some(format!("input is over {MAX_INPUT} bytes"))
+            Some((
+                SessionErrorKind::BadInput,
+                format!("input is over {MAX_INPUT} bytes"),
+            ))
         } else {
             None
         };
-        if let Some(m) = bad {
-            return err(&mut conn, SessionErrorKind::Invalid, m);
+        if let Some((kind, m)) = bad {
+            return err(&mut conn, kind, m);
         }
         let nonce = nonce();
         let input_path = match &spec.input {
             Some(data) => match stage_input(&nonce, data) {
                 Ok(p) => Some(p),
-                Err(m) => return err(&mut conn, SessionErrorKind::Invalid, m),
+                Err((kind, m)) => return err(&mut conn, kind, m),
             },
             None => None,
         };
@@ -367,7 +378,13 @@ fn members(sid: i32) -> HashSet<i32> {
         .collect()
 }
 
-fn stage_input(nonce: &str, data: &[u8]) -> Result<String, String> {
+fn stage_input(nonce: &str, data: &[u8]) -> Result<String, Refusal> {
+    let failed = |path: &str, e: std::io::Error| {
+        (
+            SessionErrorKind::BadInput,
+            format!("stage input at {path}: {e}"),
+        )
+    };
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let _ = std::fs::DirBuilder::new().mode(0o700).create(SESSION_DIR);
     let path = format!("{SESSION_DIR}/{nonce}.in");
@@ -376,10 +393,10 @@ fn stage_input(nonce: &str, data: &[u8]) -> Result<String, String> {
         .create_new(true)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| format!("stage input at {path}: {e}"))?;
+        .map_err(|e| failed(&path, e))?;
     if let Err(e) = f.write_all(data) {
         let _ = std::fs::remove_file(&path);
-        return Err(format!("stage input at {path}: {e}"));
+        return Err(failed(&path, e));
     }
     Ok(path)
 }
@@ -407,11 +424,12 @@ impl Session {
         }
     }
 
-    fn spawn(spec: &SessionSpec) -> Result<Session, String> {
+    fn spawn(spec: &SessionSpec) -> Result<Session, Refusal> {
         let shell = spec.shell.clone().unwrap_or_else(|| "bash".into());
         if shell.is_empty() || shell.contains(char::is_whitespace) {
-            return Err(format!(
-                "shell {shell:?}: give one program (a path or a name in PATH)"
+            return Err((
+                SessionErrorKind::BadShell,
+                format!("shell {shell:?}: give one program (a path or a name in PATH)"),
             ));
         }
         let base = shell.rsplit('/').next().unwrap_or(&shell);
@@ -434,7 +452,9 @@ impl Session {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         env.extend(spec.env.clone());
-        let cstr = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+        let cstr = |s: &str| {
+            CString::new(s).map_err(|_| (SessionErrorKind::Invalid, format!("NUL byte in {s:?}")))
+        };
         let c_argv: Vec<CString> = argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
         let envp: Vec<CString> = env
             .iter()
@@ -450,13 +470,16 @@ impl Session {
                 .filter_map(|d| CString::new(format!("{d}/{shell}")).ok())
                 .collect()
         };
-        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+        let pipe = || {
+            nix::unistd::pipe2(OFlag::O_CLOEXEC)
+                .map_err(|e| (SessionErrorKind::Invalid, format!("pipe: {e}")))
+        };
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
         let (st_r, st_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         // SAFETY: init is single-threaded, so the child may run arbitrary code after fork.
-        match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        match unsafe { fork() }.map_err(|e| (SessionErrorKind::Invalid, format!("fork: {e}")))? {
             ForkResult::Child => {
                 let e = child(
                     &c_argv,
@@ -465,18 +488,22 @@ impl Session {
                     &candidates,
                     [in_r.as_raw_fd(), out_w.as_raw_fd(), st_w.as_raw_fd()],
                 );
-                let _ = nix::unistd::write(&err_w, e.as_bytes());
+                let bytes = serde_json::to_vec(&e).unwrap_or_default();
+                let _ = nix::unistd::write(&err_w, &bytes);
                 // SAFETY: _exit in a forked child is always sound.
                 unsafe { libc::_exit(127) }
             }
             ForkResult::Parent { child } => {
                 drop((in_r, out_w, st_w, err_w));
-                let mut msg = String::new();
+                let mut msg = Vec::new();
                 let mut f = std::fs::File::from(err_r);
-                let _ = f.read_to_string(&mut msg);
+                let _ = f.read_to_end(&mut msg);
                 if !msg.is_empty() {
                     let _ = nix::sys::wait::waitpid(child, None);
-                    return Err(msg);
+                    return Err(serde_json::from_slice(&msg).unwrap_or_else(|_| {
+                        let m = String::from_utf8_lossy(&msg).into_owned();
+                        (SessionErrorKind::Invalid, m)
+                    }));
                 }
                 for fd in [&in_w, &out_r, &st_r] {
                     let _ = nix::fcntl::fcntl(
@@ -762,17 +789,17 @@ fn exit_of(st: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// Runs in the forked child; returns only with an error message. `fds`: stdin, output, status.
+/// Runs in the forked child; returns only with what failed. `fds`: stdin, output, status.
 fn child(
     argv: &[CString],
     envp: &[CString],
     cwd: &CString,
     candidates: &[CString],
     fds: [RawFd; 3],
-) -> String {
+) -> Refusal {
     super::spawn::default_signals();
     if let Err(e) = nix::unistd::setsid() {
-        return format!("setsid: {e}");
+        return (SessionErrorKind::Invalid, format!("setsid: {e}"));
     }
     // The shell's double-forked jobs stay below it, where close and the timeout escalation find
     // them.
@@ -780,7 +807,7 @@ fn child(
     let [stdin, out, status] = fds;
     for (from, to) in [(stdin, 0), (out, 1), (out, 2), (status, STATUS_FD)] {
         if let Err(e) = nix::unistd::dup2(from, to) {
-            return format!("dup2: {e}");
+            return (SessionErrorKind::Invalid, format!("dup2: {e}"));
         }
     }
     if status == STATUS_FD {
@@ -791,7 +818,7 @@ fn child(
         );
     }
     if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
-        return format!("cwd {cwd:?}: {e}");
+        return (SessionErrorKind::BadCwd, format!("cwd {cwd:?}: {e}"));
     }
     let mut last = nix::errno::Errno::ENOENT;
     for c in candidates {
@@ -801,7 +828,10 @@ fn child(
             Ok(never) => match never {},
         }
     }
-    format!("exec {:?}: {last}", argv[0])
+    (
+        SessionErrorKind::BadShell,
+        format!("exec {:?}: {last}", argv[0]),
+    )
 }
 
 #[cfg(test)]

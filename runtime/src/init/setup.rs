@@ -160,9 +160,11 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
     drop(null);
     close_fds_from(3);
 
-    harden::set_rlimits(cfg.open_files)?;
-    harden::drop_bounding_caps(&cfg.extra_caps)?;
-    harden::lock_down()?;
+    // Its text goes to the runtime as the setup's `error <message>` line.
+    let said = |e: harden::HardenError| e.to_string();
+    harden::set_rlimits(cfg.open_files).map_err(said)?;
+    harden::drop_bounding_caps(&cfg.extra_caps).map_err(said)?;
+    harden::lock_down().map_err(said)?;
 
     let path = CString::new(INIT_PATH).expect("no NUL");
     let argv = [

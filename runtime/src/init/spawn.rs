@@ -10,7 +10,8 @@ use nix::unistd::{fork, ForkResult};
 
 use std::collections::BTreeMap;
 
-use super::{pty, user};
+use super::{pty, user, Failure};
+use crate::proto::InitErrorKind::{BadCwd, BadExec, Spawn};
 use crate::proto::{ExecSpec, PtySize};
 
 pub struct Spawned {
@@ -52,8 +53,8 @@ impl<'a> Opts<'a> {
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+fn pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Failure::errno(Spawn, "pipe", e))
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -65,12 +66,12 @@ fn set_nonblocking(fd: &OwnedFd) {
 
 /// Starts a command. Exec failures (missing binary, bad cwd, unknown user) are reported as Err,
 /// not as an exit code.
-pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
+pub fn spawn(o: &Opts<'_>) -> Result<Spawned, Failure> {
     if o.argv.is_empty() {
-        return Err("empty argv".into());
+        return Err(Failure::new(Spawn, "empty argv"));
     }
     let creds = match o.user.map(user::resolve).transpose() {
-        Err(e) if o.user_or_root && e.contains("no such user") => None,
+        Err(user::UserError::NoSuchUser(_)) if o.user_or_root => None,
         r => r?,
     };
     let mut env: Vec<(String, String)> = vec![
@@ -96,7 +97,8 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
-    let cstr = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+    let cstr =
+        |s: &str| CString::new(s).map_err(|_| Failure::new(Spawn, format!("NUL byte in {s:?}")));
     let argv: Vec<CString> = o.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let envp: Vec<CString> = env
         .iter()
@@ -132,7 +134,7 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
     let devnull = cstr("/dev/null")?;
 
     // SAFETY: init is single-threaded, so the child may run arbitrary code after fork.
-    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { fork() }.map_err(|e| Failure::errno(Spawn, "fork", e))? {
         ForkResult::Child => {
             let err = child(ChildArgs {
                 argv: &argv,
@@ -146,21 +148,21 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, String> {
                 creds: creds.as_ref(),
                 devnull: &devnull,
             });
-            let _ = nix::unistd::write(&status_w, err.as_bytes());
+            let _ = nix::unistd::write(&status_w, &err.encode());
             // SAFETY: _exit in a forked child is always sound.
             unsafe { libc::_exit(127) }
         }
         ForkResult::Parent { child } => {
             let master = pair.map(|p| p.master); // the slave closes here
             drop((in_r, out_w, err_w, status_w));
-            // EOF on the CLOEXEC status pipe = exec succeeded; bytes = the child's error.
-            let mut msg = String::new();
+            // EOF on the CLOEXEC status pipe = exec succeeded; bytes = the child's failure.
+            let mut msg = Vec::new();
             // SAFETY: status_r is an fd we own; File takes it over.
             let mut f = unsafe { std::fs::File::from_raw_fd(into_raw(status_r)) };
-            let _ = f.read_to_string(&mut msg);
+            let _ = f.read_to_end(&mut msg);
             if !msg.is_empty() {
                 let _ = nix::sys::wait::waitpid(child, None);
-                return Err(msg);
+                return Err(Failure::decode(&msg));
             }
             for fd in [&in_w, &out_r, &err_r].into_iter().flatten() {
                 set_nonblocking(fd);
@@ -206,11 +208,11 @@ pub(crate) fn default_signals() {
     }
 }
 
-/// Runs in the forked child; returns only with an error message.
-fn child(a: ChildArgs<'_>) -> String {
+/// Runs in the forked child; returns only with what failed.
+fn child(a: ChildArgs<'_>) -> Failure {
     default_signals();
     if let Err(e) = nix::unistd::setsid() {
-        return format!("setsid: {e}");
+        return Failure::errno(Spawn, "setsid", e);
     }
     // The command becomes a subreaper so that its double-forked descendants stay in its subtree
     // (the timeout kill walks that subtree).
@@ -228,13 +230,13 @@ fn child(a: ChildArgs<'_>) -> String {
                 nix::sys::stat::Mode::empty(),
             ) {
                 Ok(fd) => fd,
-                Err(e) => return format!("open /dev/null: {e}"),
+                Err(e) => return Failure::errno(Spawn, "open /dev/null", e),
             },
         };
         let (stdout, stderr) = (a.stdout.unwrap_or(2), a.stderr.unwrap_or(2));
         for (from, to) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
             if let Err(e) = nix::unistd::dup2(from, to) {
-                return format!("dup2: {e}");
+                return Failure::errno(Spawn, "dup2", e);
             }
         }
     }
@@ -245,7 +247,7 @@ fn child(a: ChildArgs<'_>) -> String {
         }
     }
     if let Err(e) = nix::unistd::chdir(a.cwd.as_c_str()) {
-        return format!("cwd {:?}: {e}", a.cwd);
+        return Failure::errno(BadCwd, format_args!("cwd {:?}", a.cwd), e);
     }
     let mut last = nix::errno::Errno::ENOENT;
     for c in a.candidates {
@@ -255,5 +257,5 @@ fn child(a: ChildArgs<'_>) -> String {
             Ok(never) => match never {},
         }
     }
-    format!("exec {:?}: {last}", a.argv[0])
+    Failure::errno(BadExec, format_args!("exec {:?}", a.argv[0]), last)
 }

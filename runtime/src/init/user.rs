@@ -31,15 +31,40 @@ fn read_db(path: &str) -> String {
     s
 }
 
+/// Why a `user` does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    /// A name (not a number) that the sandbox's /etc/passwd lacks.
+    #[error("user {0:?}: no such user in the sandbox's /etc/passwd")]
+    NoSuchUser(String),
+    #[error("user {user:?}: {reason}")]
+    Bad { user: String, reason: &'static str },
+}
+
+impl UserError {
+    fn bad(user: &str, reason: &'static str) -> Self {
+        UserError::Bad {
+            user: user.to_string(),
+            reason,
+        }
+    }
+}
+
+impl From<UserError> for super::Failure {
+    fn from(e: UserError) -> Self {
+        super::Failure::new(crate::proto::InitErrorKind::BadUser, e.to_string())
+    }
+}
+
 /// `user` is a name from /etc/passwd, or `uid[:gid]` (a uid without an entry runs with gid = uid
 /// unless given, home `/`).
-pub fn resolve(user: &str) -> Result<Creds, String> {
+pub fn resolve(user: &str) -> Result<Creds, UserError> {
     resolve_in(user, &read_db("/etc/passwd"), &read_db("/etc/group"))
 }
 
-fn resolve_in(user: &str, passwd: &str, group: &str) -> Result<Creds, String> {
+fn resolve_in(user: &str, passwd: &str, group: &str) -> Result<Creds, UserError> {
     if user.is_empty() || user.contains(['\0', '\n']) {
-        return Err(format!("user {user:?}: not a user name or uid[:gid]"));
+        return Err(UserError::bad(user, "not a user name or uid[:gid]"));
     }
     let entries: Vec<Vec<&str>> = passwd
         .lines()
@@ -55,31 +80,33 @@ fn resolve_in(user: &str, passwd: &str, group: &str) -> Result<Creds, String> {
             .ok()
             .filter(|_| s.bytes().all(|b| b.is_ascii_digit()))
     };
-    let entry =
-        match numeric(uid_part) {
-            Some(uid) => entries
+    let entry = match numeric(uid_part) {
+        Some(uid) => entries
+            .iter()
+            .find(|f| numeric(f[2]) == Some(uid) && gid_part.is_none()),
+        None if gid_part.is_some() => {
+            return Err(UserError::bad(user, "uid:gid takes numbers"));
+        }
+        None => Some(
+            entries
                 .iter()
-                .find(|f| numeric(f[2]) == Some(uid) && gid_part.is_none()),
-            None if gid_part.is_some() => {
-                return Err(format!("user {user:?}: uid:gid takes numbers"));
-            }
-            None => Some(entries.iter().find(|f| f[0] == uid_part).ok_or_else(|| {
-                format!("user {user:?}: no such user in the sandbox's /etc/passwd")
-            })?),
-        };
+                .find(|f| f[0] == uid_part)
+                .ok_or_else(|| UserError::NoSuchUser(user.to_string()))?,
+        ),
+    };
     let (uid, gid, name, home) = match entry {
         Some(f) => {
             let uid =
-                numeric(f[2]).ok_or_else(|| format!("user {user:?}: bad uid in /etc/passwd"))?;
+                numeric(f[2]).ok_or_else(|| UserError::bad(user, "bad uid in /etc/passwd"))?;
             let gid =
-                numeric(f[3]).ok_or_else(|| format!("user {user:?}: bad gid in /etc/passwd"))?;
+                numeric(f[3]).ok_or_else(|| UserError::bad(user, "bad gid in /etc/passwd"))?;
             let home = if f[5].starts_with('/') { f[5] } else { "/" };
             (uid, gid, Some(f[0].to_string()), home.to_string())
         }
         None => {
             let uid = numeric(uid_part).unwrap_or(0);
             let gid = match gid_part {
-                Some(g) => numeric(g).ok_or_else(|| format!("user {user:?}: bad gid"))?,
+                Some(g) => numeric(g).ok_or_else(|| UserError::bad(user, "bad gid"))?,
                 None => uid,
             };
             // An explicit uid:gid that matches an entry still gets its name and home.
@@ -93,7 +120,7 @@ fn resolve_in(user: &str, passwd: &str, group: &str) -> Result<Creds, String> {
         }
     };
     if uid == u32::MAX || gid == u32::MAX {
-        return Err(format!("user {user:?}: -1 is not an id"));
+        return Err(UserError::bad(user, "-1 is not an id"));
     }
     let mut groups = vec![gid];
     if let Some(n) = &name {
@@ -130,18 +157,22 @@ impl Creds {
 }
 
 /// In the forked child, before exec: groups, gid, then uid (which clears every capability, so the
-/// command holds no more power than that uid has). Returns an error message on failure.
-pub fn drop_to(c: &Creds) -> Result<(), String> {
+/// command holds no more power than that uid has).
+pub fn drop_to(c: &Creds) -> Result<(), super::Failure> {
+    use super::Failure;
+    use crate::proto::InitErrorKind::Spawn;
     let groups: Vec<nix::unistd::Gid> = c
         .groups
         .iter()
         .map(|g| nix::unistd::Gid::from_raw(*g))
         .collect();
-    nix::unistd::setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setgroups(&groups).map_err(|e| Failure::errno(Spawn, "setgroups", e))?;
     let gid = nix::unistd::Gid::from_raw(c.gid);
-    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setgid {}: {e}", c.gid))?;
+    nix::unistd::setresgid(gid, gid, gid)
+        .map_err(|e| Failure::errno(Spawn, format_args!("setgid {}", c.gid), e))?;
     let uid = nix::unistd::Uid::from_raw(c.uid);
-    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setuid {}: {e}", c.uid))?;
+    nix::unistd::setresuid(uid, uid, uid)
+        .map_err(|e| Failure::errno(Spawn, format_args!("setuid {}", c.uid), e))?;
     Ok(())
 }
 
@@ -189,5 +220,25 @@ mod tests {
         ] {
             assert!(resolve_in(bad, PASSWD, GROUP).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            resolve_in("nobody-here", PASSWD, GROUP),
+            Err(UserError::NoSuchUser("nobody-here".into()))
+        );
+        assert_eq!(
+            resolve_in("nobody-here", PASSWD, GROUP)
+                .unwrap_err()
+                .to_string(),
+            "user \"nobody-here\": no such user in the sandbox's /etc/passwd"
+        );
+        assert!(matches!(
+            resolve_in("user:1", PASSWD, GROUP),
+            Err(UserError::Bad { .. })
+        ));
+        assert_eq!(
+            resolve_in("4294967295", PASSWD, GROUP)
+                .unwrap_err()
+                .to_string(),
+            "user \"4294967295\": -1 is not an id"
+        );
     }
 }

@@ -292,41 +292,76 @@ impl Runtime {
         let id = sb.id.clone();
         let name = name.to_string();
         match r {
-            Reply::SessionError { kind, message } => match kind {
-                SessionErrorKind::NotFound => Error::SessionNotFound { id, name },
-                SessionErrorKind::Dead => Error::SessionDead {
-                    id,
-                    name,
-                    reason: message,
-                },
-                SessionErrorKind::Exists | SessionErrorKind::Busy | SessionErrorKind::Limit => {
-                    Error::SessionConflict {
-                        id,
-                        name,
-                        reason: message,
-                    }
-                }
-                SessionErrorKind::Invalid => {
-                    let field = if message.starts_with("cwd") {
-                        "cwd"
-                    } else if message.starts_with("exec") || message.starts_with("shell") {
-                        "shell"
-                    } else if message.contains("input") {
-                        "input"
-                    } else if message.contains("command") {
-                        "command"
-                    } else {
-                        "name"
-                    };
-                    Error::invalid(field, message)
-                }
-            },
-            Reply::Error { message } => self.client_error(sb, ClientError::Init(message)),
+            Reply::SessionError { kind, message } => session_refusal(id, name, kind, message),
+            Reply::Error { kind, message } => {
+                self.client_error(sb, ClientError::Init { kind, message })
+            }
             r => self.session_protocol(sb, r),
         }
     }
 
     fn session_protocol(&self, sb: &Arc<Sandbox>, r: Reply) -> Error {
         self.client_error(sb, ClientError::Protocol(format!("{r:?}")))
+    }
+}
+
+/// Init's refusal of a session request, by its kind alone.
+fn session_refusal(id: SandboxId, name: String, kind: SessionErrorKind, message: String) -> Error {
+    match kind {
+        SessionErrorKind::NotFound => Error::SessionNotFound { id, name },
+        SessionErrorKind::Dead => Error::SessionDead {
+            id,
+            name,
+            reason: message,
+        },
+        SessionErrorKind::Exists | SessionErrorKind::Busy | SessionErrorKind::Limit => {
+            Error::SessionConflict {
+                id,
+                name,
+                reason: message,
+            }
+        }
+        SessionErrorKind::BadCwd
+        | SessionErrorKind::BadShell
+        | SessionErrorKind::BadCommand
+        | SessionErrorKind::BadInput
+        | SessionErrorKind::Invalid => Error::invalid(kind.field().unwrap_or("name"), message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_refusals_by_kind() {
+        let id = || SandboxId::generate();
+        let r = |kind, m: &str| session_refusal(id(), "main".into(), kind, m.into());
+        for (kind, field) in [
+            (SessionErrorKind::BadCwd, "cwd"),
+            (SessionErrorKind::BadShell, "shell"),
+            (SessionErrorKind::BadCommand, "command"),
+            (SessionErrorKind::BadInput, "input"),
+            // The text does not count: an older init's `invalid` is the generic field.
+            (SessionErrorKind::Invalid, "name"),
+        ] {
+            let e = r(kind, "cwd \"/x\": ENOENT (input command)");
+            assert_eq!(e.field(), Some(field), "{kind:?}: {e:?}");
+        }
+        assert!(matches!(
+            r(SessionErrorKind::NotFound, "m"),
+            Error::SessionNotFound { .. }
+        ));
+        assert!(matches!(
+            r(SessionErrorKind::Dead, "m"),
+            Error::SessionDead { .. }
+        ));
+        for k in [
+            SessionErrorKind::Exists,
+            SessionErrorKind::Busy,
+            SessionErrorKind::Limit,
+        ] {
+            assert!(matches!(r(k, "m"), Error::SessionConflict { .. }));
+        }
     }
 }
