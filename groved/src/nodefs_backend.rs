@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::http::StatusCode;
+use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{Runtime, SandboxId, SandboxInfo};
 use grove_snapshotter::{
-    ForkOptions, NodefsRoot, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
+    ForkOptions, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
 };
 use nodefs::service::{Client, FsService, ImportPolicy, Local, Spawn};
 use nodefs::{ManifestId, ObjectId};

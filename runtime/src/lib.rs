@@ -40,7 +40,7 @@ pub use error::Error;
 pub use files::Root as ConfinedRoot;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};
 pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
-pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
+pub use root::{CommitRoot, DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
 pub use runtime::sessions::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
 pub use runtime::{CheckpointView, ExternalMount, RestoreFn, RestoreTarget, Runtime};
 /// Wall-clock milliseconds since the epoch (0 before it), as records and events carry them.
