@@ -4,13 +4,13 @@
 //! groved/openapi.yaml and docs/api.md.
 
 mod admission;
-mod adopt;
 pub mod cgroup;
 mod client;
 pub mod config;
 pub mod error;
 pub mod files;
 pub mod host_mem;
+mod hostname;
 mod idle;
 pub mod init;
 mod init_copy;

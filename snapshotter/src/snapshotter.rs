@@ -296,7 +296,7 @@ impl Snapshotter {
         // Before anything may snapshot a branch whose memory a predecessor's daemon still fills.
         s.lazy.adopt(&s.lazy_root, &s.runtime);
         s.drop_orphans();
-        s.adopt_paused();
+        s.register_paused();
         let s = Arc::new(s);
         s.watch_parked();
         s.start_imports();
@@ -897,7 +897,7 @@ impl Snapshotter {
     }
 
     /// Records an imported snapshot (the transfer module verified it).
-    pub(crate) fn adopt(
+    pub(crate) fn record_imported(
         &self,
         info: SnapshotInfo,
         fs: &ManifestId,
