@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{
     CapacityOverrides, ExecRequest, Limits, OverlayRoot, RootProvider, Runtime, RuntimeConfig,
     SandboxId, SandboxSpec,
 };
-use grove_snapshotter::{ForkOptions, NodefsRoot, SnapshotOptions, Snapshotter, SnapshotterConfig};
+use grove_snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig};
 use nodefs::{MountOptions, NodeFs, Store};
 
 use crate::cleanup::Guard;

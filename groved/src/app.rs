@@ -88,7 +88,7 @@ impl App {
         let _ = self.shutdown.send(true);
     }
 
-    pub fn emit(&self, e: crate::wire::EventWire) {
+    pub fn emit(&self, e: crate::api_shapes::EventWire) {
         let _ = self.events.send(e);
     }
 }

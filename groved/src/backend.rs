@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use grove_runtime::{SandboxId, SandboxInfo};
 use nodefs::ObjectId;
 
+use crate::api_shapes::{ForkRequest, Image, Snapshot, SnapshotRequest};
 use crate::error::{ApiError, ApiResult};
-use crate::wire::{ForkRequest, Image, Snapshot, SnapshotRequest};
 
 /// Image storage: import, list, delete, and store maintenance.
 pub trait Images: Send + Sync {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use grove_runtime::{CapacityOverrides, JobPolicy, JobsConfig, Limits, PoolsConfig, RuntimeConfig};
 use serde::Deserialize;
 
-use crate::wire::{LimitsRequest, PoolRequest, PoolsRequest};
+use crate::api_shapes::{LimitsRequest, PoolRequest, PoolsRequest};
 
 pub const DEFAULT_CONFIG: &str = "/etc/grove/groved.toml";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/grove";
@@ -333,7 +333,7 @@ impl Config {
             return Err(ConfigError::DefaultTtl(t));
         }
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
-        let idle = crate::wire::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
+        let idle = crate::api_shapes::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
             .map_err(|(field, why)| ConfigError::Idle { field, why })?;
         let criu = f
             .criu

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use grove_runtime::{Event, Runtime};
 use tokio::sync::broadcast;
 
-use crate::wire::EventWire;
+use crate::api_shapes::EventWire;
 
 pub type EventTx = broadcast::Sender<EventWire>;
 

@@ -250,8 +250,8 @@ pub fn with_config(
     configs: &ImageConfigs,
     name: &str,
     cfg: Option<&ImageConfig>,
-    make: impl FnOnce() -> ApiResult<crate::wire::Image>,
-) -> ApiResult<crate::wire::Image> {
+    make: impl FnOnce() -> ApiResult<crate::api_shapes::Image>,
+) -> ApiResult<crate::api_shapes::Image> {
     let Some(cfg) = cfg else {
         return make();
     };

@@ -1,8 +1,10 @@
 //! groved: the Grove node daemon's HTTP API, and the `grove` command-line tool.
 
 pub mod api;
+pub mod api_shapes;
 pub mod app;
 pub mod backend;
+pub mod backend_build;
 pub mod build;
 pub mod cli;
 pub mod client;
@@ -15,16 +17,14 @@ pub mod error;
 pub mod events;
 pub mod idempotency;
 pub mod image_config;
-pub mod jsonx;
 pub mod lifetimes;
 pub mod metrics;
 pub mod nodefs_backend;
 pub mod pipe;
 pub mod registry;
+pub mod request_parse;
 pub mod server;
 pub mod systemd;
-pub mod wire;
-pub mod wiring;
 
 /// Logs of the daemons (groved, grove-fsd) go to stderr, filtered by `GROVE_LOG` (default info).
 pub fn init_logging() {

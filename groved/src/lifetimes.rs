@@ -11,10 +11,10 @@ use std::sync::Arc;
 use grove_runtime::SandboxInfo;
 use parking_lot::Mutex;
 
+use crate::api_shapes::Snapshot;
 use crate::app::App;
 use crate::backend::Snapshots;
 use crate::error::{ApiError, ApiResult};
-use crate::wire::Snapshot;
 
 /// The label a fork carries: the id of the snapshot it came from (set by the snapshotter).
 pub const FORK_LABEL: &str = "grove.snapshot";

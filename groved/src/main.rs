@@ -26,7 +26,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let backend = groved::wiring::build(&config, false)?;
+    let backend = groved::backend_build::build(&config, false)?;
     let configured = backend
         .runtime
         .set_jobs(config.jobs.clone())

@@ -8,18 +8,19 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::http::StatusCode;
+use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{Runtime, SandboxId, SandboxInfo};
 use grove_snapshotter::{
-    ForkOptions, NodefsRoot, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
+    ForkOptions, SnapshotInfo, SnapshotOptions, Snapshotter, SnapshotterConfig,
 };
 use nodefs::service::{Client, FsService, ImportPolicy, Local, Spawn};
 use nodefs::{ManifestId, ObjectId};
 
+use crate::api_shapes::{ForkRequest, Image, Snapshot, SnapshotRequest};
 use crate::backend::{check_name, Images, Snapshots};
+use crate::backend_build::Backend;
 use crate::config::Config;
 use crate::error::{chain, ApiError, ApiResult};
-use crate::wire::{ForkRequest, Image, Snapshot, SnapshotRequest};
-use crate::wiring::Backend;
 
 /// `grove-fsd` next to the running executable or where `grove install` puts it; `GROVE_FSD_BINARY`
 /// overrides.

@@ -4,13 +4,13 @@
 //! groved/openapi.yaml and docs/api.md.
 
 mod admission;
-mod adopt;
 pub mod cgroup;
 mod client;
 pub mod config;
 pub mod error;
 pub mod files;
 pub mod host_mem;
+mod hostname;
 mod idle;
 pub mod init;
 mod init_copy;
@@ -40,7 +40,7 @@ pub use error::Error;
 pub use files::Root as ConfinedRoot;
 pub use jobs::{JobPolicy, JobStatus, JobsConfig};
 pub use pool::{PoolMode, PoolSpec, PoolStatus, PoolsConfig};
-pub use root::{DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
+pub use root::{CommitRoot, DiskQuota, DiskUsage, OverlayRoot, RootError, RootMount, RootProvider};
 pub use runtime::sessions::{SessionCreate, SessionInfo, SessionRun, SessionRunResult};
 pub use runtime::{CheckpointView, ExternalMount, RestoreFn, RestoreTarget, Runtime};
 /// Wall-clock milliseconds since the epoch (0 before it), as records and events carry them.

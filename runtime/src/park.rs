@@ -16,7 +16,7 @@ impl Runtime {
         self.get(id)
     }
 
-    /// `create_restored` under a parked id: the way back from `park` (or `adopt_parked` after a
+    /// `create_restored` under a parked id: the way back from `park` (or `register_parked` after a
     /// daemon restart): `Paused` → `Running`, `created_at_ms` kept, event `resumed`. Conflict if the
     /// id is live or being created/destroyed; NotFound if it is not parked — in particular when a
     /// destroy won the race against this resume, which must not bring the sandbox back. If the
@@ -34,7 +34,7 @@ impl Runtime {
     /// Registers a sandbox parked by an earlier run of this node (its pause record survived a
     /// daemon restart): it shows as `Paused` and `create_restored_as` can bring it back.
     /// Conflict if the id is known already.
-    pub fn adopt_parked(&self, mut info: SandboxInfo) -> Result<(), Error> {
+    pub fn register_parked(&self, mut info: SandboxInfo) -> Result<(), Error> {
         let live = self.sandboxes.lock();
         let pending = self.pending.lock();
         let mut parked = self.parked.lock();

@@ -2,6 +2,11 @@
 //! sandbox whose durable record says it was created, whose init still runs and whose root the
 //! provider can re-attach; reclaim everything else it left, with zero residue. A recorded
 //! sandbox that cannot be adopted is reported `failed` (a `LostRecord`) until destroyed.
+//!
+//! "Adopt" means this one thing across the crates: a restarted process takes over what its
+//! predecessor left live (a sandbox, its init, `InitHandle::adopt`; the snapshotter a
+//! predecessor's lazy-pages daemons). Registering a record of something that is not running is
+//! `register_*` (`Runtime::register_parked`), taking files into a cache `take_*`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -76,7 +81,7 @@ impl Runtime {
                         leases.push((lease.clone(), allow.clone()));
                     }
                     self.admission.claim(&sb.limits);
-                    self.jobs.adopt(&sb.spec, &sb.limits);
+                    self.jobs.charge_adopted(&sb.spec, &sb.limits);
                     tracing::info!(sandbox = %sb.id, pid = sb.init.pid(), "adopted");
                     self.sandboxes.lock().insert(sb.id.clone(), sb);
                 }

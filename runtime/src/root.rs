@@ -1,7 +1,6 @@
 //! How a sandbox root is provided: the `RootProvider` seam, plus `OverlayRoot` (kernel overlayfs over
 //! `<state_dir>/images/<name>`). Disk quotas are NOT enforced by `OverlayRoot` (nodefs enforces them).
 
-use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,9 +46,24 @@ pub trait RootMount: Send + Sync {
     fn usage(&self) -> DiskUsage;
     /// Idempotent; also drops the upper (writable) layer.
     fn unmount(&self) -> Result<(), RootError>;
-    /// Lets the snapshotter and groved's build engine reach the concrete type (the
-    /// snapshotter's `NodefsRootMount`, to commit the root as a manifest).
-    fn as_any(&self) -> &dyn Any;
+    /// What saves this root's files as an immutable tree, if this kind of root can (a nodefs view
+    /// commits a manifest; a kernel overlay cannot): the snapshotter commits a sandbox's root with
+    /// its memory, groved's build engine the root of each RUN step.
+    fn committer(&self) -> Option<&dyn CommitRoot> {
+        None
+    }
+    /// The id the process serving this root (a FUSE server) gives its mount, for a root such a
+    /// process serves; `RootProvider::lost` asks that server which ids it still serves. Kernel
+    /// mounts have none.
+    fn served_mount_id(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A root that can save its files as they are now as an immutable, content-addressed tree.
+pub trait CommitRoot: Send + Sync {
+    /// Saves the tree; its content address (for a nodefs root, the manifest id's 32 bytes).
+    fn commit(&self) -> Result<[u8; 32], RootError>;
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,9 +256,5 @@ impl RootMount for OverlayMount {
         crate::mounts::unmount_if_mounted(&self.target)
             .map_err(|e| RootError::with_source(format!("unmount {}", self.target.display()), e))?;
         self.remove_layers()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

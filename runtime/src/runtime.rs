@@ -473,7 +473,7 @@ impl Runtime {
         );
         parts.init = Some(init.clone());
         if restored {
-            crate::adopt::set_hostname(&init, &hostname)
+            crate::hostname::set_hostname(&init, &hostname)
                 .map_err(|e| init_err(format!("set hostname: {e}")))?;
             client::ping(&init).map_err(|e| init_err(format!("restored init: {e}")))?;
         }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{ExecRequest, OverlayRoot, RootProvider, Runtime, RuntimeConfig, SandboxSpec};
-use grove_snapshotter::NodefsRoot;
 use nodefs::{NodeFs, Store};
 
 const IMAGE: &str = "/var/lib/grove/images/debian12";

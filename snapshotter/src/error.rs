@@ -21,6 +21,9 @@ pub enum Error {
     Criu(#[from] criu::Error),
     #[error("content store")]
     Store(#[from] nodefs::Error),
+    /// The store could not commit the sandbox's root (`RootMount::committer`).
+    #[error("content store")]
+    Commit(#[source] grove_runtime::RootError),
     #[error("runtime")]
     Runtime(#[from] grove_runtime::Error),
     #[error("snapshot stream: {reason}")]
@@ -52,7 +55,7 @@ impl Error {
             Error::InvalidInput { .. } => "invalid_input",
             Error::Unsupported { .. } => "unsupported",
             Error::Criu(_) => "criu",
-            Error::Store(_) => "store",
+            Error::Store(_) | Error::Commit(_) => "store",
             Error::Runtime(e) => e.code(),
             Error::BadStream { .. } => "bad_stream",
             Error::Corrupt { .. } => "corrupt",

@@ -160,7 +160,7 @@ impl ImageCache {
 
     /// [`ImageCache::take`] where the images are stored already: on failure the copy is
     /// simply materialized again on first use.
-    pub fn adopt(&self, id: &str, dir: &Path) {
+    pub fn take_best_effort(&self, id: &str, dir: &Path) {
         if let Err(e) = self.take(id, dir) {
             tracing::debug!(snapshot = id, error = %e, "images not adopted; materialized on first use");
         }

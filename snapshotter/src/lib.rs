@@ -11,12 +11,10 @@ mod netns;
 mod pause;
 mod plan;
 mod record;
-mod root;
 mod snapshotter;
 mod transfer;
 
 pub use error::Error;
 pub use pause::PauseTiming;
 pub use record::SnapshotInfo;
-pub use root::{NodefsRoot, NodefsRootMount};
 pub use snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, MAX_FORK};

@@ -76,7 +76,7 @@ impl Snapshotter {
         self.commit_record(&info, &cap.fs_root, &images_root)?;
         // From here the record is the sandbox: it stays frozen until the park removes it.
         cap.release();
-        self.cache.adopt(&info.id, &cap.images_dir);
+        self.cache.take_best_effort(&info.id, &cap.images_dir);
         let t_park = Instant::now();
         let parked = self.runtime().park(sandbox)?;
         let timing = PauseTiming {
@@ -139,7 +139,7 @@ impl Snapshotter {
     }
 
     /// At start: sandboxes paused by an earlier run are parked in the runtime again.
-    pub(crate) fn adopt_paused(&self) {
+    pub(crate) fn register_paused(&self) {
         let paused: Vec<SandboxInfo> = self
             .index
             .read()
@@ -148,7 +148,7 @@ impl Snapshotter {
             .collect();
         for p in paused {
             let id = p.id.clone();
-            if let Err(e) = self.runtime().adopt_parked(p) {
+            if let Err(e) = self.runtime().register_parked(p) {
                 tracing::warn!(sandbox = %id, error = %e, "paused sandbox not adopted");
             }
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use grove_runtime::{Runtime, SandboxId, SandboxInfo, SandboxState};
+use grove_runtime::{CommitRoot, Runtime, SandboxId, SandboxInfo, SandboxState};
 use nodefs::service::FsService;
 use nodefs::ManifestId;
 use parking_lot::{Mutex, RwLock};
@@ -20,7 +20,6 @@ use crate::error::Error;
 use crate::images::{self, ImageCache};
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
-use crate::root::NodefsRootMount;
 use crate::{cgroups, netns, plan};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
@@ -297,7 +296,7 @@ impl Snapshotter {
         // Before anything may snapshot a branch whose memory a predecessor's daemon still fills.
         s.lazy.adopt(&s.lazy_root, &s.runtime);
         s.drop_orphans();
-        s.adopt_paused();
+        s.register_paused();
         let s = Arc::new(s);
         s.watch_parked();
         s.start_imports();
@@ -404,13 +403,9 @@ impl Snapshotter {
     /// and untouched.
     pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
         let view = self.runtime.checkpoint_view(sandbox)?;
-        let mount = view
-            .root
-            .as_any()
-            .downcast_ref::<NodefsRootMount>()
-            .ok_or_else(|| Error::Unsupported {
-                what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
-            })?;
+        let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
+            what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
+        })?;
         let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
         // A branch restored lazily has holes in its memory until its daemon is done.
         self.lazy.wait(sandbox, LAZY_WAIT)?;
@@ -519,7 +514,7 @@ impl Snapshotter {
     fn dump_and_commit(
         &self,
         opts: &criu::DumpOptions,
-        mount: &NodefsRootMount,
+        mount: &dyn CommitRoot,
         pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
         self.criu.dump(opts)?;
@@ -531,7 +526,7 @@ impl Snapshotter {
             plan::nest_parent(&opts.images_dir, &p.images_dir)
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
         }
-        Ok(mount.commit()?)
+        Ok(nodefs::ObjectId(mount.commit().map_err(Error::Commit)?))
     }
 
     pub(crate) fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
@@ -902,7 +897,7 @@ impl Snapshotter {
     }
 
     /// Records an imported snapshot (the transfer module verified it).
-    pub(crate) fn adopt(
+    pub(crate) fn record_imported(
         &self,
         info: SnapshotInfo,
         fs: &ManifestId,

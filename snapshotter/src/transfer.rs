@@ -147,7 +147,7 @@ impl Snapshotter {
                 reason: "stream manifests differ from the record".into(),
             });
         }
-        self.adopt(info, &fs, &imgs)
+        self.record_imported(info, &fs, &imgs)
     }
 }
 

@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use grove_runtime::NetworkPolicy;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::api_shapes::{network_from_wire, EgressRuleRequest, Image, NetworkRequest};
 use crate::app::{blocking, App};
 use crate::backend::check_name;
 use crate::build::engine::{BuildError, Engine, Inputs, Progress};
@@ -23,7 +24,6 @@ use crate::image_config::{with_config, ImageConfigs};
 use crate::pipe::ChanReader;
 use crate::registry::pull::{self, Platform};
 use crate::registry::Reference;
-use crate::wire::{network_from_wire, EgressRuleRequest, Image, NetworkRequest};
 
 /// The build's parameters, from the query string (the body is the context).
 struct Params {

@@ -14,15 +14,15 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::pause::awake;
 use super::{sandbox_id, timed};
-use crate::app::{blocking, App};
-use crate::error::{ApiError, ApiResult};
-use crate::idempotency::Tag;
-use crate::jsonx::ApiJson;
-use crate::metrics::Op;
-use crate::wire::{
+use crate::api_shapes::{
     encode, Encoding, ExecRequestWire, ExecResultWire, Process, ProcessList, SignalRequest,
     StartedProcess,
 };
+use crate::app::{blocking, App};
+use crate::error::{ApiError, ApiResult};
+use crate::idempotency::Tag;
+use crate::metrics::Op;
+use crate::request_parse::ApiJson;
 
 /// Longest timeout one command may ask for.
 const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;

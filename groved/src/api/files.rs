@@ -11,11 +11,11 @@ use std::io::Read as _;
 
 use super::pause::awake;
 use super::{sandbox_id, sandbox_path};
+use crate::api_shapes::{FileEntry, FileList};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::{query_one, query_pairs};
 use crate::pipe::{ChanReader, ChanWriter};
-use crate::wire::{FileEntry, FileList};
+use crate::request_parse::{query_one, query_pairs};
 
 fn path_of(q: &Option<String>) -> ApiResult<(String, Vec<(String, String)>)> {
     let pairs = query_pairs(q.as_deref())?;

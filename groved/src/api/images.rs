@@ -7,12 +7,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 
+use crate::api_shapes::{Image, ImageImportRequest, ImageList};
 use crate::app::{blocking, App};
 use crate::backend::{check_host_dir, check_name};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::ApiJson;
 use crate::pipe::ChanReader;
-use crate::wire::{Image, ImageImportRequest, ImageList};
+use crate::request_parse::ApiJson;
 
 pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<ImageList>> {
     let images = app.images.clone();

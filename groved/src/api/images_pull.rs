@@ -18,14 +18,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt as _;
 
+use crate::api_shapes::Image;
 use crate::app::{blocking, App};
 use crate::backend::check_new_image_name;
 use crate::error::{ApiError, ApiResult};
 use crate::image_config::{with_config, ImageConfigs};
-use crate::jsonx::ApiJson;
 use crate::registry::pull::{self, Platform, PullEvent, Resolved};
 use crate::registry::Reference;
-use crate::wire::Image;
+use crate::request_parse::ApiJson;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

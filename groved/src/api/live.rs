@@ -18,7 +18,7 @@ use super::pause::awake;
 use super::sandbox_id;
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::ApiJson;
+use crate::request_parse::ApiJson;
 
 /// POST /v1/sandboxes/{id}/pty
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

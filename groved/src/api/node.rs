@@ -12,10 +12,10 @@ use axum::Json;
 use futures::StreamExt as _;
 use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream, WatchStream};
 
+use crate::api_shapes::{Health, MaintenanceReport, Node, ResidueWire};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::{query_one, query_pairs};
-use crate::wire::{Health, MaintenanceReport, Node, ResidueWire};
+use crate::request_parse::{query_one, query_pairs};
 
 pub async fn node(State(app): State<Arc<App>>) -> ApiResult<Json<Node>> {
     let rt = app.runtime.clone();

@@ -13,11 +13,11 @@ use axum::Json;
 use grove_runtime::{OnIdle, Runtime, SandboxId, SandboxInfo, SandboxState};
 
 use super::{sandbox_id, timed};
+use crate::api_shapes::Sandbox;
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::{query_one, query_pairs};
 use crate::metrics::Op;
-use crate::wire::Sandbox;
+use crate::request_parse::{query_one, query_pairs};
 
 /// How long a request waits for a pause or resume of the same sandbox by someone else.
 const WAIT_OTHER: Duration = Duration::from_secs(30);

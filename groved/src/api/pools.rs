@@ -6,10 +6,10 @@ use axum::extract::State;
 use axum::Json;
 use grove_runtime::JobsConfig;
 
+use crate::api_shapes::{Jobs, Pools, PoolsRequest};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::ApiJson;
-use crate::wire::{Jobs, Pools, PoolsRequest};
+use crate::request_parse::ApiJson;
 
 pub async fn get_pools(State(app): State<Arc<App>>) -> ApiResult<Json<Pools>> {
     let rt = app.runtime.clone();

@@ -17,13 +17,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::snapshots::parse_ids;
+use crate::api_shapes::{DeltaExportRequest, ObjectList, PullRequest, PullResult};
 use crate::app::{blocking, App};
 use crate::backend::check_new_snapshot_name;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::events::own;
-use crate::jsonx::ApiJson;
 use crate::pipe::ChanReader;
-use crate::wire::{DeltaExportRequest, ObjectList, PullRequest, PullResult};
+use crate::request_parse::ApiJson;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

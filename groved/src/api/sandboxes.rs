@@ -11,16 +11,16 @@ use futures::StreamExt as _;
 use grove_runtime::{Limits, SandboxInfo, SandboxSpec, SandboxState, Usage};
 
 use super::{sandbox_id, timed};
-use crate::app::{blocking, App};
-use crate::error::{ApiError, ApiResult};
-use crate::idempotency::{self, Tag};
-use crate::jsonx::{query_one, query_pairs, ApiJson};
-use crate::metrics::Op;
-use crate::wire::{
+use crate::api_shapes::{
     idle_from_wire, network_from_wire, ports_from_wire, BatchDeleteRequest, BatchDeleteResponse,
     BatchItem, BatchResponse, CreateSandboxRequest, DeleteResult, ForkRequest, Sandbox,
     SandboxList, TtlRequest,
 };
+use crate::app::{blocking, App};
+use crate::error::{ApiError, ApiResult};
+use crate::idempotency::{self, Tag};
+use crate::metrics::Op;
+use crate::request_parse::{query_one, query_pairs, ApiJson};
 
 /// Most sandboxes one request may create.
 pub const MAX_BATCH: u32 = 1024;
@@ -49,8 +49,8 @@ pub async fn create(
             t => t,
         };
     }
-    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
-    crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
+    crate::api_shapes::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
+    crate::api_shapes::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let tag = tag.map(|Extension(Tag(t))| t);
     if let Some(t) = &tag {
@@ -485,7 +485,7 @@ pub async fn set_ttl(
     ApiJson(req): ApiJson<TtlRequest>,
 ) -> ApiResult<Json<Sandbox>> {
     let id = sandbox_id(&id)?;
-    crate::wire::check_ttl(req.ttl_secs)?;
+    crate::api_shapes::check_ttl(req.ttl_secs)?;
     let rt = app.runtime.clone();
     let info = blocking(move || rt.set_ttl(&id, req.ttl_secs).map_err(ApiError::from)).await?;
     Ok(Json(Sandbox::from(&info)))

@@ -12,11 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use super::pause::awake;
 use super::{sandbox_id, timed};
+use crate::api_shapes::{encode, Encoding};
 use crate::app::{blocking, App};
 use crate::error::{ApiError, ApiResult};
-use crate::jsonx::ApiJson;
 use crate::metrics::Op;
-use crate::wire::{encode, Encoding};
+use crate::request_parse::ApiJson;
 
 /// POST /v1/sandboxes/{id}/sessions
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

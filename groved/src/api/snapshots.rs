@@ -13,18 +13,18 @@ use axum::Json;
 
 use super::sandboxes::{batch_response, check_labels, made_before, MAX_BATCH};
 use super::{sandbox_id, timed};
+use crate::api_shapes::{
+    DeltaExportRequest, ForkRequest, ObjectList, Snapshot, SnapshotGcRequest, SnapshotList,
+    SnapshotRequest, SnapshotsDeleted,
+};
 use crate::app::{blocking, App};
 use crate::backend::check_name;
 use crate::error::{ApiError, ApiResult};
 use crate::events::own;
 use crate::idempotency::{self, Tag};
-use crate::jsonx::{query_one, query_pairs, ApiJson, OptionalJson};
 use crate::metrics::Op;
 use crate::pipe::{ChanReader, ChanWriter};
-use crate::wire::{
-    DeltaExportRequest, ForkRequest, ObjectList, Snapshot, SnapshotGcRequest, SnapshotList,
-    SnapshotRequest, SnapshotsDeleted,
-};
+use crate::request_parse::{query_one, query_pairs, ApiJson, OptionalJson};
 use nodefs::ObjectId;
 
 pub async fn create(
@@ -36,7 +36,7 @@ pub async fn create(
     if let Some(n) = &req.name {
         crate::backend::check_new_snapshot_name("name", n)?;
     }
-    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
+    crate::api_shapes::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
     let ttl = req.ttl_secs.filter(|t| *t > 0);
     let snaps = app.snapshots()?;
     let sid = id.clone();
@@ -204,8 +204,8 @@ pub async fn fork(
             format!("must be 1..={MAX_BATCH}, got {}", req.count),
         ));
     }
-    crate::wire::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
-    crate::wire::check_queue_timeout(req.queue_timeout_ms)?;
+    crate::api_shapes::check_ttl(req.ttl_secs.filter(|t| *t > 0))?;
+    crate::api_shapes::check_queue_timeout(req.queue_timeout_ms)?;
     check_labels("labels", &req.labels)?;
     let snaps = app.snapshots()?;
     let tag = tag.map(|Extension(Tag(t))| t);

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use grove_runtime::{ConfinedRoot, ExecRequest, NetworkPolicy, OutputChunk, Runtime, SandboxSpec};
-use grove_snapshotter::NodefsRootMount;
 use nodefs::service::{FsService, ImportPolicy, MountInfo};
 use nodefs::{ManifestId, MountOptions};
 use sha2::{Digest as _, Sha256};
@@ -594,10 +593,9 @@ impl Engine {
             .map_err(|e| f("reaching the step's root", &e))?;
         let mount = view
             .root
-            .as_any()
-            .downcast_ref::<NodefsRootMount>()
+            .committer()
             .ok_or_else(|| StepError::Failed("RUN needs the nodefs root provider".into()))?;
-        let id = mount.commit().map_err(|e| f("committing", &e))?;
+        let id = nodefs::ObjectId(mount.commit().map_err(|e| f("committing", &e))?);
         self.remember(key, &id).map_err(StepError::Failed)?;
         drop(view);
         drop(guard);

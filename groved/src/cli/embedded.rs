@@ -7,8 +7,8 @@ use grove_runtime::{ExecRequest, OutputChunk, ResidueItem};
 
 use super::sandbox::{exit_code, spec_json};
 use super::{CliError, CliResult, RunArgs};
+use crate::api_shapes::CreateSandboxRequest;
 use crate::config::{Config, Overrides};
-use crate::wire::CreateSandboxRequest;
 
 pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
     let config = Config::load(&Overrides {
@@ -16,7 +16,7 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
         ..Default::default()
     })
     .map_err(|e| CliError::Other(crate::error::chain(&e)))?;
-    let req: CreateSandboxRequest = crate::jsonx::parse_json(
+    let req: CreateSandboxRequest = crate::request_parse::parse_json(
         &serde_json::to_vec(&spec_json(Some(&a.image), &a.spec)?).unwrap_or_default(),
     )
     .map_err(|e| CliError::Usage(e.message))?;
@@ -43,8 +43,8 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
     } else {
         a.cmd.clone()
     };
-    let backend =
-        crate::wiring::build(&config, true).map_err(|e| CliError::Other(format!("{e:#}")))?;
+    let backend = crate::backend_build::build(&config, true)
+        .map_err(|e| CliError::Other(format!("{e:#}")))?;
     let rt = backend.runtime;
     let info = rt
         .create(spec)
@@ -79,7 +79,7 @@ pub fn run(a: RunArgs, config: Option<std::path::PathBuf>) -> CliResult {
 }
 
 pub fn residue() -> CliResult {
-    super::misc::print_residue(&scan_host())
+    super::node::print_residue(&scan_host())
 }
 
 /// Everything Grove-named on the host: mounts, cgroups, netns, links, nft tables, grove-init and grove-fsd

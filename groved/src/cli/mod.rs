@@ -3,12 +3,14 @@
 mod build;
 mod embedded;
 mod files;
+mod images;
 pub mod install;
-mod misc;
 mod mount;
+mod node;
 mod pull;
 mod sandbox;
 mod session;
+mod snapshots;
 
 use std::path::PathBuf;
 
@@ -354,17 +356,17 @@ async fn dispatch(cli: Cli) -> CliResult {
         Cmd::Rm(a) => sandbox::rm(&c, a).await,
         Cmd::Pause { id } => sandbox::pause_resume(&c, &id, "pause").await,
         Cmd::Resume { id } => sandbox::pause_resume(&c, &id, "resume").await,
-        Cmd::Snapshot(a) => misc::snapshot(&c, a).await,
-        Cmd::Fork(a) => misc::fork(&c, a).await,
+        Cmd::Snapshot(a) => snapshots::snapshot(&c, a).await,
+        Cmd::Fork(a) => snapshots::fork(&c, a).await,
         Cmd::Cp { src, dst } => files::cp(&c, &src, &dst).await,
-        Cmd::Events { sandbox } => misc::events(&c, sandbox).await,
-        Cmd::Images { cmd } => misc::images(&c, cmd).await,
+        Cmd::Events { sandbox } => node::events(&c, sandbox).await,
+        Cmd::Images { cmd } => images::images(&c, cmd).await,
         Cmd::Build(a) => build::run(&c, a).await,
-        Cmd::Gc => misc::maintenance(&c, "gc").await,
-        Cmd::Fsck => misc::maintenance(&c, "fsck").await,
+        Cmd::Gc => node::maintenance(&c, "gc").await,
+        Cmd::Fsck => node::maintenance(&c, "fsck").await,
         Cmd::Residue => {
             if c.reachable() {
-                misc::residue(&c).await
+                node::residue(&c).await
             } else {
                 tokio::task::spawn_blocking(embedded::residue)
                     .await

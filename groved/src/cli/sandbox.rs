@@ -8,8 +8,8 @@ use hyper::Method;
 use serde_json::{json, Value};
 
 use super::{pairs, CliError, CliResult, CreateArgs, ExecArgs, LsArgs, RmArgs, RunArgs, SpecArgs};
+use crate::api_shapes::{BatchDeleteResponse, BatchResponse, ExecResultWire, Sandbox, SandboxList};
 use crate::client::{check, enc, Client, SseParser};
-use crate::wire::{BatchDeleteResponse, BatchResponse, ExecResultWire, Sandbox, SandboxList};
 
 /// The create request body for these flags.
 pub fn spec_json(image: Option<&str>, s: &SpecArgs) -> CliResult<Value> {
@@ -219,7 +219,7 @@ pub async fn exec(c: &Client, a: ExecArgs) -> CliResult {
 pub async fn run(c: &Client, a: RunArgs) -> CliResult {
     let body = spec_json(Some(&a.image), &a.spec)?;
     let cmd = if a.cmd.is_empty() {
-        super::misc::default_command(c, &a.image).await?
+        super::images::default_command(c, &a.image).await?
     } else {
         a.cmd.clone()
     };

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 use super::auth::{self, SECURE_LABEL};
 use super::error::{E2bError, E2bResult};
+use crate::api_shapes::{CreateSandboxRequest, ForkRequest, SnapshotRequest};
 use crate::app::{blocking, App};
-use crate::wire::{CreateSandboxRequest, ForkRequest, SnapshotRequest};
 
 /// Labels this endpoint keeps on its sandboxes (E2B metadata may not use the prefix).
 pub const LABEL_PREFIX: &str = "e2b.";
@@ -330,7 +330,7 @@ struct ListQuery {
 }
 
 fn list_query(q: Option<&str>, v2: bool) -> E2bResult<ListQuery> {
-    let pairs = crate::jsonx::query_pairs(q).map_err(E2bError::from)?;
+    let pairs = crate::request_parse::query_pairs(q).map_err(E2bError::from)?;
     let mut out = ListQuery {
         metadata: Vec::new(),
         states: if v2 {
@@ -345,12 +345,12 @@ fn list_query(q: Option<&str>, v2: bool) -> E2bResult<ListQuery> {
     for (k, v) in &pairs {
         match k.as_str() {
             "metadata" | "query" => {
-                let inner = crate::jsonx::query_pairs(Some(v)).map_err(|_| {
+                let inner = crate::request_parse::query_pairs(Some(v)).map_err(|_| {
                     E2bError::invalid("metadata", format!("{v:?} is not k=v&k2=v2"))
                 })?;
                 for (mk, mv) in inner {
                     let dec = |s: &str| {
-                        crate::jsonx::query_pairs(Some(&format!("x={s}")))
+                        crate::request_parse::query_pairs(Some(&format!("x={s}")))
                             .ok()
                             .and_then(|p| p.into_iter().next().map(|(_, v)| v))
                             .unwrap_or_else(|| s.to_string())
@@ -750,7 +750,7 @@ async fn snapshot(
 }
 
 async fn list_snapshots(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> E2bResult<Response> {
-    let pairs = crate::jsonx::query_pairs(q.as_deref()).map_err(E2bError::from)?;
+    let pairs = crate::request_parse::query_pairs(q.as_deref()).map_err(E2bError::from)?;
     let (mut source, mut name, mut limit, mut after) = (None, None, 100usize, None);
     for (k, v) in pairs {
         match k.as_str() {
@@ -829,7 +829,7 @@ async fn metrics(
     RawQuery(q): RawQuery,
 ) -> E2bResult<Json<Vec<Value>>> {
     let id = sandbox_id(&id)?;
-    for (k, v) in crate::jsonx::query_pairs(q.as_deref()).map_err(E2bError::from)? {
+    for (k, v) in crate::request_parse::query_pairs(q.as_deref()).map_err(E2bError::from)? {
         match k.as_str() {
             "start" | "end" => {
                 v.parse::<i64>()

@@ -132,11 +132,11 @@ pub fn path_for(u: &User, p: &str) -> E2bResult<String> {
 }
 
 fn query(req: &Request) -> E2bResult<Vec<(String, String)>> {
-    crate::jsonx::query_pairs(req.uri().query()).map_err(E2bError::from)
+    crate::request_parse::query_pairs(req.uri().query()).map_err(E2bError::from)
 }
 
 fn one<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
-    crate::jsonx::query_one(q, k)
+    crate::request_parse::query_one(q, k)
 }
 
 /// Runtime errors in E2B's terms: a missing file is 404, a full disk 507, bad paths 400.

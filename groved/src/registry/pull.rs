@@ -198,7 +198,7 @@ pub enum PullEvent {
         size: u64,
     },
     Done {
-        image: Box<crate::wire::Image>,
+        image: Box<crate::api_shapes::Image>,
         layers_fetched: usize,
         bytes_fetched: u64,
     },

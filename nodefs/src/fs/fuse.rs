@@ -19,7 +19,7 @@ use super::file::BLOCK;
 use super::killpriv;
 use super::openmode::{Decision, OpenModes};
 use super::passthrough;
-use super::state::{from_systime, now, Content, DirData, State, R};
+use super::state::{from_systime, now, Content, DirData, ErrnoResult, State};
 use crate::store::Store;
 
 /// The server is the only writer, so the kernel may cache entries and attributes long.
@@ -106,7 +106,11 @@ fn e(errno: i32) -> Errno {
 /// with its cookie (what the kernel hands back to continue).
 /// Nothing is copied: the caller stops taking entries when the kernel's buffer is full.
 /// Every entry of the directory must be an inode ([`State::load_all`]).
-fn listing(st: &State, ino: u64, offset: u64) -> R<impl Iterator<Item = (u64, u64, &[u8])>> {
+fn listing(
+    st: &State,
+    ino: u64,
+    offset: u64,
+) -> ErrnoResult<impl Iterator<Item = (u64, u64, &[u8])>> {
     let Content::Dir(d) = &st.get(ino)?.content else {
         return Err(libc::ENOTDIR);
     };
@@ -121,7 +125,7 @@ impl Fs {
         &self.0
     }
 
-    fn rw(&self) -> R<()> {
+    fn rw(&self) -> ErrnoResult<()> {
         if self.s().read_only {
             Err(libc::EROFS)
         } else {
@@ -136,7 +140,7 @@ impl Fs {
         name: &OsStr,
         mode: u32,
         content: Content,
-    ) -> R<fuser::FileAttr> {
+    ) -> ErrnoResult<fuser::FileAttr> {
         self.rw()?;
         let mut st = self.s().state.lock();
         let ino = st.create(
@@ -180,7 +184,7 @@ impl Fs {
     /// Count an open of `ino` in the inode table. For a file: return the base content if it
     /// is pristine and the policy wants it passed through (upper storage comes with the
     /// first write).
-    fn open_inode(&self, ino: u64, write: bool) -> R<Option<Arc<super::file::Base>>> {
+    fn open_inode(&self, ino: u64, write: bool) -> ErrnoResult<Option<Arc<super::file::Base>>> {
         let mut st = self.s().state.lock();
         let i = st.get_mut(ino)?;
         let mode = i.meta.mode;
@@ -203,7 +207,7 @@ impl Fs {
         Ok(base)
     }
 
-    fn do_setattr(&self, ino: u64, a: SetAttr) -> R<fuser::FileAttr> {
+    fn do_setattr(&self, ino: u64, a: SetAttr) -> ErrnoResult<fuser::FileAttr> {
         let SetAttr {
             mode,
             uid,

@@ -16,7 +16,8 @@ use crate::store::Store;
 use crate::tree::{Meta, Node, Tree};
 
 pub type Errno = i32;
-pub type R<T> = Result<T, Errno>;
+/// What a FUSE handler, and the state it works on, returns: a value or the errno to reply.
+pub type ErrnoResult<T> = Result<T, Errno>;
 
 /// Directory contents, loaded on first use.
 #[derive(Debug)]
@@ -180,15 +181,15 @@ impl State {
         }
     }
 
-    pub fn get(&self, ino: u64) -> R<&Inode> {
+    pub fn get(&self, ino: u64) -> ErrnoResult<&Inode> {
         self.inodes.get(&ino).ok_or(libc::ENOENT)
     }
 
-    pub fn get_mut(&mut self, ino: u64) -> R<&mut Inode> {
+    pub fn get_mut(&mut self, ino: u64) -> ErrnoResult<&mut Inode> {
         self.inodes.get_mut(&ino).ok_or(libc::ENOENT)
     }
 
-    pub fn attr(&self, ino: u64) -> R<FileAttr> {
+    pub fn attr(&self, ino: u64) -> ErrnoResult<FileAttr> {
         let i = self.get(ino)?;
         let (size, blocks, rdev) = match &i.content {
             Content::Dir(d) => (
@@ -233,7 +234,7 @@ impl State {
     /// Load a directory's entries from its (shared, decoded) tree object on first use. No
     /// entry becomes an inode here: [`State::entry`] makes one when its name is looked up,
     /// [`State::load_all`] all of them.
-    pub fn load_dir(&mut self, ino: u64) -> R<()> {
+    pub fn load_dir(&mut self, ino: u64) -> ErrnoResult<()> {
         let tree = match &self.get(ino)?.content {
             Content::Dir(d) if d.children.is_some() => return Ok(()),
             Content::Dir(d) => d.tree,
@@ -263,7 +264,7 @@ impl State {
     }
 
     /// Load directory `ino` with every entry an inode: for listings and commits.
-    pub fn load_all(&mut self, ino: u64) -> R<()> {
+    pub fn load_all(&mut self, ino: u64) -> ErrnoResult<()> {
         self.load_dir(ino)?;
         let pending = self.children(ino)?.pending_indexes();
         if let Some(tree) = self.children(ino)?.base_tree().cloned() {
@@ -276,7 +277,7 @@ impl State {
 
     /// The inode `name` in directory `parent` names, made from the tree entry if it is not
     /// one yet.
-    pub fn entry(&mut self, parent: u64, name: &[u8]) -> R<Option<u64>> {
+    pub fn entry(&mut self, parent: u64, name: &[u8]) -> ErrnoResult<Option<u64>> {
         let kids = self.children(parent)?;
         if let Some(ino) = kids.get(name) {
             return Ok(Some(ino));
@@ -290,7 +291,7 @@ impl State {
 
     /// Makes entry `i` of directory `dir`'s tree an inode (or the inode of its hard-link
     /// group, where another name made that already).
-    fn materialize(&mut self, dir: u64, tree: &Tree, i: usize) -> R<u64> {
+    fn materialize(&mut self, dir: u64, tree: &Tree, i: usize) -> ErrnoResult<u64> {
         let e = &tree.entries[i];
         if e.link != 0 {
             if let Some(&existing) = self.links.get(&e.link) {
@@ -353,7 +354,7 @@ impl State {
         Ok(cino)
     }
 
-    pub fn children(&mut self, ino: u64) -> R<&mut Children> {
+    pub fn children(&mut self, ino: u64) -> ErrnoResult<&mut Children> {
         self.load_dir(ino)?;
         match &mut self.get_mut(ino)?.content {
             Content::Dir(d) => Ok(d.children.as_mut().expect("loaded")),
@@ -361,7 +362,7 @@ impl State {
         }
     }
 
-    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> R<u64> {
+    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> ErrnoResult<u64> {
         if name.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
@@ -386,7 +387,7 @@ impl State {
         uid: u32,
         gid: u32,
         content: Content,
-    ) -> R<u64> {
+    ) -> ErrnoResult<u64> {
         if name.len() > 255 {
             return Err(libc::ENAMETOOLONG);
         }
@@ -497,7 +498,7 @@ impl State {
         }
     }
 
-    pub fn unlink(&mut self, parent: u64, name: &[u8]) -> R<()> {
+    pub fn unlink(&mut self, parent: u64, name: &[u8]) -> ErrnoResult<()> {
         let ino = self.lookup(parent, name)?;
         if matches!(self.get(ino)?.content, Content::Dir(_)) {
             return Err(libc::EISDIR);
@@ -508,7 +509,7 @@ impl State {
         Ok(())
     }
 
-    pub fn rmdir(&mut self, parent: u64, name: &[u8]) -> R<()> {
+    pub fn rmdir(&mut self, parent: u64, name: &[u8]) -> ErrnoResult<()> {
         let ino = self.lookup(parent, name)?;
         if !matches!(self.get(ino)?.content, Content::Dir(_)) {
             return Err(libc::ENOTDIR);
@@ -536,7 +537,14 @@ impl State {
         }
     }
 
-    pub fn rename(&mut self, parent: u64, name: &[u8], np: u64, nn: &[u8], flags: u32) -> R<()> {
+    pub fn rename(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        np: u64,
+        nn: &[u8],
+        flags: u32,
+    ) -> ErrnoResult<()> {
         const NOREPLACE: u32 = 1;
         const EXCHANGE: u32 = 2;
         if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
@@ -619,7 +627,7 @@ impl State {
         }
     }
 
-    pub fn link(&mut self, ino: u64, np: u64, nn: &[u8]) -> R<()> {
+    pub fn link(&mut self, ino: u64, np: u64, nn: &[u8]) -> ErrnoResult<()> {
         if matches!(self.get(ino)?.content, Content::Dir(_)) {
             return Err(libc::EPERM);
         }
@@ -660,12 +668,12 @@ impl State {
     }
 
     /// ENOSPC if `extra` more blocks would exceed the byte quota.
-    pub fn check_space(&self, extra: u64) -> R<()> {
+    pub fn check_space(&self, extra: u64) -> ErrnoResult<()> {
         self.check_meta(extra * BLOCK)
     }
 
     /// ENOSPC if `extra` more bytes (of metadata, or of blocks) would exceed the byte quota.
-    pub fn check_meta(&self, extra: u64) -> R<()> {
+    pub fn check_meta(&self, extra: u64) -> ErrnoResult<()> {
         if let Some(q) = self.quota.bytes {
             if self.quota.used_bytes().saturating_add(extra) > q {
                 return Err(libc::ENOSPC);
@@ -676,7 +684,7 @@ impl State {
 
     /// Charge (or with a negative `delta`, give back) metadata bytes of inode `ino`, e.g. an
     /// xattr set or removed. ENOSPC, charging nothing, if growth would exceed the quota.
-    pub fn charge_meta(&mut self, ino: u64, delta: i64) -> R<()> {
+    pub fn charge_meta(&mut self, ino: u64, delta: i64) -> ErrnoResult<()> {
         if delta > 0 {
             self.check_meta(delta as u64)?;
         }
@@ -693,7 +701,7 @@ impl State {
         Ok(())
     }
 
-    pub fn file_mut(&mut self, ino: u64) -> R<&mut FileData> {
+    pub fn file_mut(&mut self, ino: u64) -> ErrnoResult<&mut FileData> {
         match &mut self.get_mut(ino)?.content {
             Content::File(f) => Ok(f),
             Content::Dir(_) => Err(libc::EISDIR),

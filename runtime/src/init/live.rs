@@ -515,7 +515,7 @@ impl Table {
 
     /// What a finished exec's children still write: read on into `LOG_DIR/<pid>.log` (and the
     /// replay buffer, for connect) until they close it.
-    pub fn adopt_leftover(
+    pub fn read_on_leftover(
         &mut self,
         pid: i32,
         argv: Vec<String>,

@@ -475,7 +475,7 @@ fn send_blocking(conn: &mut UnixStream, kind: u8, payload: &[u8]) -> bool {
 fn finish(mut e: Exec, live: &mut live::Table) {
     drain(&mut e, &HashMap::new(), true);
     // Children that outlive the command (`cmd &`) still hold its pipes: init reads on.
-    live.adopt_leftover(
+    live.read_on_leftover(
         e.pid,
         std::mem::take(&mut e.argv),
         e.status,

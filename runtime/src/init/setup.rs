@@ -19,7 +19,9 @@ use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 use super::harden;
 use crate::proto::{SetupConfig, INIT_PATH, LOG_DIR, MASK_DIR};
 
-type R<T> = Result<T, String>;
+/// What a setup step returns: a value, or the message grove-init sends the runtime (`error <msg>`
+/// on stdout) before it exits.
+type SetupResult<T> = Result<T, String>;
 
 /// Entry point of sandbox pid 1 before it execs the server; returns only by exiting.
 pub fn main() -> ! {
@@ -32,7 +34,7 @@ pub fn main() -> ! {
     std::process::exit(1)
 }
 
-fn setup() -> R<std::convert::Infallible> {
+fn setup() -> SetupResult<std::convert::Infallible> {
     close_fds_from(3);
     let mut raw = Vec::new();
     std::io::stdin()
@@ -65,7 +67,7 @@ fn mnt(
     fstype: Option<&str>,
     flags: MsFlags,
     data: Option<&str>,
-) -> R<()> {
+) -> SetupResult<()> {
     mount(src, target, fstype, flags, data).map_err(|e| {
         format!(
             "mount {} on {}: {e}",
@@ -75,7 +77,7 @@ fn mnt(
     })
 }
 
-fn ensure_dir(p: &Path, mode: u32) -> R<()> {
+fn ensure_dir(p: &Path, mode: u32) -> SetupResult<()> {
     if !p.is_dir() {
         std::fs::DirBuilder::new()
             .mode(mode)
@@ -91,7 +93,7 @@ const NOSUID_NODEV_NOEXEC: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NOEXEC);
 
 /// Sandbox pid 1 before exec: returns only on error.
-fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
+fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
     mnt(
         None,
         Path::new("/"),
@@ -182,7 +184,7 @@ fn stage2(cfg: &SetupConfig) -> R<std::convert::Infallible> {
 /// device nodes shut, in /dev, the root or an upload, is that a sandbox cannot make them
 /// (CAP_MKNOD is dropped, see `harden::KEEP_CAPS`) and its device allowlist (cgroup `devices`),
 /// which refuses any device outside /dev's few wherever its node lies.
-fn setup_dev(root: &Path, cfg: &SetupConfig) -> R<()> {
+fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
     let dev = root.join("dev");
     ensure_dir(&dev, 0o755)?;
     mnt(
@@ -252,7 +254,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> R<()> {
 }
 
 /// /run as a small tmpfs holding /run/grove (socket, logs) and the init binary's mount point.
-fn setup_run(root: &Path, cfg: &SetupConfig) -> R<()> {
+fn setup_run(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
     let run = root.join("run");
     ensure_dir(&run, 0o755)?;
     mnt(
@@ -299,7 +301,7 @@ fn setup_run(root: &Path, cfg: &SetupConfig) -> R<()> {
 }
 
 /// Masks like runc's defaults.
-fn mask_paths(root: &Path) -> R<()> {
+fn mask_paths(root: &Path) -> SetupResult<()> {
     let null = root.join("dev/null");
     for f in [
         "proc/kcore",
@@ -353,7 +355,7 @@ fn mask_paths(root: &Path) -> R<()> {
 
 /// Binds `src` on `target` (with `extra` flags, e.g. MS_REC), then makes the bind read-only,
 /// nosuid, nodev and noexec: a bind mount takes those flags only on a remount.
-fn bind_read_only(src: &Path, target: &Path, extra: MsFlags) -> R<()> {
+fn bind_read_only(src: &Path, target: &Path, extra: MsFlags) -> SetupResult<()> {
     let src = src.to_str().ok_or("mount source is not UTF-8")?;
     mnt(Some(src), target, None, MsFlags::MS_BIND | extra, None)?;
     mnt(

@@ -239,7 +239,7 @@ impl Jobs {
     }
 
     /// Charges a sandbox adopted from a previous run to its job (no queueing: it exists).
-    pub(crate) fn adopt(&self, spec: &crate::types::SandboxSpec, limits: &Limits) {
+    pub(crate) fn charge_adopted(&self, spec: &crate::types::SandboxSpec, limits: &Limits) {
         let job = admit::job_of(spec).unwrap_or(DEFAULT_JOB);
         self.state.lock().grant_direct(job, limits);
     }

@@ -79,7 +79,7 @@ impl Runtime {
             .map_err(|e| init_err(format!("set the priority of the pooled init: {e}")))?;
         let hostname = match &spec.hostname {
             Some(h) if *h != pooled.hostname => {
-                crate::adopt::set_hostname(init, h)
+                crate::hostname::set_hostname(init, h)
                     .map_err(|e| init_err(format!("set hostname: {e}")))?;
                 h.clone()
             }

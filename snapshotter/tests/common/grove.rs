@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{ExecRequest, ExecResult, Runtime, RuntimeConfig, SandboxId, SandboxSpec};
-use grove_snapshotter::{NodefsRoot, Snapshotter, SnapshotterConfig};
+use grove_snapshotter::{Snapshotter, SnapshotterConfig};
 use nodefs::service::{FsService, Local};
 use nodefs::{NodeFs, Store};
 

@@ -34,7 +34,7 @@ use super::pause::awake;
 use super::sandbox_id;
 use crate::app::{blocking, App};
 use crate::error::ApiError;
-use crate::jsonx::parse_json;
+use crate::request_parse::parse_json;
 
 /// The routes below `/v1/sandboxes/{id}/swerex`.
 pub fn routes() -> Router<Arc<App>> {

@@ -1,63 +1,12 @@
-//! Snapshots, forks, events, images, store maintenance, residue.
+//! `grove images` (ls, inspect, pull, rm, import) and an image's default command for `grove run`.
 
 use http_body_util::BodyExt as _;
 use hyper::Method;
 use serde_json::json;
 
-use super::sandbox::print_batch;
-use super::{pairs, CliError, CliResult, ForkArgs, ImagesCmd, SnapshotArgs};
-use crate::client::{check, enc, Client, ClientError, SseParser};
-use crate::wire::{BatchResponse, Image, ImageList, MaintenanceReport, ResidueWire, Snapshot};
-
-pub async fn snapshot(c: &Client, a: SnapshotArgs) -> CliResult {
-    let mut body = json!({ "stop": a.stop });
-    if let Some(n) = &a.name {
-        body["name"] = n.clone().into();
-    }
-    let s: Snapshot = c
-        .json(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/snapshot", enc(&a.id)),
-            Some(&body),
-        )
-        .await?;
-    println!("{}", s.name);
-    Ok(())
-}
-
-pub async fn fork(c: &Client, a: ForkArgs) -> CliResult {
-    let mut body = json!({ "count": a.count, "labels": pairs("--label", &a.label)? });
-    if let Some(t) = a.ttl {
-        body["ttl_secs"] = t.into();
-    }
-    let r: BatchResponse = c
-        .json(
-            Method::POST,
-            &format!("/v1/snapshots/{}/fork", enc(&a.snapshot)),
-            Some(&body),
-        )
-        .await?;
-    print_batch(&r)
-}
-
-pub async fn events(c: &Client, sandbox: Option<String>) -> CliResult {
-    let path = match &sandbox {
-        Some(s) => format!("/v1/events?sandbox={}", enc(s)),
-        None => "/v1/events".into(),
-    };
-    let resp = c.call(Method::GET, &path, None).await?;
-    let mut body = resp.into_body();
-    let mut sse = SseParser::default();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(ClientError::from)?;
-        if let Some(d) = frame.data_ref() {
-            for (_, data) in sse.push(d) {
-                println!("{data}");
-            }
-        }
-    }
-    Ok(())
-}
+use super::{CliError, CliResult, ImagesCmd};
+use crate::api_shapes::{Image, ImageList};
+use crate::client::{check, enc, Client, ClientError};
 
 pub async fn images(c: &Client, cmd: ImagesCmd) -> CliResult {
     match cmd {
@@ -150,36 +99,4 @@ pub async fn default_command(c: &Client, image: &str) -> CliResult<Vec<String>> 
         )));
     }
     Ok(cmd)
-}
-
-pub async fn maintenance(c: &Client, what: &str) -> CliResult {
-    let r: MaintenanceReport = c
-        .json(Method::POST, &format!("/v1/node/{what}"), None)
-        .await?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&r.report).unwrap_or_default()
-    );
-    if r.ok {
-        Ok(())
-    } else {
-        Err(CliError::Exit(1))
-    }
-}
-
-pub async fn residue(c: &Client) -> CliResult {
-    let r: ResidueWire = c.json(Method::GET, "/v1/node/residue", None).await?;
-    print_residue(&r.items)
-}
-
-pub fn print_residue(items: &[grove_runtime::ResidueItem]) -> CliResult {
-    for i in items {
-        println!("{:<8} {}", i.kind, i.what);
-    }
-    if items.is_empty() {
-        Ok(())
-    } else {
-        eprintln!("grove: {} residue item(s)", items.len());
-        Err(CliError::Exit(1))
-    }
 }

@@ -1,4 +1,5 @@
-//! Adopting a restored process tree: give it the new sandbox's hostname.
+//! A sandbox's hostname set from outside it: a restored tree takes the new sandbox's (it would
+//! keep the one it was dumped with), a claimed pooled sandbox the one its spec asks for.
 
 use std::os::fd::AsFd;
 

@@ -1,10 +1,14 @@
-//! `NodefsRoot`: the runtime's `RootProvider` backed by nodefs copy-on-write views.
+//! `NodefsRoot`: the runtime's `RootProvider` backed by nodefs copy-on-write views. Its own
+//! crate, beside the runtime (which links neither nodefs nor FUSE, so grove-init stays libc/nix
+//! only) and the snapshotter (which only commits roots, through `RootMount::committer`): groved's
+//! backend, the bench and the snapshotter's tests make one.
 
-use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use grove_runtime::{DiskQuota, DiskUsage, RootError, RootMount, RootProvider, SandboxId};
+use grove_runtime::{
+    CommitRoot, DiskQuota, DiskUsage, RootError, RootMount, RootProvider, SandboxId,
+};
 use nodefs::service::{FsService, MountInfo};
 use nodefs::{ManifestId, MountOptions};
 
@@ -111,8 +115,8 @@ impl RootProvider for NodefsRoot {
         roots
             .iter()
             .filter_map(|(id, root)| {
-                let m = root.as_any().downcast_ref::<NodefsRootMount>()?;
-                (!served.contains(&m.info.id)).then(|| id.clone())
+                let mount_id = root.served_mount_id()?;
+                (!served.contains(&mount_id)).then(|| id.clone())
             })
             .collect()
     }
@@ -127,7 +131,7 @@ impl RootProvider for NodefsRoot {
     }
 }
 
-/// A mounted nodefs root; `as_any` downcasts to this to reach `commit()` for snapshots.
+/// A mounted nodefs root; it commits (`RootMount::committer`) for snapshots and build steps.
 #[derive(Debug)]
 pub struct NodefsRootMount {
     svc: Arc<dyn FsService>,
@@ -193,8 +197,21 @@ impl RootMount for NodefsRootMount {
         }
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn committer(&self) -> Option<&dyn CommitRoot> {
+        Some(self)
+    }
+
+    fn served_mount_id(&self) -> Option<u64> {
+        Some(self.info.id)
+    }
+}
+
+impl CommitRoot for NodefsRootMount {
+    fn commit(&self) -> Result<[u8; 32], RootError> {
+        self.svc.commit(self.info.id).map(|m| m.0).map_err(|e| {
+            let mp = self.info.mountpoint.display();
+            RootError::with_source(format!("nodefs commit of {mp}"), e)
+        })
     }
 }
 

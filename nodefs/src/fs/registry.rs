@@ -1,0 +1,409 @@
+//! `NodeFs`, the node's FUSE server, and its registry of mounts: mounting a view of a manifest,
+//! committing it, unmounting it, and the mounts it forgets or removes because the kernel no
+//! longer has them (or still has ones it does not serve). What it asks the kernel is in `kernel`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use fuser::Session;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::fuse::{Fs, Shared};
+use super::kernel::{detach, nodefs_mountpoints, session_config};
+use super::state::{Quota, State};
+use super::{commit, passthrough};
+use crate::error::{io_err, Error};
+use crate::id::ManifestId;
+use crate::store::Store;
+
+/// How to mount a view.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountOptions {
+    /// Byte limit for data this mount writes (ENOSPC beyond it).
+    pub quota_bytes: Option<u64>,
+    /// Limit on inodes this mount creates (ENOSPC beyond it).
+    pub quota_inodes: Option<u64>,
+    /// Per-mount scratch directory for the upper layer; must be absent or empty; removed on
+    /// unmount.
+    pub upper_dir: PathBuf,
+    pub read_only: bool,
+    /// Let the kernel read eligible files (executables, shared libraries, large files)
+    /// straight from their whole-file objects through FUSE passthrough (default on; off
+    /// serves every read from the server, for before/after measurements).
+    /// `NODEFS_NO_PASSTHROUGH` in the server's environment turns it off for every mount.
+    /// Absent in a request from an older client: on.
+    #[serde(default = "passthrough_default")]
+    pub passthrough: bool,
+}
+
+fn passthrough_default() -> bool {
+    true
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            quota_bytes: None,
+            quota_inodes: None,
+            upper_dir: PathBuf::new(),
+            read_only: false,
+            passthrough: passthrough_default(),
+        }
+    }
+}
+
+/// What a mount uses against its quota.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes counted against the quota: upper-layer data (4 KiB blocks written or copied
+    /// up) plus `meta_bytes`.
+    pub bytes: u64,
+    /// Of `bytes`, what the mount's own inodes, names and xattrs cost (they are held in the
+    /// server's memory, see `state::INODE_COST`).
+    #[serde(default)]
+    pub meta_bytes: u64,
+    /// Inodes created by this mount and still alive.
+    pub inodes: u64,
+}
+
+/// The node's FUSE server: any number of mounts, one multi-threaded session each.
+pub struct NodeFs {
+    store: Arc<Store>,
+    mounts: Mutex<Vec<Arc<Mount>>>,
+    /// The id of this server's first mount: lower ids are mounts of a server before it.
+    first_id: u64,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for NodeFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeFs")
+            .field("mounts", &self.mounts.lock().len())
+            .finish()
+    }
+}
+
+/// One mounted view.
+pub struct Mount {
+    id: u64,
+    shared: Arc<Shared>,
+    base: ManifestId,
+    mountpoint: PathBuf,
+    upper_dir: PathBuf,
+    session: Mutex<Option<fuser::BackgroundSession>>,
+    owner: Weak<NodeFs>,
+    last_commit: Mutex<Option<ManifestId>>,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount")
+            .field("base", &self.base)
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+/// Mount ids start at the clock's nanoseconds, so ids of one server never name a mount of the
+/// server before it: a client holding the id of a mount whose server died gets "no such
+/// mount" from the next server, not another sandbox's mount.
+fn first_mount_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1)
+}
+
+impl NodeFs {
+    pub fn new(store: Arc<Store>) -> Arc<NodeFs> {
+        // fuser gives every session thread a 16 MiB zeroed request buffer. glibc's dynamic
+        // mmap threshold can serve that from an arena and memset it (16 MiB resident per
+        // thread); a fixed threshold keeps it on fresh, untouched mmap pages.
+        static MALLOC_TUNED: std::sync::Once = std::sync::Once::new();
+        MALLOC_TUNED.call_once(|| {
+            // SAFETY: mallopt only changes allocator tuning; 1 MiB is a valid threshold.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
+        });
+        let first_id = first_mount_id();
+        Arc::new(NodeFs {
+            store,
+            mounts: Mutex::new(Vec::new()),
+            first_id,
+            next_id: AtomicU64::new(first_id),
+        })
+    }
+
+    /// The store this server reads from.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Mount a writable (unless `opts.read_only`) view of `base` at `mountpoint`.
+    pub fn mount(
+        self: &Arc<Self>,
+        base: &ManifestId,
+        mountpoint: &Path,
+        opts: MountOptions,
+    ) -> Result<Arc<Mount>, Error> {
+        if !self.store.contains(base) {
+            return Err(Error::UnknownManifest(*base));
+        }
+        let root = self.store.get_tree(base)?;
+        let upper = &opts.upper_dir;
+        if upper.as_os_str().is_empty() {
+            return Err(Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: std::io::Error::other("upper_dir is required"),
+            });
+        }
+        // An absent upper dir is made by the first write (`FileData::upper_file`): most
+        // sandboxes write nothing to their root, and a mkdir + rmdir per mount is a share of
+        // every create → destroy on a disk-backed run dir (issue 4).
+        if upper.exists()
+            && std::fs::read_dir(upper)
+                .map_err(io_err(upper))?
+                .next()
+                .is_some()
+        {
+            return Err(Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: std::io::Error::other(format!(
+                    "upper_dir {} is not empty",
+                    upper.display()
+                )),
+            });
+        }
+        let quota = Quota {
+            bytes: opts.quota_bytes,
+            inodes: opts.quota_inodes,
+            ..Default::default()
+        };
+        let state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
+        let shared = Arc::new(Shared::new(
+            state,
+            self.store.clone(),
+            opts.read_only,
+            opts.passthrough && passthrough::enabled(),
+        ));
+        let config = session_config(opts.read_only);
+        let cleanup = || {
+            let _ = std::fs::remove_dir_all(upper);
+        };
+        let session = Session::new(Fs(shared.clone()), mountpoint, &config).map_err(|e| {
+            cleanup();
+            Error::Mount {
+                path: mountpoint.to_path_buf(),
+                source: e,
+            }
+        })?;
+        let bg = match session.spawn() {
+            Ok(bg) => bg,
+            Err(e) => {
+                detach(mountpoint);
+                cleanup();
+                return Err(Error::Mount {
+                    path: mountpoint.to_path_buf(),
+                    source: e,
+                });
+            }
+        };
+        self.store.pin(base);
+        let m = Arc::new(Mount {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            shared,
+            base: *base,
+            mountpoint: mountpoint.to_path_buf(),
+            upper_dir: upper.clone(),
+            session: Mutex::new(Some(bg)),
+            owner: Arc::downgrade(self),
+            last_commit: Mutex::new(None),
+        });
+        self.mounts.lock().push(m.clone());
+        Ok(m)
+    }
+
+    /// Live mounts.
+    pub fn mounts(&self) -> Vec<Arc<Mount>> {
+        self.mounts.lock().clone()
+    }
+
+    /// The live mount with this id.
+    /// Whether `id` names a mount of this server (served now or gone), not one of a server
+    /// before it.
+    pub fn is_own_id(&self, id: u64) -> bool {
+        id >= self.first_id
+    }
+
+    pub fn find(&self, id: u64) -> Option<Arc<Mount>> {
+        self.mounts.lock().iter().find(|m| m.id == id).cloned()
+    }
+
+    /// Forgets mounts someone else removed (a restarted daemon reclaiming a sandbox detaches its
+    /// root): their sessions end, their pins and upper dirs go. Returns their mountpoints.
+    pub fn forget_gone(&self) -> Vec<PathBuf> {
+        let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return Vec::new();
+        };
+        let live = nodefs_mountpoints(&mi);
+        let gone: Vec<Arc<Mount>> = {
+            let mut ms = self.mounts.lock();
+            let (gone, keep) = std::mem::take(&mut *ms)
+                .into_iter()
+                .partition(|m| !live.iter().any(|l| same_path(&m.mountpoint, l)));
+            *ms = keep;
+            gone
+        };
+        gone.iter()
+            .map(|m| {
+                m.forget();
+                m.mountpoint.clone()
+            })
+            .collect()
+    }
+
+    /// Remove nodefs mounts under `under` that this server does not serve (left by a
+    /// crashed daemon): unmount, or detach and abort if busy. Returns their mountpoints.
+    pub fn unmount_stale(&self, under: &Path) -> Result<Vec<PathBuf>, Error> {
+        let mi = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(io_err("/proc/self/mountinfo"))?;
+        let ours: Vec<PathBuf> = self
+            .mounts
+            .lock()
+            .iter()
+            .map(|m| m.mountpoint.clone())
+            .collect();
+        let mut stale: Vec<PathBuf> = nodefs_mountpoints(&mi)
+            .into_iter()
+            .filter(|mp| mp.starts_with(under) && !ours.iter().any(|o| same_path(o, mp)))
+            .collect();
+        // Deepest first.
+        stale.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for mp in &stale {
+            tracing::info!(mountpoint = %mp.display(), "removing a stale nodefs mount");
+            detach(mp);
+        }
+        Ok(stale)
+    }
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || a.canonicalize().ok().as_deref() == Some(b)
+}
+
+impl Drop for NodeFs {
+    fn drop(&mut self) {
+        for m in std::mem::take(&mut *self.mounts.lock()) {
+            let _ = m.unmount_inner();
+        }
+    }
+}
+
+impl Mount {
+    /// Snapshot the current state as a manifest; writes are held off only while it runs.
+    pub fn commit(&self) -> Result<ManifestId, Error> {
+        if self.session.lock().is_none() {
+            return Err(Error::Unmounted(self.mountpoint.clone()));
+        }
+        // Push dirty mmap pages to the server first.
+        if let Ok(f) = std::fs::File::open(&self.mountpoint) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: f is an open fd for the duration of the call.
+            unsafe { libc::syncfs(f.as_raw_fd()) };
+        }
+        let store = self.shared.store.clone();
+        let _g = store.write_guard();
+        let id = {
+            let mut st = self.shared.state.lock();
+            commit::commit(&mut st, &store)?
+        };
+        store.seal_manifest(&id)?;
+        // Only now that its chunks are held by a sealed manifest may later commits build on
+        // them.
+        commit::start_from_commit(&mut self.shared.state.lock());
+        store.pin(&id);
+        if let Some(old) = self.last_commit.lock().replace(id) {
+            store.unpin(&old);
+        }
+        Ok(id)
+    }
+
+    pub fn base(&self) -> ManifestId {
+        self.base
+    }
+
+    /// This server's id of the mount (unique for the server's lifetime).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The mount is already gone from the kernel: end the session without touching the
+    /// mountpoint (it may hold something else now), drop pins and the upper dir.
+    fn forget(&self) {
+        let Some(bg) = self.session.lock().take() else {
+            return;
+        };
+        std::thread::spawn(move || drop(bg.join()));
+        self.release();
+        let _ = std::fs::remove_dir_all(&self.upper_dir);
+    }
+
+    fn release(&self) {
+        let store = &self.shared.store;
+        store.unpin(&self.base);
+        if let Some(c) = self.last_commit.lock().take() {
+            store.unpin(&c);
+        }
+    }
+
+    pub fn usage(&self) -> Usage {
+        let q = self.shared.state.lock().quota;
+        Usage {
+            bytes: q.used_bytes(),
+            meta_bytes: q.used_meta,
+            inodes: q.used_inodes,
+        }
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmount (lazily and aborting the connection if busy), stop the session, remove the
+    /// upper dir. Idempotent.
+    pub fn unmount(&self) -> Result<(), Error> {
+        let r = self.unmount_inner();
+        if let Some(o) = self.owner.upgrade() {
+            o.mounts.lock().retain(|m| m.id != self.id);
+        }
+        r
+    }
+
+    fn unmount_inner(&self) -> Result<(), Error> {
+        let Some(bg) = self.session.lock().take() else {
+            return Ok(());
+        };
+        if detach(&self.mountpoint) {
+            if let Err(e) = bg.umount_and_join() {
+                tracing::debug!(error = %e, "fuse session ended with an error");
+            }
+        } else {
+            // Could not abort: the session ends when the last user lets go.
+            tracing::warn!(mountpoint = %self.mountpoint.display(), "busy mount detached lazily");
+            std::thread::spawn(move || drop(bg.join()));
+        }
+        self.release();
+        match std::fs::remove_dir_all(&self.upper_dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&self.upper_dir)(e)),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = self.unmount_inner();
+    }
+}
