@@ -47,8 +47,9 @@ pub trait RootMount: Send + Sync {
     fn usage(&self) -> DiskUsage;
     /// Idempotent; also drops the upper (writable) layer.
     fn unmount(&self) -> Result<(), RootError>;
-    /// Lets the snapshotter and groved's build engine reach the concrete type (the
-    /// snapshotter's `NodefsRootMount`, to commit the root as a manifest).
+    /// Lets the snapshotter and groved's build engine reach the concrete type, the snapshotter's
+    /// `NodefsRootMount`: to commit the root as a manifest (snapshots, build steps) and to tell
+    /// the roots whose FUSE server is gone (`lost`).
     fn as_any(&self) -> &dyn Any;
 }
 
