@@ -1144,17 +1144,32 @@ fn snapshot_fork_export_import() {
     assert_eq!(bad.status, 400, "{}", bad.text());
 }
 
+/// Sandboxes that ran, wrote files and left a process behind leave nothing once deleted. The
+/// test makes and deletes its own, whatever ran before it: residue never counts a live sandbox's
+/// things, so other tests' sandboxes (left or not) do not matter, and the node is held to itself
+/// so that none is half made or half destroyed while it scans.
 #[test]
-fn zz_no_residue_once_all_is_deleted() {
-    // Runs with the node to itself: nothing of ours may be left when no sandbox exists.
+fn deleted_sandboxes_leave_no_residue() {
     let _g = EXCLUSIVE.write().unwrap();
     let d = daemon();
-    let l = d
-        .call(Method::GET, "/v1/sandboxes", None)
-        .expect(200)
-        .json();
-    for s in l["items"].as_array().unwrap() {
-        d.delete(s["id"].as_str().unwrap());
+    let status = |id: &str| {
+        d.call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .status
+    };
+    let ours: Vec<String> = (0..2)
+        .map(|_| d.create(json!({"labels": {"case": "residue"}})))
+        .collect();
+    for id in &ours {
+        let r = d.exec(
+            id,
+            "mkdir -p /tmp/x; echo hi > /dev/shm/y; sleep 1000 >/dev/null 2>&1 & echo ok",
+        );
+        assert_eq!(r["stdout"], "ok\n", "{r}");
+        assert_eq!(status(id), 200);
+    }
+    for id in &ours {
+        d.delete(id);
+        assert_eq!(status(id), 404, "{id} is gone");
     }
     let r = d.residue();
     assert_eq!(r["clean"], true, "{r}");

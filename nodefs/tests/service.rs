@@ -135,13 +135,26 @@ fn a_client_does_everything_through_the_socket() {
     let committed = c.commit(m.id).unwrap();
     assert!(c.usage(m.id).unwrap().bytes >= 10_000);
     assert_eq!(c.mounts().unwrap(), vec![m.clone()]);
-    // The committed manifest is pinned by its mount, the image by its fresh import: gc keeps
-    // every object either reaches.
+    // The committed manifest is pinned by its mount, the image by its ref, the CRIU images by
+    // their fresh import: gc keeps every object any of them reaches, and no other (none of
+    // these is stored as a delta of something else).
     let reached = c.objects_of(&committed).unwrap();
+    let held: HashSet<_> = [&id, &imgs]
+        .into_iter()
+        .flat_map(|m| c.objects_of(m).unwrap())
+        .collect();
     let gc = c.gc(&[]).unwrap();
-    assert!(gc.kept_objects as usize >= reached.len(), "{gc:?}");
+    let all: HashSet<_> = held.iter().chain(&reached).copied().collect();
+    assert_eq!(gc.kept_objects as usize, all.len(), "{gc:?}");
     assert!(c.lacking(&reached).unwrap().is_empty(), "{gc:?}");
     assert!(c.lacking(&objs).unwrap().is_empty(), "{gc:?}");
+    // What only the commit reaches: its root tree and the new file's data.
+    let only_committed: Vec<_> = reached
+        .iter()
+        .filter(|o| !held.contains(o))
+        .copied()
+        .collect();
+    assert!(!only_committed.is_empty());
     c.export_dir(&committed, &tmp.path().join("committed"))
         .unwrap();
     assert!(tmp.path().join("committed/new").is_file());
@@ -152,6 +165,21 @@ fn a_client_does_everything_through_the_socket() {
     );
     assert!(!tmp.path().join("upper").exists(), "its upper dir went");
     assert!(matches!(c.commit(m.id), Err(Error::UnknownMount(_))));
+    // The mount's pins went with it: a gc now collects exactly what only the commit reached,
+    // and keeps the rest.
+    let after = c.gc(&[]).unwrap();
+    assert_eq!(
+        after.removed_objects as usize,
+        only_committed.len(),
+        "{after:?}"
+    );
+    assert_eq!(
+        after.kept_objects,
+        gc.kept_objects - after.removed_objects,
+        "{after:?}"
+    );
+    assert_eq!(c.lacking(&only_committed).unwrap(), only_committed);
+    assert!(c.lacking(&objs).unwrap().is_empty(), "{after:?}");
     c.unmount(m.id).unwrap();
     // An id below this server's first one is a mount of a server before it: not this one's
     // to have unmounted, so the caller hears it (and takes a dead kernel mount down itself).

@@ -57,8 +57,11 @@ fn files_roundtrip_and_escapes() {
     ));
 
     // Symlinks pointing out of the sandbox resolve inside it: they never reach a host file.
+    // The host has a file at `marker`, its content unique to this run; the sandbox's /tmp is
+    // its own, with nothing there.
     let marker = format!("/tmp/grove-rtest-host-{}", std::process::id());
-    std::fs::write(&marker, b"HOST SECRET").unwrap();
+    let secret = format!("HOST SECRET {marker} {:?}", std::time::SystemTime::now());
+    std::fs::write(&marker, &secret).unwrap();
     sh(&rt, &id, &format!("ln -s {marker} /tmp/esc; ln -s ../../../../../../{marker} /tmp/esc2; ln -s / /tmp/rootlink"));
     for p in ["/tmp/esc", "/tmp/esc2"] {
         match rt.read_file(&id, p) {
@@ -69,13 +72,33 @@ fn files_roundtrip_and_escapes() {
     rt.write_file(&id, "/tmp/esc", b"written inside", None)
         .unwrap();
     assert_eq!(
-        std::fs::read(&marker).unwrap(),
-        b"HOST SECRET",
+        std::fs::read_to_string(&marker).unwrap(),
+        secret,
         "host file untouched"
     );
     assert_eq!(
         out(&sh(&rt, &id, &format!("cat {marker}"))),
         "written inside"
+    );
+    // Read back through either link, and at the path itself: the sandbox's file.
+    for p in ["/tmp/esc", "/tmp/esc2", &marker] {
+        assert_eq!(rt.read_file(&id, p).unwrap(), b"written inside", "{p}");
+    }
+    // A link to a path both have (/etc/hostname) leads to the sandbox's file, not the host's.
+    let host_hostname = std::fs::read("/etc/hostname").unwrap_or_default();
+    let inside = format!("sandbox-of-{}", std::process::id());
+    sh(
+        &rt,
+        &id,
+        &format!("echo {inside} > /etc/hostname; ln -s /etc/hostname /tmp/hn"),
+    );
+    let read = rt.read_file(&id, "/tmp/hn").unwrap();
+    assert_eq!(read, format!("{inside}\n").as_bytes());
+    assert_ne!(read, host_hostname);
+    assert_eq!(
+        std::fs::read("/etc/hostname").unwrap_or_default(),
+        host_hostname,
+        "the host's /etc/hostname untouched"
     );
     // A link to `/` is the sandbox's root: what it leads to is the sandbox's file, never the
     // host's. The host has no /etc/grove-rtest-mark; at the marker's path, the sandbox has the

@@ -19,7 +19,7 @@ use super::file::BLOCK;
 use super::killpriv;
 use super::openmode::{Decision, OpenModes};
 use super::passthrough;
-use super::state::{from_systime, now, Content, DirData, ErrnoResult, State};
+use super::state::{errno, from_systime, now, Content, DirData, ErrnoResult, State};
 use crate::store::Store;
 
 /// The server is the only writer, so the kernel may cache entries and attributes long.
@@ -233,9 +233,7 @@ impl Fs {
                 }
             };
             st.check_space(extra)?;
-            st.file_mut(ino)?
-                .truncate(&store, size)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            st.file_mut(ino)?.truncate(&store, size).map_err(errno)?;
             st.recharge(ino);
             let t = now();
             let i = st.get_mut(ino)?;
@@ -578,17 +576,9 @@ impl Filesystem for Fs {
             // Decompressing base chunks needs no inode state: let other requests run.
             let base = f.base.clone();
             drop(st);
-            tryr!(
-                reply,
-                base.read(&store, offset, &mut buf)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-            );
+            tryr!(reply, base.read(&store, offset, &mut buf).map_err(errno));
         } else {
-            tryr!(
-                reply,
-                f.read_into(&store, offset, &mut buf)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-            );
+            tryr!(reply, f.read_into(&store, offset, &mut buf).map_err(errno));
             drop(st);
         }
         reply.data(&buf);
@@ -612,11 +602,7 @@ impl Filesystem for Fs {
         let extra = tryr!(reply, st.file_mut(ino.0)).new_blocks_for(offset, data.len() as u64);
         tryr!(reply, st.check_space(extra));
         let f = tryr!(reply, st.file_mut(ino.0));
-        tryr!(
-            reply,
-            f.write(&store, offset, data)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-        );
+        tryr!(reply, f.write(&store, offset, data).map_err(errno));
         st.recharge(ino.0);
         let t = now();
         if let Ok(i) = st.get_mut(ino.0) {
@@ -672,11 +658,7 @@ impl Filesystem for Fs {
         let f = {
             let mut st = self.s().state.lock();
             match &mut tryr!(reply, st.get_mut(ino.0)).content {
-                Content::File(f) => tryr!(
-                    reply,
-                    f.sync_handle()
-                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-                ),
+                Content::File(f) => tryr!(reply, f.sync_handle().map_err(errno)),
                 _ => None,
             }
         };
@@ -686,7 +668,7 @@ impl Filesystem for Fs {
             } else {
                 f.sync_all()
             };
-            tryr!(reply, r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+            tryr!(reply, r.map_err(errno));
         }
         reply.ok();
     }
@@ -943,7 +925,7 @@ impl Filesystem for Fs {
             reply.error(Errno::EOPNOTSUPP);
             return;
         };
-        tryr!(reply, r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)));
+        tryr!(reply, r.map_err(errno));
         st.recharge(ino.0);
         let t = now();
         if let Ok(i) = st.get_mut(ino.0) {

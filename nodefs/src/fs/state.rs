@@ -19,6 +19,13 @@ pub type Errno = i32;
 /// What a FUSE handler, and the state it works on, returns: a value or the errno to reply.
 pub type ErrnoResult<T> = Result<T, Errno>;
 
+/// The errno a FUSE reply carries for an I/O error: the OS's own code, or EIO for an error that
+/// has none (one made in-process, such as a store read that failed and was logged). The one
+/// mapping of the FUSE layer.
+pub fn errno(e: std::io::Error) -> Errno {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
 /// Directory contents, loaded on first use.
 #[derive(Debug)]
 pub struct DirData {
@@ -707,5 +714,24 @@ impl State {
             Content::Dir(_) => Err(libc::EISDIR),
             _ => Err(libc::EINVAL),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::errno;
+    use std::io;
+
+    #[test]
+    fn errno_is_the_os_code_or_eio() {
+        for code in [libc::ENOSPC, libc::EDQUOT, libc::ENOENT, libc::EFBIG] {
+            assert_eq!(errno(io::Error::from_raw_os_error(code)), code);
+        }
+        // No OS code, whatever its kind says: EIO.
+        assert_eq!(errno(io::Error::other("store read failed")), libc::EIO);
+        assert_eq!(
+            errno(io::Error::new(io::ErrorKind::NotFound, "gone")),
+            libc::EIO
+        );
     }
 }

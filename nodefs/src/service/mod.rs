@@ -126,9 +126,10 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     /// Commits a mount's current state as a manifest (pinned while the mount lives).
     fn commit(&self, mount: u64) -> Result<ManifestId, Error>;
     fn usage(&self, mount: u64) -> Result<Usage, Error>;
-    /// Unmounts and drops the upper layer. An id this service handed out and has since forgotten
-    /// (unmounted, or detached from outside) is already gone: Ok. An id it never handed out is
-    /// `UnknownMount`.
+    /// Unmounts and drops the upper layer. Idempotent for this server's own ids: one it no longer
+    /// knows (unmounted already, or detached from outside and forgotten) is Ok. An id below the
+    /// server's first one (a mount of a server before it; ids are never reused across servers)
+    /// is `UnknownMount`, so the caller knows that kernel mount may still be there.
     fn unmount(&self, mount: u64) -> Result<(), Error>;
     /// Live mounts, after forgetting those that someone else unmounted.
     fn mounts(&self) -> Result<Vec<MountInfo>, Error>;
