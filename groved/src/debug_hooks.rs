@@ -1,5 +1,6 @@
-//! Faults the systemd tests inject into a real daemon. Off unless `GROVED_DEBUG_HOOKS` is set in groved's
-//! environment (a comma-separated list), so production cannot reach them by accident:
+//! Faults the systemd tests inject into a real daemon. Compiled only with the `debug-hooks` feature (on in
+//! the builds of groved's tests, off in every shipped build), and even then off unless `GROVED_DEBUG_HOOKS`
+//! is set in groved's environment (a comma-separated list), so production cannot reach them:
 //! - `ready-delay-ms=N`: wait N ms between binding the API socket and telling systemd READY=1;
 //! - `hang-on-sigusr2`: on SIGUSR2, block every async worker thread forever (a deadlocked daemon: the
 //!   API stops answering and the watchdog stops being pinged).

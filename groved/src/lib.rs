@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon_cgroup;
+#[cfg(feature = "debug-hooks")]
 pub mod debug_hooks;
 pub mod doctor;
 pub mod e2b;
@@ -25,6 +26,9 @@ pub mod registry;
 pub mod request_parse;
 pub mod server;
 pub mod systemd;
+
+#[cfg(test)]
+mod feature_gates_tests;
 
 /// Logs of the daemons (groved, grove-fsd) go to stderr, filtered by `GROVE_LOG` (default info).
 pub fn init_logging() {

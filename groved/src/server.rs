@@ -13,7 +13,6 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::app::App;
-use crate::debug_hooks::DebugHooks;
 use crate::systemd;
 
 /// How long in-flight requests get to finish after a shutdown signal.
@@ -94,10 +93,19 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     }
     tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
     let reaper = tokio::spawn(reap(app.clone()));
-    let hooks = DebugHooks::from_env();
-    hooks.arm()?;
-    if let Some(d) = hooks.ready_delay {
-        tokio::time::sleep(d).await;
+    #[cfg(feature = "debug-hooks")]
+    {
+        let hooks = crate::debug_hooks::DebugHooks::from_env();
+        hooks.arm()?;
+        if let Some(d) = hooks.ready_delay {
+            tokio::time::sleep(d).await;
+        }
+    }
+    #[cfg(not(feature = "debug-hooks"))]
+    if std::env::var_os("GROVED_DEBUG_HOOKS").is_some() {
+        tracing::warn!(
+            "GROVED_DEBUG_HOOKS ignored: this groved is built without the debug-hooks feature"
+        );
     }
     // Every listener is bound: clients connecting from now on are served.
     systemd::notify_or_log("READY=1\nSTATUS=serving");

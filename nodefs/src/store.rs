@@ -25,8 +25,8 @@ const TREE_CACHE_ENTRIES: usize = 1 << 17;
 const ZSTD_LEVEL: i32 = 3;
 /// File content is compressed faster (imports and snapshots are on the hot path).
 pub(crate) const CHUNK_ZSTD_LEVEL: i32 = 1;
-/// How long gc keeps a manifest that an import made and no ref names yet (see
-/// [`Store::set_fresh_grace`]).
+/// How long gc keeps a manifest that an import made and no ref names yet (tests change it
+/// with `Store::set_fresh_grace`, feature `test-knobs`).
 const FRESH_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 /// How long `Store::open` waits for another holder of the store's lock to let go.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -498,7 +498,9 @@ impl Store {
 
     /// How long gc keeps a manifest that an import returned and no ref names yet (default 10
     /// minutes). Naming it (`set_ref`) ends the grace; so does its running out, after which
-    /// gc collects it like anything else that nothing holds.
+    /// gc collects it like anything else that nothing holds. A test knob (feature
+    /// `test-knobs`): shipped builds keep the default.
+    #[cfg(any(test, feature = "test-knobs"))]
     pub fn set_fresh_grace(&self, grace: std::time::Duration) {
         *self.fresh_grace.lock() = grace;
     }

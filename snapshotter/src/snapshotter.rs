@@ -829,7 +829,9 @@ impl Snapshotter {
 
     /// Restores fork branches with CRIU lazy pages (memory copied on demand and in the
     /// background after the branch runs), where the kernel allows. On by default;
-    /// `GROVE_LAZY_PAGES=0` turns it off.
+    /// `GROVE_LAZY_PAGES=0` turns it off. A test knob (feature `test-knobs`): shipped builds
+    /// take the environment's word.
+    #[cfg(any(test, feature = "test-knobs"))]
     pub fn set_lazy_pages(&self, on: bool) {
         self.lazy_pages.store(on, Ordering::Relaxed);
     }

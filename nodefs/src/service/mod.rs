@@ -113,7 +113,7 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     fn pin(&self, id: &ObjectId) -> Result<(), Error>;
     fn unpin(&self, id: &ObjectId);
     /// Collects what no ref, pin, live mount or `live` manifest reaches, sparing an import's
-    /// manifest that no ref names yet for a grace (see [`crate::Store::set_fresh_grace`]).
+    /// manifest that no ref names yet for a grace (10 minutes; see `Store::set_fresh_grace`).
     fn gc(&self, live: &[ManifestId]) -> Result<GcReport, Error>;
     fn fsck(&self) -> Result<FsckReport, Error>;
     /// Mounts a view of `base` at `target` (see [`crate::NodeFs::mount`]).

@@ -82,12 +82,7 @@ mod tests {
         let disk = tempfile::tempdir_in("/var/tmp").unwrap();
         let shm = Path::new("/dev/shm");
         if !is_tmpfs(shm) || is_tmpfs(disk.path()) {
-            let why = "needs /dev/shm on a tmpfs and /var/tmp on disk";
-            assert!(
-                std::env::var("GROVE_REQUIRE_CAPABILITIES").as_deref() != Ok("1"),
-                "{why}"
-            );
-            eprintln!("*** SKIPPED kdat_cache test: {why}");
+            grove_testkit::capability_missing("needs /dev/shm on a tmpfs and /var/tmp on disk");
             return;
         }
         assert_eq!(
