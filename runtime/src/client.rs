@@ -79,11 +79,17 @@ fn connect(init: &InitHandle, req: &Request) -> Result<UnixStream, ClientError> 
     Ok(s)
 }
 
+/// A JSON frame's reply, init's refusal (`Reply::Error`) as the error it is.
+pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply, ClientError> {
+    match serde_json::from_slice(body).map_err(|e| ClientError::Protocol(e.to_string()))? {
+        Reply::Error { kind, message } => Err(ClientError::Init { kind, message }),
+        r => Ok(r),
+    }
+}
+
 fn read_reply(s: &mut UnixStream) -> Result<Reply, ClientError> {
     match proto::read_frame(s)? {
-        Some((KIND_JSON, body)) => {
-            serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
-        }
+        Some((KIND_JSON, body)) => decode_reply(&body),
         Some((k, _)) => Err(ClientError::Protocol(format!("unexpected frame kind {k}"))),
         None => Err(ClientError::Protocol("connection closed".into())),
     }
@@ -100,10 +106,7 @@ fn simple_within(
 ) -> Result<Reply, ClientError> {
     let mut s = connect(init, req)?;
     s.set_read_timeout(Some(timeout))?;
-    match read_reply(&mut s)? {
-        Reply::Error { kind, message } => Err(ClientError::Init { kind, message }),
-        r => Ok(r),
-    }
+    read_reply(&mut s)
 }
 
 pub fn ping(init: &InitHandle) -> Result<(), ClientError> {
@@ -176,7 +179,6 @@ fn exec_on(
             res.pid = Some(pid);
             res.log_path = log_path;
         }
-        Reply::Error { kind, message } => return Err(ClientError::Init { kind, message }),
         r => return Err(ClientError::Protocol(format!("{r:?}"))),
     }
     if background {
@@ -206,28 +208,21 @@ fn exec_on(
                     return Err(gone());
                 }
             }
-            Some((KIND_JSON, body)) => {
-                match serde_json::from_slice(&body)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?
-                {
-                    Reply::Exit {
-                        exit_code,
-                        signal,
-                        timed_out,
-                        duration_ms,
-                    } => {
-                        res.exit_code = exit_code;
-                        res.signal = signal;
-                        res.timed_out = timed_out;
-                        res.duration_ms = duration_ms;
-                        return Ok(res);
-                    }
-                    Reply::Error { kind, message } => {
-                        return Err(ClientError::Init { kind, message })
-                    }
-                    r => return Err(ClientError::Protocol(format!("{r:?}"))),
+            Some((KIND_JSON, body)) => match decode_reply(&body)? {
+                Reply::Exit {
+                    exit_code,
+                    signal,
+                    timed_out,
+                    duration_ms,
+                } => {
+                    res.exit_code = exit_code;
+                    res.signal = signal;
+                    res.timed_out = timed_out;
+                    res.duration_ms = duration_ms;
+                    return Ok(res);
                 }
-            }
+                r => return Err(ClientError::Protocol(format!("{r:?}"))),
+            },
             Some((k, _)) => {
                 return Err(ClientError::Protocol(format!("unexpected frame kind {k}")))
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::ClientError;
+use crate::client::{self, ClientError};
 use crate::proto::{
     self, InitErrorKind, ProcSpec, Reply, Request, KIND_JSON, KIND_PTY, KIND_STDERR, KIND_STDOUT,
 };
@@ -112,30 +112,23 @@ fn follow(
             Some((KIND_STDOUT, d)) => ProcEvent::Stdout(d),
             Some((KIND_STDERR, d)) => ProcEvent::Stderr(d),
             Some((KIND_PTY, d)) => ProcEvent::Pty(d),
-            Some((KIND_JSON, body)) => {
-                match serde_json::from_slice(&body)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?
-                {
-                    Reply::Started { pid, .. } => ProcEvent::Started { pid },
-                    Reply::Exit {
+            Some((KIND_JSON, body)) => match client::decode_reply(&body)? {
+                Reply::Started { pid, .. } => ProcEvent::Started { pid },
+                Reply::Exit {
+                    exit_code,
+                    signal,
+                    timed_out,
+                    duration_ms,
+                } => {
+                    return Ok(ProcExit {
                         exit_code,
                         signal,
                         timed_out,
                         duration_ms,
-                    } => {
-                        return Ok(ProcExit {
-                            exit_code,
-                            signal,
-                            timed_out,
-                            duration_ms,
-                        })
-                    }
-                    Reply::Error { kind, message } => {
-                        return Err(ClientError::Init { kind, message })
-                    }
-                    r => return Err(ClientError::Protocol(format!("{r:?}"))),
+                    })
                 }
-            }
+                r => return Err(ClientError::Protocol(format!("{r:?}"))),
+            },
             Some((k, _)) => return Err(ClientError::Protocol(format!("frame kind {k}"))),
             None => {
                 return Err(ClientError::Protocol(
@@ -218,13 +211,8 @@ impl Runtime {
             s.write_all(&proto::encode_json(&Request::ProcStart(spec)))?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             let pid = match proto::read_frame(&mut s)? {
-                Some((KIND_JSON, body)) => match serde_json::from_slice(&body)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?
-                {
+                Some((KIND_JSON, body)) => match client::decode_reply(&body)? {
                     Reply::Started { pid, .. } => pid,
-                    Reply::Error { kind, message } => {
-                        return Err(ClientError::Init { kind, message })
-                    }
                     r => return Err(ClientError::Protocol(format!("{r:?}"))),
                 },
                 _ => return Err(ClientError::Protocol("no start reply".into())),
@@ -270,12 +258,7 @@ impl Runtime {
             s.write_all(&proto::encode_json(&req))?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             match proto::read_frame(&mut s)? {
-                Some((KIND_JSON, body)) => match serde_json::from_slice(&body)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?
-                {
-                    Reply::Error { kind, message } => Err(ClientError::Init { kind, message }),
-                    r => Ok(r),
-                },
+                Some((KIND_JSON, body)) => client::decode_reply(&body),
                 _ => Err(ClientError::Protocol("no reply".into())),
             }
         })();
