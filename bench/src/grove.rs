@@ -256,6 +256,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 // as they do under /run/grove on a systemd host.
                 scratch_dir: Some(rt.scratch_dir.clone()),
                 image_cache_bytes: None,
+                merge_fork_pages: true,
             };
             Snapshotter::new(
                 cfg,
@@ -605,6 +606,11 @@ impl GroveSnapshots {
     /// Grove's own residue view (mounts, cgroups, netns, processes it owns), as `GroveEnv::residue`.
     pub fn runtime_residue(&self) -> Vec<String> {
         self.rt.rt.residue().items.iter().map(residue_key).collect()
+    }
+
+    /// Fork branches restored mergeable by ksmd, or not (see `Snapshotter::set_merge_fork_pages`).
+    pub fn set_merge_fork_pages(&self, on: bool) {
+        self.snap.set_merge_fork_pages(on);
     }
 
     /// Forks `n` branches and keeps them (destroyed when the handles drop).

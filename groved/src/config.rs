@@ -159,6 +159,8 @@ pub struct FileConfig {
     pub peers: Vec<PeerFile>,
     /// How often failed background imports of snapshot images are retried (s, default 30).
     pub import_retry_secs: Option<u64>,
+    /// Fork branches share their clean pages through kernel samepage merging (default true).
+    pub merge_fork_pages: Option<bool>,
     /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
     /// forever); unset or 0: no default, such sandboxes live until deleted.
     pub default_ttl_secs: Option<u64>,
@@ -228,6 +230,7 @@ pub struct Config {
     pub pools: PoolsConfig,
     pub peers: Vec<Peer>,
     pub import_retry: Duration,
+    pub merge_fork_pages: bool,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
     pub default_ttl_secs: Option<u64>,
     pub registries: std::sync::Arc<crate::registry::RegistriesConfig>,
@@ -392,6 +395,7 @@ impl Config {
             pools,
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
+            merge_fork_pages: f.merge_fork_pages.unwrap_or(true),
             default_ttl_secs,
             registries: std::sync::Arc::new(f.registries),
         })

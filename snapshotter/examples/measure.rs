@@ -217,6 +217,7 @@ fn main() {
                                 lazy_pages: lazy.is_some(),
                                 inherit_netns: false,
                                 cgroup_yard: None,
+                                merge_pages: false,
                             })
                             .expect("restore");
                         match lazy {

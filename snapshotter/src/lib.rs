@@ -6,6 +6,7 @@ pub mod criu;
 mod durable;
 mod error;
 pub mod images;
+pub mod ksm;
 mod lazy;
 mod netns;
 mod pause;

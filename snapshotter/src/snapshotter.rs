@@ -18,6 +18,7 @@ use crate::criu::{self, Criu};
 use crate::durable::Imports;
 use crate::error::Error;
 use crate::images::{self, ImageCache};
+use crate::ksm;
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
 use crate::{cgroups, netns, plan};
@@ -46,6 +47,8 @@ pub struct SnapshotterConfig {
     /// Cap on the materialized images kept in scratch space (see `ImageCache`); None = a
     /// quarter of the machine's memory.
     pub image_cache_bytes: Option<u64>,
+    /// Fork branches share their clean pages through ksmd (see `ksm.rs`), where the kernel can.
+    pub merge_fork_pages: bool,
 }
 
 /// A quarter of MemTotal (1 GiB if /proc/meminfo cannot be read).
@@ -105,6 +108,10 @@ pub struct Snapshotter {
     /// Sandboxes with a snapshot in progress.
     busy: Mutex<HashSet<SandboxId>>,
     lazy_pages: AtomicBool,
+    /// Restore fork branches mergeable and boost ksmd while they settle (`ksm.rs`); false where
+    /// the kernel has no KSM.
+    merge_fork_pages: AtomicBool,
+    merger: ksm::Merger,
     /// Branches whose memory is still being copied in by a lazy-pages daemon.
     lazy: Arc<LazyCopies>,
     pub(crate) imports: Imports,
@@ -269,6 +276,9 @@ impl Snapshotter {
         let lazy_root = scratch.join(lazy::LAZY_DIR);
         std::fs::create_dir_all(&lazy_root).map_err(|e| Error::io(&lazy_root, e))?;
         let cgroup_yard = cgroups::CgroupYard::make(&cfg.run_dir.join(CGROUP_YARD_DIR));
+        if cfg.merge_fork_pages {
+            ksm::recover();
+        }
         let mut index = BTreeMap::new();
         for info in records.load_all()? {
             index.insert(info.id.clone(), info);
@@ -290,6 +300,8 @@ impl Snapshotter {
             cgroup_yard,
             busy: Mutex::new(HashSet::new()),
             lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
+            merge_fork_pages: AtomicBool::new(cfg.merge_fork_pages && ksm::available()),
+            merger: ksm::Merger::default(),
             lazy: Arc::default(),
             imports: Imports::default(),
         };
@@ -645,11 +657,12 @@ impl Snapshotter {
         }
         let info = self.get(snapshot)?;
         let images = self.images_of(&info)?;
-        let results = std::thread::scope(|s| {
+        let merge = self.merge_fork_pages.load(Ordering::Relaxed);
+        let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..count)
                 .map(|i| {
                     let (info, images, opts) = (&info, &images, &opts);
-                    s.spawn(move || self.fork_one(info, images, i, opts))
+                    s.spawn(move || self.fork_one(info, images, i, opts, merge))
                 })
                 .collect();
             handles
@@ -663,6 +676,9 @@ impl Snapshotter {
                 })
                 .collect()
         });
+        if merge && results.iter().any(Result::is_ok) {
+            self.merger.after_fork();
+        }
         Ok(results)
     }
 
@@ -705,6 +721,7 @@ impl Snapshotter {
         images: &Path,
         i: u32,
         opts: &ForkOptions,
+        merge_pages: bool,
     ) -> Result<SandboxInfo, Error> {
         let mut spec = info.spec.clone();
         spec.image = info.fs_root.clone();
@@ -717,7 +734,7 @@ impl Snapshotter {
             t => t.or(spec.ttl_secs),
         };
         spec.queue_timeout_ms = opts.queue_timeout_ms;
-        self.restore_into(spec, images, None)
+        self.restore_into(spec, images, None, merge_pages)
     }
 
     /// Creates a sandbox (fresh id, or `same_id` for a resume) whose tree CRIU restores from
@@ -727,6 +744,7 @@ impl Snapshotter {
         spec: grove_runtime::SandboxSpec,
         images: &Path,
         same_id: Option<&SandboxId>,
+        merge_pages: bool,
     ) -> Result<SandboxInfo, Error> {
         let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
         let inherit_netns = netns::is_external(images);
@@ -748,6 +766,7 @@ impl Snapshotter {
                 lazy_pages: lazy,
                 inherit_netns,
                 cgroup_yard: self.cgroup_yard.as_ref().and_then(|y| y.for_images(images)),
+                merge_pages,
             };
             self.restore_one(&t.id, &opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         };
@@ -767,7 +786,7 @@ impl Snapshotter {
         spec: grove_runtime::SandboxSpec,
         images: &Path,
     ) -> Result<SandboxInfo, Error> {
-        self.restore_into(spec, images, Some(id))
+        self.restore_into(spec, images, Some(id), false)
     }
 
     /// One CRIU restore; with lazy pages, a `criu lazy-pages` daemon serves the memory and is
@@ -825,6 +844,19 @@ impl Snapshotter {
             }
         }
         r
+    }
+
+    /// Whether fork branches are restored mergeable (the config's `merge_fork_pages`, where the
+    /// kernel has KSM).
+    pub fn merges_fork_pages(&self) -> bool {
+        self.merge_fork_pages.load(Ordering::Relaxed)
+    }
+
+    /// Turns fork page merging on or off from now on (the bench measures both in one run); on
+    /// stays off where the kernel has no KSM.
+    pub fn set_merge_fork_pages(&self, on: bool) {
+        self.merge_fork_pages
+            .store(on && ksm::available(), Ordering::Relaxed);
     }
 
     /// Restores fork branches with CRIU lazy pages (memory copied on demand and in the

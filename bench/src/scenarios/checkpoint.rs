@@ -80,11 +80,12 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
 
     // Grove.
     let grove_name;
-    let g = match ctx.grove.snapshotter() {
+    let snapshots = ctx.grove.snapshotter();
+    let g = match &snapshots {
         Ok(s) => {
             grove_name = s.label();
             progress::step(0.0, "grove snapshot / fork");
-            grove_rounds(ctx, &p, &s)
+            grove_rounds(ctx, &p, s)
         }
         Err(reason) => {
             grove_name = "grove".to_string();
@@ -92,7 +93,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
                 res.push(Measurement::not_available(
                     &Key::new(m, param, &unit, Better::Lower),
                     "grove",
-                    &reason,
+                    reason,
                 ));
             }
             Figures {
@@ -118,6 +119,13 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         &mut series,
         &mut dseries,
     );
+
+    progress::step(
+        0.8,
+        "fork memory: grove with and without page merging, raw CRIU",
+    );
+    let counts = ctx.pick(vec![4], vec![8, 32]);
+    super::fork_memory::run(ctx, res, p.heap, &counts, snapshots.as_ref().ok());
 
     let path = ctx.out.join("checkpoint-bytes-vs-dirtied.svg");
     let title = "checkpoint bytes against the fraction of the heap dirtied";
@@ -375,9 +383,9 @@ fn grove_inner(
 // ---------------------------------------------------------------- raw CRIU
 
 /// The workload in its own pid + net namespaces (python is pid 1 and a session leader there).
-struct RawWorkload {
+pub(super) struct RawWorkload {
     unshare: Child,
-    pid: i32,
+    pub pid: i32,
 }
 
 impl Drop for RawWorkload {
@@ -389,7 +397,7 @@ impl Drop for RawWorkload {
     }
 }
 
-fn start_raw(heap: u64, state: &Path) -> Result<RawWorkload> {
+pub(super) fn start_raw(heap: u64, state: &Path) -> Result<RawWorkload> {
     let mut c = Command::new("unshare");
     c.args(["--fork", "--pid", "--net", "setsid", "python3"]);
     c.args(workload::args(heap, &state.to_string_lossy()));
@@ -428,7 +436,7 @@ fn criu_log_errors(log: &Path) -> String {
     errs.join(" / ")
 }
 
-fn criu_dump(criu: &Path, pid: i32, dir: &Path) -> Result<f64> {
+pub(super) fn criu_dump(criu: &Path, pid: i32, dir: &Path) -> Result<f64> {
     std::fs::create_dir_all(dir)?;
     let mut c = Command::new(criu);
     c.arg("dump")
@@ -447,7 +455,7 @@ fn criu_dump(criu: &Path, pid: i32, dir: &Path) -> Result<f64> {
 }
 
 /// Restores `n` copies concurrently; returns their host pids (killed by the caller).
-fn criu_restore_n(criu: &Path, dir: &Path, n: usize, tag: &str) -> Result<Vec<i32>> {
+pub(super) fn criu_restore_n(criu: &Path, dir: &Path, n: usize, tag: &str) -> Result<Vec<i32>> {
     let results: Vec<Result<i32>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|k| {
@@ -492,7 +500,7 @@ fn criu_restore_n(criu: &Path, dir: &Path, n: usize, tag: &str) -> Result<Vec<i3
     Ok(pids)
 }
 
-fn kill_all(pids: &[i32]) {
+pub(super) fn kill_all(pids: &[i32]) {
     for &p in pids {
         // SAFETY: pids of namespace inits this bench restored.
         unsafe { libc::kill(p, libc::SIGKILL) };

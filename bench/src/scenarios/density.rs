@@ -242,7 +242,7 @@ fn ramp(sys: &System, env: &PeerEnv, fleet: &Fleet, level: usize) -> Result<()> 
 }
 
 /// Median of three MemAvailable readings 100 ms apart (KiB).
-fn settled_mem_available() -> Result<u64> {
+pub(super) fn settled_mem_available() -> Result<u64> {
     let mut v = Vec::new();
     for _ in 0..3 {
         v.push(util::mem_available_kib()?);

@@ -7,6 +7,7 @@ pub mod density;
 pub mod e2b;
 pub mod elastic;
 pub mod filesystem;
+pub mod fork_memory;
 pub mod images;
 pub mod images_build;
 pub mod lifecycle;

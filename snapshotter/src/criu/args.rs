@@ -120,6 +120,9 @@ pub struct RestoreOptions {
     pub inherit_netns: bool,
     /// As [`DumpOptions::cgroup_yard`].
     pub cgroup_yard: Option<PathBuf>,
+    /// Restore every VMA mergeable by ksmd (`PR_SET_MEMORY_MERGE` on CRIU, which its tasks
+    /// inherit): a fork's branches share their clean pages (see `ksm.rs`).
+    pub merge_pages: bool,
 }
 
 fn common(args: &mut Vec<OsString>, images: &PathBuf, work: &PathBuf, log: &str) {
@@ -354,6 +357,7 @@ mod tests {
             lazy_pages: true,
             inherit_netns: false,
             cgroup_yard: Some("/y".into()),
+            merge_pages: true,
         };
         let a = strs(o.to_args()).join(" ");
         assert_eq!(

@@ -216,7 +216,16 @@ impl Criu {
         netns: Option<BorrowedFd<'_>>,
     ) -> Result<(i32, Timing), Error> {
         let start = Instant::now();
-        let status = self.run_with(&opts.to_args(), &opts.work_dir, netns)?;
+        let mut cmd = self.command_with(netns);
+        if opts.merge_pages {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs between fork and exec and only calls prctl, which is
+            // async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(crate::ksm::merge_this_process);
+            }
+        }
+        let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
         let dir = opts.images_dir.clone();
         if !status.success() {
             let log_tail = read_log(&opts.work_dir.join(RESTORE_LOG));
@@ -300,14 +309,22 @@ impl Criu {
         work_dir: &Path,
         netns: Option<BorrowedFd<'_>>,
     ) -> Result<std::process::ExitStatus, Error> {
+        Self::run_cmd(self.command_with(netns), &self.binary, args, work_dir)
+    }
+
+    fn run_cmd(
+        mut cmd: Command,
+        binary: &Path,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+    ) -> Result<std::process::ExitStatus, Error> {
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
-        self.command_with(netns)
-            .args(args)
+        cmd.args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .map_err(|source| Error::Spawn {
-                binary: self.binary.clone(),
+                binary: binary.to_path_buf(),
                 source,
             })
     }

@@ -109,6 +109,7 @@ impl Env {
             criu: None,
             scratch_dir: None,
             image_cache_bytes: None,
+            merge_fork_pages: true,
         };
         let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), svc).unwrap();
         Env {
