@@ -58,8 +58,6 @@ pub trait Snapshots: Send + Sync {
     fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
     /// Restore a sandbox paused to the store, under its id.
     fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
-    /// Whether `id` is paused to the store (rather than frozen).
-    fn is_paused(&self, id: &SandboxId) -> bool;
     /// At an orderly stop with no sandbox left: removes the snapshotter's scratch it can.
     fn close(&self);
     /// Snapshots (by name) whose background import failed, with the reason.

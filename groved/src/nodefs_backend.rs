@@ -439,10 +439,6 @@ impl Snapshots for NodefsSnapshots {
         self.s.resume(id).map(|(i, _)| i).map_err(snap_err)
     }
 
-    fn is_paused(&self, id: &SandboxId) -> bool {
-        self.s.is_paused(id)
-    }
-
     fn close(&self) {
         self.s.close();
     }

@@ -37,8 +37,8 @@ impl DiskSpace for RuntimeDisk {
             return 0;
         };
         // Not under the sandboxes lock: a root's usage may be a call to its file server.
-        let live: Vec<_> = rt.sandboxes.lock().values().cloned().collect();
-        live.iter().map(|s| s.root.usage().bytes).sum::<u64>() >> 20
+        let live = rt.registry.live();
+        live.iter().map(|(s, _)| s.root.usage().bytes).sum::<u64>() >> 20
     }
 }
 

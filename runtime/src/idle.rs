@@ -2,9 +2,10 @@
 //! can only destroy; pausing to the store needs the snapshotter, so the caller (groved's reaper)
 //! applies the verdicts.
 
+use crate::registry::SlotState;
 use crate::runtime::Runtime;
 use crate::sandbox::now_ms;
-use crate::types::{IdlePolicy, OnIdle, SandboxId, SandboxState};
+use crate::types::{IdlePolicy, OnIdle, SandboxId};
 
 impl Runtime {
     /// The idle policy that applies to a sandbox: its own, else the node's default.
@@ -17,11 +18,11 @@ impl Runtime {
     /// per sandbox with a policy, so call it on a steady timer.
     pub fn idle_due(&self) -> Vec<(SandboxId, OnIdle)> {
         let now = now_ms();
-        let live: Vec<_> = self.sandboxes.lock().values().cloned().collect();
+        let live = self.registry.live();
         live.into_iter()
-            .filter_map(|sb| {
+            .filter_map(|(sb, state)| {
                 let policy = self.idle_policy(sb.spec.idle)?;
-                if *sb.state.lock() != SandboxState::Running {
+                if state != SlotState::Running {
                     return None;
                 }
                 let cpu = self.cgroups.usage(sb.id.as_str()).cpu_usec;
@@ -35,7 +36,7 @@ impl Runtime {
 
     /// Marks a sandbox used now (a request reached it through another path, e.g. a resume).
     pub fn touch(&self, id: &SandboxId) {
-        if let Some(sb) = self.sandboxes.lock().get(id) {
+        if let Ok(sb) = self.sandbox(id) {
             sb.activity.touch();
         }
     }

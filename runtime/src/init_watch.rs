@@ -12,9 +12,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::error::Error;
 use crate::init_handle::HandleError;
+use crate::registry::SlotState;
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
-use crate::types::SandboxState;
 
 /// The runtime's end of the watcher's wake-up channel: a byte makes the watcher look at the
 /// live sandboxes again; closing it (the runtime dropped) ends the watcher.
@@ -45,16 +45,11 @@ fn watch(rt: Weak<Runtime>, rx: UnixStream) {
         let watched: Vec<Arc<Sandbox>> = match rt.upgrade() {
             None => return,
             Some(rt) => rt
-                .sandboxes
-                .lock()
-                .values()
-                .filter(|s| {
-                    matches!(
-                        *s.state.lock(),
-                        SandboxState::Running | SandboxState::Paused
-                    )
-                })
-                .cloned()
+                .registry
+                .live()
+                .into_iter()
+                .filter(|(_, st)| matches!(st, SlotState::Running | SlotState::Frozen))
+                .map(|(s, _)| s)
                 .collect(),
         };
         let mut fds = vec![PollFd::new(rx.as_fd(), PollFlags::POLLIN)];

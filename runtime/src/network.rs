@@ -386,6 +386,20 @@ impl Network {
         s
     }
 
+    /// The nft commands that undo `rules` for one sandbox; the whole table with the `last` lease.
+    fn teardown_rules(&self, l: &NetLease, last: bool) -> String {
+        let (t, c, h) = (&self.table, &l.chain, &l.host_if);
+        if last {
+            return format!("delete table inet {t}\n");
+        }
+        let mut s = format!("delete element inet {t} fwd_in {{ \"{h}\" }}\ndelete element inet {t} fwd_out {{ \"{h}\" }}\ndelete element inet {t} ifs {{ \"{h}\" }}\n");
+        for p in &l.ports {
+            s += &format!("delete element inet {t} ports {{ {} }}\n", p.host_port);
+        }
+        s += &format!("flush chain inet {t} {c}\ndelete chain inet {t} {c}\nflush chain inet {t} {c}_out\ndelete chain inet {t} {c}_out\n");
+        s
+    }
+
     /// Removes the link, the rules and the lease; the table goes with the last lease.
     pub fn teardown(&self, l: &NetLease) -> Result<(), NetError> {
         let mut errors = Vec::new();
@@ -407,17 +421,7 @@ impl Network {
         st.leases = st.leases.saturating_sub(1);
         let ports: Vec<u16> = l.ports.iter().map(|p| p.host_port).collect();
         Self::release_ports(&mut st, &ports);
-        let (t, c, h) = (&self.table, &l.chain, &l.host_if);
-        let script = if st.leases == 0 {
-            format!("delete table inet {t}\n")
-        } else {
-            let mut s = format!("delete element inet {t} fwd_in {{ \"{h}\" }}\ndelete element inet {t} fwd_out {{ \"{h}\" }}\ndelete element inet {t} ifs {{ \"{h}\" }}\n");
-            for p in &l.ports {
-                s += &format!("delete element inet {t} ports {{ {} }}\n", p.host_port);
-            }
-            s += &format!("flush chain inet {t} {c}\ndelete chain inet {t} {c}\nflush chain inet {t} {c}_out\ndelete chain inet {t} {c}_out\n");
-            s
-        };
+        let script = self.teardown_rules(l, st.leases == 0);
         if let Err(e) = nft(&script) {
             errors.push(e);
         }
@@ -504,6 +508,147 @@ pub fn counters(l: &NetLease) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lease() -> NetLease {
+        NetLease {
+            index: 3,
+            host_if: "grovesb0123".into(),
+            host_addr: "10.77.0.13".parse().unwrap(),
+            sandbox_addr: "10.77.0.14".parse().unwrap(),
+            chain: "sb_0123".into(),
+            ports: vec![PortMapping {
+                host_port: 8080,
+                sandbox_port: 80,
+            }],
+        }
+    }
+
+    fn pos(script: &str, line: &str) -> usize {
+        script
+            .lines()
+            .position(|l| l == line)
+            .unwrap_or_else(|| panic!("{line:?} not in\n{script}"))
+    }
+
+    #[test]
+    fn sandbox_rules_accept_only_the_allowlist_then_drop() {
+        let net = Network::new("grove_t", "10.77.0.0/16").unwrap();
+        let allow = [
+            EgressRule {
+                cidr: "1.2.3.0/24".into(),
+                ports: vec![],
+            },
+            EgressRule {
+                cidr: "9.9.9.9/32".into(),
+                ports: vec![53, 443],
+            },
+        ];
+        let s = net.rules(&lease(), &allow);
+        let (t, c) = ("inet grove_t", "sb_0123");
+        // Chains exist before any rule or map element names them.
+        let made = pos(&s, &format!("add chain {t} {c}"));
+        let made_out = pos(&s, &format!("add chain {t} {c}_out"));
+        let everything = format!("add rule {t} {c} ip daddr 1.2.3.0/24 accept");
+        let some_ports = format!(
+            "add rule {t} {c} ip daddr 9.9.9.9/32 meta l4proto {{ tcp, udp }} th dport {{ 53, 443 }} accept"
+        );
+        let drop = pos(&s, &format!("add rule {t} {c} drop"));
+        for accept in [&everything, &some_ports] {
+            let at = pos(&s, accept);
+            assert!(
+                made < at && at < drop,
+                "{accept:?} between the chain and its drop:\n{s}"
+            );
+        }
+        // Nothing else is accepted on the way out, and the receiver's chain never ends the hook.
+        let accepts = s.lines().filter(|l| l.ends_with(" accept")).count();
+        assert_eq!(accepts, 3, "established + two allowlist rules:\n{s}");
+        assert!(!s
+            .lines()
+            .any(|l| l.starts_with(&format!("add rule {t} {c}_out")) && l.ends_with("accept")));
+        assert!(pos(&s, &format!("add rule {t} {c}_out drop")) > made_out);
+        // The maps send the sandbox's link through its chains; its published port is DNATed.
+        let link = pos(
+            &s,
+            &format!("add element {t} fwd_in {{ \"grovesb0123\" : jump {c} }}"),
+        );
+        assert!(link > drop);
+        pos(
+            &s,
+            &format!("add element {t} fwd_out {{ \"grovesb0123\" : jump {c}_out }}"),
+        );
+        pos(&s, &format!("add element {t} ifs {{ \"grovesb0123\" }}"));
+        pos(
+            &s,
+            &format!("add element {t} ports {{ 8080 : 10.77.0.14 . 80 }}"),
+        );
+
+        // No allowlist: replies only, then drop.
+        let none = net.rules(&lease(), &[]);
+        let rules: Vec<&str> = none
+            .lines()
+            .filter(|l| l.starts_with(&format!("add rule {t} {c} ")))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                format!("add rule {t} {c} ct state established,related accept"),
+                format!("add rule {t} {c} drop")
+            ]
+        );
+    }
+
+    #[test]
+    fn teardown_rules_undo_exactly_what_rules_added() {
+        let net = Network::new("grove_t", "10.77.0.0/16").unwrap();
+        let l = lease();
+        let added = net.rules(&l, &[]);
+        let removed = net.teardown_rules(&l, false);
+        // Every element added is deleted by its key, every chain added is flushed and deleted.
+        for line in added.lines() {
+            if let Some(rest) = line.strip_prefix("add element ") {
+                let (set, body) = rest.split_once(" { ").unwrap();
+                let key = body.trim_end_matches(" }").split(" : ").next().unwrap();
+                let want = format!("delete element {set} {{ {key} }}");
+                assert!(
+                    removed.lines().any(|r| r == want),
+                    "{want:?} not in\n{removed}"
+                );
+            }
+            if let Some(chain) = line.strip_prefix("add chain ") {
+                pos(&removed, &format!("flush chain {chain}"));
+                assert!(
+                    pos(&removed, &format!("delete chain {chain}"))
+                        > pos(&removed, &format!("flush chain {chain}"))
+                );
+            }
+        }
+        assert_eq!(
+            removed.lines().filter(|l| l.starts_with("delete ")).count(),
+            6
+        );
+        assert_eq!(net.teardown_rules(&l, true), "delete table inet grove_t\n");
+    }
+
+    #[test]
+    fn the_base_table_drops_forwarding_into_the_pool_and_masquerades_out_of_it() {
+        let s = Network::new("grove_t", "10.77.0.0/16")
+            .unwrap()
+            .base_table();
+        assert!(s.starts_with("table inet grove_t {"), "{s}");
+        assert!(
+            s.contains("iifname @ifs ip daddr 10.77.0.0/16 ct status & dnat == 0 drop"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ip saddr 10.77.0.0/16 oifname != \"grove*\" masquerade"),
+            "{s}"
+        );
+        assert!(
+            s.contains("iifname @ifs drop"),
+            "the host's own services are closed: {s}"
+        );
+    }
 
     #[test]
     fn net_errors_read_as_before_and_map_by_variant() {

@@ -2,8 +2,9 @@
 //! `create_restored_as` brings it back under the same id from a CRIU restore (`Paused` → `Running`).
 
 use crate::error::Error;
+use crate::registry::SlotState;
 use crate::runtime::{RestoreFn, Runtime};
-use crate::types::{EventKind, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
+use crate::types::{EventKind, SandboxId, SandboxInfo, SandboxSpec};
 
 impl Runtime {
     /// Destroys a sandbox for a snapshot-based pause, after the snapshotter has dumped it: every
@@ -34,54 +35,21 @@ impl Runtime {
     /// Registers a sandbox parked by an earlier run of this node (its pause record survived a
     /// daemon restart): it shows as `Paused` and `create_restored_as` can bring it back.
     /// Conflict if the id is known already.
-    pub fn register_parked(&self, mut info: SandboxInfo) -> Result<(), Error> {
-        let live = self.sandboxes.lock();
-        let pending = self.pending.lock();
-        let mut parked = self.parked.lock();
-        if live.contains_key(&info.id)
-            || pending.contains(&info.id)
-            || parked.contains_key(&info.id)
-        {
-            return Err(Error::Conflict {
-                id: info.id.clone(),
-                reason: "sandbox is known already; only an unknown id can be adopted as parked"
-                    .into(),
-            });
-        }
-        info.state = SandboxState::Paused;
-        info.init_pid = None;
-        info.address = None;
-        parked.insert(info.id.clone(), info);
-        Ok(())
-    }
-
-    /// Reserves `id` for a create (in `pending`) and takes its parked record.
-    pub(crate) fn claim_parked(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
-        let live = self.sandboxes.lock();
-        let mut pending = self.pending.lock();
-        if live.contains_key(id) || pending.contains(id) {
-            let state = live
-                .get(id)
-                .map(|s| *s.state.lock())
-                .unwrap_or(SandboxState::Creating);
-            return Err(Error::Conflict {
-                id: id.clone(),
-                reason: format!("sandbox exists ({state:?}); only a parked id can be restored as"),
-            });
-        }
-        let parked = self
-            .parked
-            .lock()
-            .remove(id)
-            .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
-        pending.insert(id.clone());
-        self.transit.lock().insert(id.clone(), parked.clone());
-        Ok(parked)
+    pub fn register_parked(&self, info: SandboxInfo) -> Result<(), Error> {
+        let id = info.id.clone();
+        self.registry
+            .register_parked(info)
+            .map_err(|e| Error::Conflict {
+                id,
+                reason: format!(
+                    "sandbox is known already ({e}); only an unknown id can be adopted as parked"
+                ),
+            })
     }
 
     /// Drops a parked record; false when `id` was not parked.
     pub(crate) fn forget_parked(&self, id: &SandboxId, kind: EventKind) -> bool {
-        let gone = self.parked.lock().remove(id).is_some();
+        let gone = self.registry.forget_parked(id).is_ok();
         if gone {
             self.emit(id, kind, None);
         }
@@ -90,13 +58,7 @@ impl Runtime {
 
     /// Parked sandboxes past their time-to-live are forgotten (event `expired`).
     pub(crate) fn expire_parked(&self, now: u64) -> Vec<SandboxId> {
-        let due: Vec<SandboxId> = self
-            .parked
-            .lock()
-            .values()
-            .filter(|i| i.expires_at_ms.is_some_and(|t| t <= now))
-            .map(|i| i.id.clone())
-            .collect();
+        let due = self.registry.expired(&[SlotState::Parked], now);
         due.into_iter()
             .filter(|id| self.forget_parked(id, EventKind::Expired))
             .collect()

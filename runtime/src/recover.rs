@@ -21,6 +21,7 @@ use crate::mounts;
 use crate::network::host_if;
 use crate::proto::setup_owner;
 use crate::record::{self, LostRecord, SandboxRecord};
+use crate::registry::SlotState;
 use crate::residue::{cgroup_of, dir_names, host_processes, sandbox_of_cgroup};
 use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
@@ -52,7 +53,9 @@ impl Runtime {
     pub(crate) fn recover(&self) {
         self.stop_strays();
         for lost in record::load_lost(&self.lost_dir()) {
-            self.lost.lock().insert(lost.info.id.clone(), lost);
+            if let Err(e) = self.registry.lose(lost) {
+                tracing::warn!(error = %e, "a failed record listed twice");
+            }
         }
         let sandboxes = self.config.run_dir.join("sandboxes");
         let mut leftovers: HashSet<String> = self.cgroups.existing().into_iter().collect();
@@ -61,7 +64,7 @@ impl Runtime {
             let dir = sandboxes.join(&name);
             let adopted = match (name.parse::<SandboxId>(), record::read(&dir)) {
                 (Ok(id), Ok(rec)) if rec.id == id => match self.adopt(rec.clone(), dir) {
-                    Ok(sb) => Some(sb),
+                    Ok(sb) => Some((sb, rec.state == SandboxState::Paused)),
                     Err(e) => {
                         let reason = e.to_string();
                         tracing::warn!(sandbox = %id, %reason, "not adopted: reclaimed, reported failed");
@@ -73,7 +76,7 @@ impl Runtime {
                 _ => None,
             };
             match adopted {
-                Some(sb) => {
+                Some((sb, frozen)) => {
                     leftovers.remove(sb.id.as_str());
                     if let (Some(lease), NetworkPolicy::Egress { allow }) =
                         (&sb.net, &sb.spec.network)
@@ -83,7 +86,17 @@ impl Runtime {
                     self.admission.claim(&sb.limits);
                     self.jobs.charge_adopted(&sb.spec, &sb.limits);
                     tracing::info!(sandbox = %sb.id, pid = sb.init.pid(), "adopted");
-                    self.sandboxes.lock().insert(sb.id.clone(), sb);
+                    let id = sb.id.clone();
+                    let slotted = self.registry.with(|slots| {
+                        slots.adopt(&id, sb.clone())?;
+                        if frozen {
+                            slots.freeze(&id, &sb)?;
+                        }
+                        Ok::<(), crate::registry::TransitionError>(())
+                    });
+                    if let Err(e) = slotted {
+                        tracing::error!(sandbox = %id, error = %e, "adopted sandbox has no slot");
+                    }
                 }
                 None => {
                     leftovers.insert(name);
@@ -95,9 +108,9 @@ impl Runtime {
         }
         // Upper layers on disk outlive a reboot that emptied the run dir: keep only the adopted.
         let adopted: HashSet<String> = self
-            .sandboxes
-            .lock()
-            .keys()
+            .registry
+            .ids_in(&[SlotState::Running, SlotState::Frozen])
+            .iter()
             .map(|id| id.to_string())
             .collect();
         for (id, dir) in self.roots.upper_dirs() {
@@ -210,7 +223,6 @@ impl Runtime {
             hostname: rec.hostname,
             created_at_ms: rec.created_at_ms,
             expires_at_ms: Mutex::new(rec.expires_at_ms),
-            state: Mutex::new(rec.state),
             init: Arc::new(init),
             dir,
             root: Arc::from(root),
@@ -236,12 +248,14 @@ impl Runtime {
         if let Err(e) = record::write_lost(&self.lost_dir(), &lost) {
             tracing::warn!(sandbox = %rec.id, error = %e, "persist the failed record");
         }
-        self.lost.lock().insert(rec.id, lost);
+        if let Err(e) = self.registry.lose(lost) {
+            tracing::warn!(sandbox = %rec.id, error = %e, "a failed sandbox listed twice");
+        }
     }
 
     /// Drops a lost sandbox's record; false when `id` was not lost.
     pub(crate) fn forget_lost(&self, id: &SandboxId, kind: EventKind) -> bool {
-        let gone = self.lost.lock().remove(id).is_some();
+        let gone = self.registry.forget_lost(id).is_ok();
         if gone {
             if let Err(e) = record::discard_lost(&self.lost_dir(), id) {
                 tracing::warn!(sandbox = %id, error = %e, "remove the failed record");
@@ -253,13 +267,7 @@ impl Runtime {
 
     /// Lost sandboxes past their time-to-live are forgotten (event `expired`).
     pub(crate) fn expire_lost(&self, now: u64) -> Vec<SandboxId> {
-        let due: Vec<SandboxId> = self
-            .lost
-            .lock()
-            .values()
-            .filter(|l| l.info.expires_at_ms.is_some_and(|t| t <= now))
-            .map(|l| l.info.id.clone())
-            .collect();
+        let due = self.registry.expired(&[SlotState::Lost], now);
         due.into_iter()
             .filter(|id| self.forget_lost(id, EventKind::Expired))
             .collect()

@@ -25,15 +25,11 @@ fn id_in(path: &Path) -> Option<SandboxId> {
 
 impl Runtime {
     fn owned(&self) -> HashSet<SandboxId> {
-        // Both locks at once (same order as create/destroy) so an id moving between them is seen.
-        let live = self.sandboxes.lock();
-        let pending = self.pending.lock();
-        let pooled = self.pools.ids();
-        live.keys()
-            .chain(pending.iter())
-            .chain(&pooled)
-            .cloned()
-            .collect()
+        // The pools under the registry's lock: a pooled sandbox moves between them in one step.
+        self.registry.with(|slots| {
+            let pooled = self.pools.ids();
+            slots.on_host().chain(&pooled).cloned().collect()
+        })
     }
 
     /// Removes the empty cgroup dirs of sandboxes this runtime no longer owns and returns them.

@@ -1,6 +1,5 @@
 //! The `Runtime`: sandbox lifecycle, exec, files, admission, reclaim.
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -20,7 +19,8 @@ use crate::jobs::Jobs;
 use crate::network::Network;
 use crate::pool::Pools;
 use crate::proto::{self, ExecSpec, InitErrorKind, SetupConfig};
-use crate::record::{self, LostRecord};
+use crate::record;
+use crate::registry::{Registry, Slot, SlotState, TransitionError};
 use crate::root::{DiskQuota, RootMount, RootProvider};
 use crate::sandbox::{now_ms, Parts, Sandbox};
 use crate::spawner::{self, SpawnError};
@@ -88,22 +88,12 @@ pub struct Runtime {
     pub(crate) cgroups: Arc<dyn CgroupBackend>,
     pub(crate) net: Network,
     pub(crate) admission: Admission,
-    pub(crate) sandboxes: Mutex<HashMap<SandboxId, Arc<Sandbox>>>,
-    /// Ids being created or destroyed: owned, but not (or no longer) in `sandboxes`.
-    pub(crate) pending: Mutex<HashSet<SandboxId>>,
-    /// Sandboxes destroyed for a snapshot-based pause (`park`): nothing on the host, the id kept
-    /// (state `Paused`) until `create_restored_as` brings it back or `destroy` forgets it.
-    /// Lock order: sandboxes → pending → parked.
-    pub(crate) parked: Mutex<HashMap<SandboxId, SandboxInfo>>,
-    /// Sandboxes on their way into `parked` (a pause reclaiming them) or out of it (a resume
-    /// restoring them): not in `sandboxes` nor in `parked`, but `get`/`list` must still show them
-    /// (as `Paused`), never a 404 in between. Moves in and out happen under the locks `get` holds.
-    /// Lock order: sandboxes → pending → parked → transit.
-    pub(crate) transit: Mutex<HashMap<SandboxId, SandboxInfo>>,
-    /// Sandboxes a restart found but could not adopt (init or root gone): reclaimed, reported
-    /// `failed` until destroyed. Durable (`record::write_lost`) so a second restart still reports them.
-    pub(crate) lost: Mutex<HashMap<SandboxId, LostRecord>>,
-    /// Warm pools (their idle sandboxes are owned like `pending` ones). Lock order: … → pools.
+    /// Every id this runtime knows and its state (creating, running, frozen, failed, destroying,
+    /// parking, parked, restoring, lost): see `registry`. Lost ones are durable as well
+    /// (`record::write_lost`) so a second restart still reports them.
+    pub(crate) registry: Registry<Arc<Sandbox>>,
+    /// Warm pools; their idle sandboxes have no slot (residue counts them as owned). Lock order:
+    /// registry → pools.
     pub(crate) pools: Pools,
     pub(crate) jobs: Jobs,
     subscribers: Mutex<Vec<Sender<Event>>>,
@@ -182,11 +172,7 @@ impl Runtime {
             cgroups,
             net,
             admission: Admission::new(total),
-            sandboxes: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashSet::new()),
-            parked: Mutex::new(HashMap::new()),
-            transit: Mutex::new(HashMap::new()),
-            lost: Mutex::new(HashMap::new()),
+            registry: Registry::default(),
             pools: Pools::default(),
             jobs: Jobs::default(),
             subscribers: Mutex::new(Vec::new()),
@@ -229,37 +215,68 @@ impl Runtime {
             .retain(|s| s.send(ev.clone()).is_ok());
     }
 
-    fn sandbox(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
-        if let Some(sb) = self.sandboxes.lock().get(id).cloned() {
-            return Ok(sb);
-        }
-        if self.parked.lock().contains_key(id) || self.transit.lock().contains_key(id) {
-            return Err(Error::Conflict {
+    /// Where `id` stands (see `registry`): how groved tells a frozen sandbox from one parked in
+    /// the store or in transit between the two. None: unknown.
+    pub fn state_of(&self, id: &SandboxId) -> Option<SlotState> {
+        self.registry.state(id)
+    }
+
+    /// A live sandbox (running, frozen or failed) and its state, as of one look.
+    pub(crate) fn live(&self, id: &SandboxId) -> Result<(Arc<Sandbox>, SlotState), Error> {
+        self.registry.peek(id, |slot| match slot {
+            Some(Slot::Running(sb)) => Ok((sb.clone(), SlotState::Running)),
+            Some(Slot::Frozen(sb)) => Ok((sb.clone(), SlotState::Frozen)),
+            Some(Slot::Failed(sb)) => Ok((sb.clone(), SlotState::Failed)),
+            Some(Slot::Parking(_) | Slot::Parked(_) | Slot::Restoring(_)) => Err(Error::Conflict {
                 id: id.clone(),
                 reason: "sandbox is paused to the store (nothing runs): resume it first, \
                          or run a command in it, which resumes it"
                     .into(),
-            });
-        }
-        if let Some(lost) = self.lost.lock().get(id) {
-            return Err(Error::Conflict {
+            }),
+            Some(Slot::Lost(lost)) => Err(Error::Conflict {
                 id: id.clone(),
                 reason: format!("sandbox failed: {}", lost.reason),
-            });
-        }
-        Err(Error::NotFound { id: id.to_string() })
+            }),
+            Some(Slot::Creating | Slot::Destroying) | None => {
+                Err(Error::NotFound { id: id.to_string() })
+            }
+        })
+    }
+
+    pub(crate) fn sandbox(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
+        self.live(id).map(|(sb, _)| sb)
+    }
+
+    /// How a live state reads in a refusal ("Paused", "Failed"), as the API shows it.
+    fn shown(state: SlotState) -> String {
+        state
+            .shown()
+            .map(|s| format!("{s:?}"))
+            .unwrap_or_else(|| state.to_string())
     }
 
     pub(crate) fn running(&self, id: &SandboxId) -> Result<Arc<Sandbox>, Error> {
-        let sb = self.sandbox(id)?;
-        let st = *sb.state.lock();
-        if st != SandboxState::Running {
+        let (sb, st) = self.live(id)?;
+        if st != SlotState::Running {
             return Err(Error::Conflict {
                 id: id.clone(),
-                reason: format!("sandbox is {st:?}, not running"),
+                reason: format!("sandbox is {}, not running", Self::shown(st)),
             });
         }
         Ok(sb)
+    }
+
+    /// A transition refused because a request found the sandbox elsewhere than it expected.
+    fn refused(id: &SandboxId, e: TransitionError) -> Error {
+        match e.state() {
+            None | Some(SlotState::Creating | SlotState::Destroying) => {
+                Error::NotFound { id: id.to_string() }
+            }
+            Some(_) => Error::Conflict {
+                id: id.clone(),
+                reason: e.to_string(),
+            },
+        }
     }
 
     /// A new sandbox: handed over from a warm pool when one holds its image and size, else built.
@@ -303,32 +320,30 @@ impl Runtime {
         }
         self.admit(&spec, &limits)?;
         let (id, parked) = match same_id {
-            None => loop {
-                let id = SandboxId::generate();
-                let live = self.sandboxes.lock();
-                if !live.contains_key(&id) && self.pending.lock().insert(id.clone()) {
-                    break (id, None);
-                }
-            },
-            Some(id) => match self.claim_parked(&id) {
+            None => (self.registry.reserve_fresh(), None),
+            Some(id) => match self.registry.unpark(&id) {
                 Ok(parked) => (id, Some(parked)),
                 Err(e) => {
                     self.release(&spec, &limits);
-                    return Err(e);
+                    return Err(Self::unpark_refused(&id, e));
                 }
             },
         };
         let mut parts = Parts::default();
         let created_at = parked.as_ref().map(|p| p.created_at_ms);
-        let res = self.build(&id, &spec, &limits, restore, created_at, &mut parts);
-        let result = match res {
-            Ok(sb) => {
-                let info = sb.info();
-                let mut live = self.sandboxes.lock();
-                live.insert(id.clone(), sb);
-                self.pending.lock().remove(&id);
-                self.transit.lock().remove(&id);
-                drop(live);
+        let res = self
+            .build(&id, &spec, &limits, restore, created_at, &mut parts)
+            .and_then(|sb| {
+                let info = sb.info(SandboxState::Running);
+                match parked {
+                    Some(_) => self.registry.restored(&id, sb),
+                    None => self.registry.create(&id, sb),
+                }
+                .map(|()| info)
+                .map_err(|e| Self::refused(&id, e))
+            });
+        match res {
+            Ok(info) => {
                 let kind = if parked.is_some() {
                     EventKind::Resumed
                 } else {
@@ -342,18 +357,30 @@ impl Runtime {
                     tracing::error!(sandbox = %id, error = %undo, "undo of a failed create is incomplete");
                 }
                 self.release(&spec, &limits);
-                if let Some(info) = parked {
-                    // Still paused: the caller may retry the restore or destroy it.
-                    let _pending = self.pending.lock();
-                    self.parked.lock().insert(id.clone(), info);
-                    self.transit.lock().remove(&id);
+                // A restore that failed stays parked: the caller may retry it or destroy it.
+                let back = match parked {
+                    Some(_) => self.registry.restore_failed(&id),
+                    None => self.registry.abandon(&id),
+                };
+                if let Err(t) = back {
+                    tracing::error!(sandbox = %id, error = %t, "slot of a failed create");
                 }
                 self.emit(&id, EventKind::Failed, Some(e.to_string()));
                 Err(e)
             }
-        };
-        self.pending.lock().remove(&id);
-        result
+        }
+    }
+
+    /// A restore under an id that is not parked: Conflict while it is live or moving, else
+    /// NotFound (in particular when a destroy won the race against the resume).
+    fn unpark_refused(id: &SandboxId, e: TransitionError) -> Error {
+        match e.state() {
+            None | Some(SlotState::Lost) => Error::NotFound { id: id.to_string() },
+            Some(state) => Error::Conflict {
+                id: id.clone(),
+                reason: format!("sandbox exists ({state}); only a parked id can be restored as"),
+            },
+        }
     }
 
     /// Published host ports against the node's range and reserved ports, then whether the host
@@ -496,7 +523,6 @@ impl Runtime {
             hostname,
             created_at_ms: created_at.unwrap_or(now),
             expires_at_ms: parking_lot::Mutex::new(validate::expires_at(now, spec.ttl_secs)),
-            state: parking_lot::Mutex::new(SandboxState::Running),
             init,
             dir,
             root,
@@ -509,15 +535,19 @@ impl Runtime {
         Ok(sb)
     }
 
-    /// Rewrites a live sandbox's durable record (its state or TTL changed). Under the state lock,
-    /// so it never races destroy's removal of the record.
-    fn persist(&self, sb: &Sandbox) -> Result<(), Error> {
-        let state = sb.state.lock();
-        if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-            return Ok(());
-        }
-        record::write(&sb.dir, &sb.record(*state))
-            .map_err(io_err(format!("write the record of {}", sb.id)))
+    /// Rewrites a live sandbox's durable record (its state or TTL changed). Under the registry's
+    /// lock, so it never races destroy's removal of the record (a destroy leaves `Running` or
+    /// `Frozen` before it removes the record).
+    fn persist(&self, sb: &Arc<Sandbox>) -> Result<(), Error> {
+        self.registry.with(|slots| {
+            let state = match slots.get(&sb.id) {
+                Some(Slot::Running(s)) if Arc::ptr_eq(s, sb) => SandboxState::Running,
+                Some(Slot::Frozen(s)) if Arc::ptr_eq(s, sb) => SandboxState::Paused,
+                _ => return Ok(()),
+            };
+            record::write(&sb.dir, &sb.record(state))
+                .map_err(io_err(format!("write the record of {}", sb.id)))
+        })
     }
 
     /// Removes everything in `parts`, in reverse order of making; every step is tried and verified.
@@ -601,53 +631,15 @@ impl Runtime {
             .collect()
     }
 
+    /// One look at the registry: a sandbox moving between states is shown in one of them.
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
-        // One consistent look across live, parked and in-transit (see `transit`).
-        let live = {
-            let live = self.sandboxes.lock();
-            let _pending = self.pending.lock();
-            match live.get(id) {
-                Some(sb) => Some(sb.clone()),
-                None => {
-                    if let Some(info) = self.parked.lock().get(id) {
-                        return Ok(info.clone());
-                    }
-                    if let Some(info) = self.transit.lock().get(id) {
-                        return Ok(info.clone());
-                    }
-                    None
-                }
-            }
-        };
-        if let Some(sb) = live {
-            return Ok(sb.info());
-        }
-        if let Some(lost) = self.lost.lock().get(id) {
-            return Ok(lost.info.clone());
-        }
-        Err(Error::NotFound { id: id.to_string() })
+        self.registry
+            .get(id)
+            .ok_or_else(|| Error::NotFound { id: id.to_string() })
     }
 
     pub fn list(&self) -> Vec<SandboxInfo> {
-        let (live, mut v) = {
-            let live = self.sandboxes.lock();
-            let _pending = self.pending.lock();
-            let mut v: Vec<SandboxInfo> = self.parked.lock().values().cloned().collect();
-            v.extend(self.transit.lock().values().cloned());
-            (live.values().cloned().collect::<Vec<_>>(), v)
-        };
-        v.extend(live.iter().map(|s| s.info()));
-        v.extend(self.lost.lock().values().map(|l| l.info.clone()));
-        v.sort_by_key(|i| i.created_at_ms);
-        v
-    }
-
-    /// How a sandbox in transit to or from `parked` shows meanwhile.
-    fn in_transit(mut info: SandboxInfo) -> SandboxInfo {
-        info.state = SandboxState::Paused;
-        info.init_pid = None;
-        info.address = None;
-        info
+        self.registry.list()
     }
 
     /// Kill every process (cgroup.kill), tear down network, cgroups and root, remove the run dir.
@@ -667,32 +659,27 @@ impl Runtime {
         self.destroy_with(id, EventKind::Expired).map(|_| ())
     }
 
-    /// Reclaims a live sandbox; on success it ends `Destroyed`, or parked as `Paused` when `kind`
-    /// is `Paused` (the id is parked before it leaves `pending`, so no create can take it between).
+    /// Reclaims a live sandbox (`Destroying`, then gone), or parks it when `kind` is `Paused`
+    /// (`Parking`, then `Parked`: the id never leaves the registry, so no create can take it).
+    /// A reclaim that fails forgets the id with a `failed` event.
     pub(crate) fn destroy_with(
         &self,
         id: &SandboxId,
         kind: EventKind,
     ) -> Result<Arc<Sandbox>, Error> {
-        let sb = {
-            let mut map = self.sandboxes.lock();
-            let sb = map
-                .remove(id)
-                .ok_or_else(|| Error::NotFound { id: id.to_string() })?;
-            self.pending.lock().insert(id.clone());
-            if kind == EventKind::Paused {
-                let info = Self::in_transit(sb.info());
-                self.transit.lock().insert(id.clone(), info);
-            }
-            sb
+        let parking = kind == EventKind::Paused;
+        let taken = if parking {
+            self.registry.park(id)
+        } else {
+            self.registry.destroy(id)
         };
-        {
-            // Record gone first: a restart from here on finishes the destroy.
-            let mut state = sb.state.lock();
-            *state = SandboxState::Destroying;
-            if let Err(e) = record::discard(&sb.dir) {
-                tracing::warn!(sandbox = %id, error = %e, "remove the durable record");
-            }
+        let sb = taken.map_err(|e| match e.state() {
+            Some(SlotState::Failed) => Self::refused(id, e),
+            _ => Error::NotFound { id: id.to_string() },
+        })?;
+        // Record gone first: a restart from here on finishes the destroy.
+        if let Err(e) = record::discard(&sb.dir) {
+            tracing::warn!(sandbox = %id, error = %e, "remove the durable record");
         }
         let parts = Parts {
             dir: Some(sb.dir.clone()),
@@ -704,27 +691,16 @@ impl Runtime {
         };
         let res = self.reclaim(id, parts);
         self.release(&sb.spec, &sb.limits);
-        {
-            let mut pending = self.pending.lock();
-            if res.is_ok() && kind == EventKind::Paused {
-                *sb.state.lock() = SandboxState::Paused;
-                let info = Self::in_transit(sb.info());
-                self.parked.lock().insert(id.clone(), info);
-            }
-            self.transit.lock().remove(id);
-            pending.remove(id);
+        let landed = match res {
+            Ok(()) if parking => self.registry.parked(id).map(drop),
+            _ => self.registry.finish(id),
+        };
+        if let Err(t) = landed {
+            tracing::error!(sandbox = %id, error = %t, "slot of a destroy");
         }
         match &res {
-            Ok(()) => {
-                if kind != EventKind::Paused {
-                    *sb.state.lock() = SandboxState::Destroyed;
-                }
-                self.emit(id, kind, None);
-            }
-            Err(e) => {
-                *sb.state.lock() = SandboxState::Failed;
-                self.emit(id, EventKind::Failed, Some(e.to_string()));
-            }
+            Ok(()) => self.emit(id, kind, None),
+            Err(e) => self.emit(id, EventKind::Failed, Some(e.to_string())),
         }
         res.map(|()| sb)
     }
@@ -734,7 +710,7 @@ impl Runtime {
         let sb = self.sandbox(id)?;
         *sb.expires_at_ms.lock() = validate::expires_at(now_ms(), ttl_secs);
         self.persist(&sb)?;
-        Ok(sb.info())
+        self.get(id)
     }
 
     pub fn exec(&self, id: &SandboxId, req: ExecRequest) -> Result<ExecResult, Error> {
@@ -807,7 +783,7 @@ impl Runtime {
         }
         match e {
             ClientError::Cancelled => Error::Cancelled { id: id.clone() },
-            e if !self.sandboxes.lock().contains_key(id) => Error::NotFound {
+            e if self.live(id).is_err() => Error::NotFound {
                 id: format!("{id} (destroyed: {e})"),
             },
             ClientError::Connect(e) => self.unreachable(sb, e),
@@ -854,12 +830,14 @@ impl Runtime {
 
     /// The root of a running or frozen sandbox, through its verified init handle only.
     fn root_of(&self, id: &SandboxId) -> Result<Root, Error> {
-        let sb = self.sandbox(id)?;
-        let st = *sb.state.lock();
-        if !matches!(st, SandboxState::Running | SandboxState::Paused) {
+        let (sb, st) = self.live(id)?;
+        if !matches!(st, SlotState::Running | SlotState::Frozen) {
             return Err(Error::Conflict {
                 id: id.clone(),
-                reason: format!("sandbox is {st:?}: its files are not reachable"),
+                reason: format!(
+                    "sandbox is {}: its files are not reachable",
+                    Self::shown(st)
+                ),
             });
         }
         sb.activity.touch();
@@ -929,31 +907,36 @@ impl Runtime {
     pub fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
         let sb = self.running(id)?;
         self.freeze(id)?;
-        *sb.state.lock() = SandboxState::Paused;
+        self.registry
+            .freeze(id, &sb)
+            .map_err(|e| Self::refused(id, e))?;
         self.persist(&sb)?;
         self.emit(id, EventKind::Paused, None);
-        Ok(sb.info())
+        Ok(sb.info(SandboxState::Paused))
     }
 
     pub fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, Error> {
-        let sb = self.sandbox(id)?;
-        if *sb.state.lock() != SandboxState::Paused {
+        let (sb, st) = self.live(id)?;
+        if st != SlotState::Frozen {
             return Err(Error::Conflict {
                 id: id.clone(),
                 reason: "sandbox is not paused".into(),
             });
         }
         self.thaw(id)?;
-        *sb.state.lock() = SandboxState::Running;
+        self.registry
+            .thaw(id, &sb)
+            .map_err(|e| Self::refused(id, e))?;
         self.persist(&sb)?;
         sb.activity.touch();
         self.emit(id, EventKind::Resumed, None);
-        Ok(sb.info())
+        Ok(sb.info(SandboxState::Running))
     }
 
     /// What a sandbox uses now; one paused to the store runs nothing and holds no memory (zeros).
     pub fn usage(&self, id: &SandboxId) -> Result<Usage, Error> {
-        if self.parked.lock().contains_key(id) || self.transit.lock().contains_key(id) {
+        let state = self.registry.state(id);
+        if state.is_some_and(|s| s.in_transit() || s == SlotState::Parked) {
             return Ok(Usage::default());
         }
         let sb = self.sandbox(id)?;
@@ -989,13 +972,8 @@ impl Runtime {
     /// (`sweep_cgroups`); groved calls it on a timer.
     pub fn reap_expired(&self) -> Vec<SandboxId> {
         let now = now_ms();
-        let expired: Vec<SandboxId> = self
-            .sandboxes
-            .lock()
-            .values()
-            .filter(|s| s.expires_at_ms.lock().is_some_and(|t| t <= now))
-            .map(|s| s.id.clone())
-            .collect();
+        let live = [SlotState::Running, SlotState::Frozen, SlotState::Failed];
+        let expired = self.registry.expired(&live, now);
         let reaped = expired
             .into_iter()
             .filter(|id| self.destroy_with(id, EventKind::Expired).is_ok())
@@ -1012,17 +990,17 @@ impl Runtime {
     /// rather than find out from ENOTCONN. They stay listed until destroyed.
     fn fail_lost_roots(&self) {
         let live: Vec<(SandboxId, Arc<dyn RootMount>)> = self
-            .sandboxes
-            .lock()
-            .values()
-            .map(|s| (s.id.clone(), s.root.clone()))
+            .registry
+            .live()
+            .into_iter()
+            .map(|(s, _)| (s.id.clone(), s.root.clone()))
             .collect();
         if live.is_empty() {
             return;
         }
         for id in self.roots.lost(&live) {
-            // Still ours (a destroy takes a sandbox out of the map before unmounting it).
-            let Some(sb) = self.sandboxes.lock().get(&id).cloned() else {
+            // Still live (a destroy moves it to `Destroying` before unmounting it).
+            let Ok(sb) = self.sandbox(&id) else {
                 continue;
             };
             self.mark_failed(
@@ -1045,20 +1023,12 @@ impl Runtime {
         Ok(())
     }
 
-    /// The one way into `failed`: from running or paused, for a sandbox still in the map (a
-    /// destroy takes it out first), with a reason in the log and a `failed` event. Says whether
-    /// it happened.
+    /// The one way into `failed` (the `Fail` transition): from running or frozen, for this very
+    /// sandbox (not one restored under its id since), with a reason in the log and a `failed`
+    /// event. Says whether it happened.
     pub(crate) fn mark_failed(&self, sb: &Arc<Sandbox>, reason: String) -> bool {
-        {
-            let live = self.sandboxes.lock();
-            if !live.get(&sb.id).is_some_and(|s| Arc::ptr_eq(s, sb)) {
-                return false;
-            }
-            let mut state = sb.state.lock();
-            if !matches!(*state, SandboxState::Running | SandboxState::Paused) {
-                return false;
-            }
-            *state = SandboxState::Failed;
+        if self.registry.fail(&sb.id, sb).is_err() {
+            return false;
         }
         tracing::error!(sandbox = %sb.id, %reason, "marked failed");
         self.emit(&sb.id, EventKind::Failed, Some(reason));
@@ -1069,22 +1039,20 @@ impl Runtime {
     /// up this instance's names (another runtime may take them from then on).
     pub fn shutdown(&self) {
         self.drain_pools();
-        let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
-        for id in ids {
+        let live = [SlotState::Running, SlotState::Frozen, SlotState::Failed];
+        for id in self.registry.ids_in(&live) {
             if let Err(e) = self.destroy(&id) {
                 tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
             }
         }
-        let parked: Vec<SandboxId> = self.parked.lock().keys().cloned().collect();
-        for id in parked {
+        for id in self.registry.ids_in(&[SlotState::Parked]) {
             self.forget_parked(&id, EventKind::Destroyed);
         }
-        let lost: Vec<SandboxId> = self.lost.lock().keys().cloned().collect();
-        for id in lost {
+        for id in self.registry.ids_in(&[SlotState::Lost]) {
             self.forget_lost(&id, EventKind::Destroyed);
         }
         let _ = std::fs::remove_dir(self.lost_dir());
-        if self.sandboxes.lock().is_empty() && self.pending.lock().is_empty() {
+        if self.registry.with(|slots| slots.on_host().next().is_none()) {
             self.cgroups.unprepare();
             crate::init_copy::remove(&self.config.run_dir);
             let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use crate::init_handle::InitHandle;
 use crate::network::NetLease;
 use crate::record::SandboxRecord;
+use crate::registry::Occupant;
 use crate::root::RootMount;
 use crate::types::{Limits, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
 
@@ -19,7 +20,6 @@ pub struct Sandbox {
     pub hostname: String,
     pub created_at_ms: u64,
     pub expires_at_ms: Mutex<Option<u64>>,
-    pub state: Mutex<SandboxState>,
     /// The only way to the init (and through it to the root): never its bare pid.
     pub init: Arc<InitHandle>,
     pub dir: PathBuf,
@@ -87,11 +87,27 @@ impl Activity {
     }
 }
 
+/// The registry holds live sandboxes by `Arc`; its slot says their state.
+impl Occupant for Arc<Sandbox> {
+    fn info(&self, state: SandboxState) -> SandboxInfo {
+        Sandbox::info(self, state)
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(self, other)
+    }
+
+    fn expires_at_ms(&self) -> Option<u64> {
+        *self.expires_at_ms.lock()
+    }
+}
+
 impl Sandbox {
-    pub fn info(&self) -> SandboxInfo {
+    /// Its info showing `state` (the registry's, which owns it).
+    pub fn info(&self, state: SandboxState) -> SandboxInfo {
         SandboxInfo {
             id: self.id.clone(),
-            state: *self.state.lock(),
+            state,
             spec: self.spec.clone(),
             created_at_ms: self.created_at_ms,
             expires_at_ms: *self.expires_at_ms.lock(),
@@ -101,7 +117,7 @@ impl Sandbox {
         }
     }
 
-    /// The durable record; `state` is passed in because callers hold the state lock.
+    /// The durable record; `state` is `Running` or `Paused` (frozen), the registry's.
     pub fn record(&self, state: SandboxState) -> SandboxRecord {
         SandboxRecord {
             id: self.id.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
-use grove_runtime::{OnIdle, Runtime, SandboxId, SandboxInfo, SandboxState};
+use grove_runtime::{OnIdle, Runtime, SandboxId, SandboxInfo, SlotState};
 
 use super::{sandbox_id, timed};
 use crate::api_shapes::Sandbox;
@@ -84,14 +84,17 @@ pub(crate) async fn pause_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<Sandb
     .await
 }
 
-/// Resumes from the store or thaws, whichever way it was paused.
+/// Resumes from the store or thaws, as the runtime says it was paused: parked in the store (or
+/// moving in or out of it) is the snapshotter's to resume, frozen the runtime's.
 pub(crate) async fn resume_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<SandboxInfo> {
     let (rt, snaps, id) = (app.runtime.clone(), app.snapshots.clone(), id.clone());
     timed(
         app,
         Op::Resume,
-        blocking(move || match &snaps {
-            Some(s) if s.is_paused(&id) => s.resume(&id),
+        blocking(move || match (rt.state_of(&id), &snaps) {
+            (Some(SlotState::Parking | SlotState::Parked | SlotState::Restoring), Some(s)) => {
+                s.resume(&id)
+            }
             _ => rt.resume(&id).map_err(Into::into),
         }),
     )
@@ -103,26 +106,30 @@ pub(crate) async fn resume_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<Sand
 pub(crate) async fn awake(app: &Arc<App>, id: &SandboxId) -> ApiResult<Arc<Runtime>> {
     let rt = app.runtime.clone();
     let deadline = tokio::time::Instant::now() + WAIT_OTHER;
-    while rt.get(id).is_ok_and(|i| i.state == SandboxState::Paused) {
+    while let Some(state) = rt.state_of(id).filter(|s| s.is_paused()) {
+        let waiting = tokio::time::Instant::now() < deadline;
+        if state.in_transit() && waiting {
+            // Someone else's pause or resume is moving it to or from the store: let it land.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         match resume_any(app, id).await {
             Ok(_) => break,
-            Err(e)
-                if e.status == StatusCode::CONFLICT && tokio::time::Instant::now() < deadline =>
-            {
+            // Paused, but the snapshotter is busy with it for someone else (a pause still
+            // dumping, a resume still fetching its images): wait for that one.
+            Err(e) if e.status == StatusCode::CONFLICT && waiting => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(e) => return Err(e),
         }
     }
     // A failed sandbox has no working root or init to reach (409, as exec says).
-    if let Ok(i) = rt.get(id) {
-        if i.state == SandboxState::Failed {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "conflict",
-                format!("sandbox {id} is Failed, not running"),
-            ));
-        }
+    if matches!(rt.state_of(id), Some(SlotState::Failed | SlotState::Lost)) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("sandbox {id} is Failed, not running"),
+        ));
     }
     Ok(rt)
 }

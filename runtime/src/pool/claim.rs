@@ -29,28 +29,36 @@ impl Runtime {
             image: spec.image.clone(),
             limits,
         };
-        let pooled = {
-            let mut pending = self.pending.lock();
-            let Some(sb) = self.pools.take(&key) else {
-                return Ok(None);
-            };
-            pending.insert(sb.id.clone());
-            sb
+        let Some(pooled) = self.reserve_pooled(|| self.pools.take(&key)) else {
+            return Ok(None);
         };
         if !self.jobs.try_acquire_now(job, &limits) {
-            let mut pending = self.pending.lock();
-            pending.remove(&pooled.id);
-            self.pools.put_back(&key, pooled);
+            self.registry.with(|slots| {
+                if let Err(e) = slots.abandon(&pooled.id) {
+                    tracing::error!(sandbox = %pooled.id, error = %e, "slot of a pooled sandbox");
+                }
+                self.pools.put_back(&key, pooled);
+            });
             return Ok(None);
         }
         let id = pooled.id.clone();
-        match self.hand_over(&pooled, spec) {
-            Ok(sb) => {
-                let info = sb.info();
-                let mut live = self.sandboxes.lock();
-                live.insert(id.clone(), sb);
-                self.pending.lock().remove(&id);
-                drop(live);
+        let claimed = self.hand_over(&pooled, spec).and_then(|sb| {
+            let info = sb.info(SandboxState::Running);
+            match self.registry.create(&id, sb.clone()) {
+                Ok(()) => Ok(info),
+                Err(e) => {
+                    if let Some(lease) = &sb.net {
+                        let _ = self.net.teardown(lease);
+                    }
+                    Err(Error::Conflict {
+                        id: id.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        });
+        match claimed {
+            Ok(info) => {
                 self.emit(&id, EventKind::Created, None);
                 Ok(Some(info))
             }
@@ -101,7 +109,6 @@ impl Runtime {
             hostname,
             created_at_ms: now,
             expires_at_ms: parking_lot::Mutex::new(crate::validate::expires_at(now, spec.ttl_secs)),
-            state: parking_lot::Mutex::new(SandboxState::Running),
             init: init.clone(),
             dir: pooled.dir.clone(),
             root: pooled.root.clone(),
@@ -118,7 +125,22 @@ impl Runtime {
         Ok(sb)
     }
 
-    /// Reclaims a pooled sandbox whose id is in `pending` (eviction, shrink, shutdown, failure).
+    /// Takes a pooled sandbox out of its pool with `take` and reserves its id (`Creating`) in
+    /// one step, so residue never finds it in neither.
+    pub(crate) fn reserve_pooled(
+        &self,
+        take: impl FnOnce() -> Option<Arc<Sandbox>>,
+    ) -> Option<Arc<Sandbox>> {
+        self.registry.with(|slots| {
+            let sb = take()?;
+            if let Err(e) = slots.reserve(&sb.id) {
+                tracing::error!(sandbox = %sb.id, error = %e, "a pooled sandbox's id is taken");
+            }
+            Some(sb)
+        })
+    }
+
+    /// Reclaims a pooled sandbox whose id is reserved (eviction, shrink, shutdown, failure).
     pub(crate) fn destroy_pooled(&self, sb: &Sandbox) {
         let parts = Parts {
             dir: Some(sb.dir.clone()),
@@ -132,19 +154,16 @@ impl Runtime {
             tracing::error!(sandbox = %sb.id, error = %e, "reclaim of a pooled sandbox is incomplete");
         }
         self.admission.release(&sb.limits);
-        self.pending.lock().remove(&sb.id);
+        if let Err(e) = self.registry.abandon(&sb.id) {
+            tracing::error!(sandbox = %sb.id, error = %e, "slot of a pooled sandbox");
+        }
         self.jobs.node_freed();
     }
 
     /// Evicts one idle pooled sandbox to make room for a foreground create; false if none.
     pub(crate) fn evict_pooled(&self) -> bool {
-        let victim = {
-            let mut pending = self.pending.lock();
-            let Some(sb) = self.pools.victim() else {
-                return false;
-            };
-            pending.insert(sb.id.clone());
-            sb
+        let Some(victim) = self.reserve_pooled(|| self.pools.victim()) else {
+            return false;
         };
         self.destroy_pooled(&victim);
         true

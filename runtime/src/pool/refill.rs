@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::record;
 use crate::runtime::Runtime;
 use crate::sandbox::Parts;
-use crate::types::{SandboxId, SandboxSpec};
+use crate::types::SandboxSpec;
 
 use super::{PoolKey, PoolStatus, PoolsConfig, Step};
 
@@ -95,21 +95,26 @@ impl Runtime {
                 let _ = h.join();
             }
         }
-        let all = {
-            let mut pending = self.pending.lock();
+        // Out of the pools and reserved in one step, as `reserve_pooled` does for one.
+        let all = self.registry.with(|slots| {
             let all = self.pools.take_all();
-            pending.extend(all.iter().map(|s| s.id.clone()));
+            for sb in &all {
+                if let Err(e) = slots.reserve(&sb.id) {
+                    tracing::error!(sandbox = %sb.id, error = %e, "a pooled sandbox's id is taken");
+                }
+            }
             all
-        };
+        });
         for sb in all {
             self.destroy_pooled(&sb);
         }
     }
 
     fn destroy_pooled_idle(&self, sb: Arc<crate::sandbox::Sandbox>) {
-        // Taken out of the pool by `next_step`: own it in `pending` while it is torn down.
-        self.pending.lock().insert(sb.id.clone());
-        self.destroy_pooled(&sb);
+        // Taken out of the pool by `next_step`: reserve its id while it is torn down.
+        if let Some(sb) = self.reserve_pooled(|| Some(sb)) {
+            self.destroy_pooled(&sb);
+        }
     }
 
     /// One refill step; true if it did something (so the next one follows at once).
@@ -138,13 +143,7 @@ impl Runtime {
             self.pools.filling(key, -1);
             return Err(e);
         }
-        let id = loop {
-            let id = SandboxId::generate();
-            let live = self.sandboxes.lock();
-            if !live.contains_key(&id) && self.pending.lock().insert(id.clone()) {
-                break id;
-            }
-        };
+        let id = self.registry.reserve_fresh();
         let spec = SandboxSpec {
             limits: Some(key.limits),
             ..SandboxSpec::from_image(key.image.clone())
@@ -162,9 +161,14 @@ impl Runtime {
         self.pools.filling(key, -1);
         match built {
             Ok(sb) => {
-                let mut pending = self.pending.lock();
-                self.pools.add(key, sb, started.elapsed());
-                pending.remove(&id);
+                self.registry
+                    .with(|slots| {
+                        self.pools.add(key, sb, started.elapsed());
+                        slots.abandon(&id)
+                    })
+                    .unwrap_or_else(
+                        |e| tracing::error!(sandbox = %id, error = %e, "slot of a pool fill"),
+                    );
                 Ok(())
             }
             Err(e) => {
@@ -172,7 +176,9 @@ impl Runtime {
                     tracing::error!(sandbox = %id, error = %undo, "undo of a failed pool fill is incomplete");
                 }
                 self.admission.release(&key.limits);
-                self.pending.lock().remove(&id);
+                if let Err(e) = self.registry.abandon(&id) {
+                    tracing::error!(sandbox = %id, error = %e, "slot of a pool fill");
+                }
                 self.jobs.node_freed();
                 Err(e)
             }
