@@ -185,7 +185,8 @@ struct ChildArgs {
     envp: *const *const libc::c_char,
     stdio: [RawFd; 3],
     mask: libc::sigset_t,
-    /// Read end of the gate the child waits on before anything else (-1: none).
+    /// Read end of the gate the child waits on before anything else (-1: none); past it, the
+    /// child is in a new user namespace whose maps are written and takes its root's ids.
     gate: RawFd,
 }
 
@@ -297,6 +298,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             let mut byte = 0u8;
             if libc::read(a.gate, &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
                 libc::_exit(125);
+            }
+            // Still host root's ids, unmapped in the new user namespace: become its root (host
+            // uid `base`), so the exec keeps every capability there. Raw syscalls: libc's
+            // wrappers would signal the threads of the process whose memory we share.
+            let none: *const libc::gid_t = std::ptr::null();
+            if libc::syscall(libc::SYS_setgroups, 0, none) != 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+            {
+                libc::_exit(124);
             }
         }
         for (target, fd) in (0..).zip(a.stdio) {
