@@ -45,7 +45,7 @@ fn root_on_host(d: &Daemon, id: &str) -> std::path::PathBuf {
 /// be); its pid as the sandbox sees it, and the child to reap.
 fn host_process_in(d: &Daemon, id: &str) -> (Child, String) {
     let pid = get(d, id)["init_pid"].as_i64().unwrap();
-    let child = Command::new("nsenter")
+    let mut child = Command::new("nsenter")
         .args(["-t", &pid.to_string(), "-p", "--", "sleep", "300"])
         .spawn()
         .expect("nsenter");
@@ -61,6 +61,8 @@ fn host_process_in(d: &Daemon, id: &str) -> (Child, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the host's sleep never showed in {id}");
 }
 

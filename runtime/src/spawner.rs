@@ -281,7 +281,9 @@ fn clone_exec(
         let mut buf = [0u8; 1];
         while let Err(e) = seen.read(&mut buf) {
             if e.kind() != std::io::ErrorKind::Interrupted {
-                break;
+                // Not knowing whether it has exec'd, its stack may go only once it is dead.
+                kill();
+                return Err(e);
             }
         }
     }
