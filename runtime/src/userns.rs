@@ -39,13 +39,13 @@ const POOLS_START: u64 = 1 << 28;
 
 impl IdPool {
     /// The default pool of an instance: `grove` takes the first 2^26 ids from 2^28, any other
-    /// instance one of the next 60 pools by its name (two may still draw the same: set
+    /// instance one of the next 58 pools by its name (two may still draw the same: set
     /// `userns_pool` on hosts that run several).
     pub fn for_instance(instance: &str, name_hash: u32) -> IdPool {
         let slot = if instance == crate::config::DEFAULT_INSTANCE {
             0
         } else {
-            1 + u64::from(name_hash % 60)
+            1 + u64::from(name_hash % 58)
         };
         let first = POOLS_START + slot * u64::from(DEFAULT_RANGES) * u64::from(RANGE_SIZE);
         IdPool {
@@ -154,7 +154,7 @@ mod tests {
         let g = IdPool::for_instance("grove", 7);
         assert_eq!(g.first, 1 << 28);
         g.check().unwrap();
-        for h in [0, 59, u32::MAX] {
+        for h in [0, 57, 58, 59, u32::MAX] {
             let p = IdPool::for_instance("grove-x", h);
             p.check().unwrap();
             assert!(p.first >= g.first + g.ranges * RANGE_SIZE);
