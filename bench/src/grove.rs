@@ -420,6 +420,17 @@ impl GroveRuntime {
         d
     }
 
+    /// `cycle_true` with the sandbox in a user namespace of its own.
+    pub fn cycle_true_userns(&self) -> Result<()> {
+        let mut spec = self.spec(None);
+        spec.userns = true;
+        let id = self.create(spec)?;
+        let r = self.exec_ok(&id, &["true"]);
+        let d = self.destroy(&id);
+        r?;
+        d
+    }
+
     pub fn init_pid(&self, id: &SandboxId) -> Option<i32> {
         self.rt.get(id).ok().and_then(|i| i.init_pid)
     }

@@ -90,6 +90,9 @@ pub struct CreateSandboxRequest {
     /// Capabilities kept beyond the default set: only "MKNOD" (CAP_MKNOD) today.
     #[serde(default)]
     pub cap_add: Vec<String>,
+    /// Run in a user namespace of its own (sandbox root unprivileged on the host).
+    #[serde(default)]
+    pub userns: bool,
 }
 
 /// A sandbox as the API shows it.
@@ -118,6 +121,9 @@ pub struct Sandbox {
     /// Capabilities kept beyond the default set (`cap_add` at create).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cap_add: Vec<String>,
+    /// In a user namespace of its own (`userns` at create; absent when not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub userns: bool,
 }
 
 impl From<&SandboxInfo> for Sandbox {
@@ -160,6 +166,7 @@ impl From<&SandboxInfo> for Sandbox {
                 .iter()
                 .map(|c| capability_to_wire(*c).to_string())
                 .collect(),
+            userns: i.spec.userns,
         }
     }
 }

@@ -135,6 +135,9 @@ pub struct FileConfig {
     pub instance: Option<String>,
     /// Address pool for egress sandboxes (CIDR; derived from the instance when unset).
     pub net_pool: Option<String>,
+    /// Host id ranges for `userns` sandboxes: `{ first = N, ranges = M }` (M ranges of 65536 ids
+    /// from host id N; derived from the instance when unset).
+    pub userns_pool: Option<grove_runtime::userns::IdPool>,
     /// Cgroup directory name under each hierarchy (default: the instance); also names the nft table.
     pub cgroup_root: Option<String>,
     /// Host ports sandboxes may publish, "FIRST-LAST" (default "30000-32767").
@@ -219,6 +222,7 @@ pub struct Config {
     pub reap_interval: Duration,
     pub idle: Option<grove_runtime::IdlePolicy>,
     pub net_pool: Option<String>,
+    pub userns_pool: Option<grove_runtime::userns::IdPool>,
     pub cgroup_root: String,
     pub host_port_range: grove_runtime::PortRange,
     /// SIGTERM leaves sandboxes running (a restart adopts them) instead of destroying them.
@@ -381,6 +385,7 @@ impl Config {
                 f.net_pool
                     .unwrap_or_else(|| grove_runtime::config::pool_for(&instance)),
             ),
+            userns_pool: f.userns_pool,
             cgroup_root: f.cgroup_root.unwrap_or(instance),
             host_port_range: match f.host_port_range {
                 Some(r) => r.parse().map_err(ConfigError::PortRange)?,
@@ -421,6 +426,7 @@ impl Config {
         if let Some(p) = &self.net_pool {
             rc.net_pool = p.clone();
         }
+        rc.userns_pool = self.userns_pool;
         rc.host_port_range = self.host_port_range;
         // A DNAT on one of our own ports would hand its traffic (bearer keys included) to a sandbox.
         rc.reserved_ports = self.listen.iter().map(|a| a.port()).collect();

@@ -48,6 +48,7 @@ impl RootProvider for NodefsRoot {
         image: &str,
         target: &Path,
         disk: &DiskQuota,
+        ids: Option<grove_runtime::userns::IdRange>,
     ) -> Result<Box<dyn RootMount>, RootError> {
         let base = self
             .svc
@@ -59,6 +60,10 @@ impl RootProvider for NodefsRoot {
             upper_dir: self.upper_dir(id),
             read_only: false,
             passthrough: true,
+            id_shift: ids.map(|r| nodefs::IdShift {
+                base: r.base,
+                size: r.size,
+            }),
         };
         let info = self.svc.mount(&base, target, &opts).map_err(|e| {
             RootError::with_source(
@@ -71,6 +76,10 @@ impl RootProvider for NodefsRoot {
             info,
             upper_dir: self.upper_dir(id),
         }))
+    }
+
+    fn shifts_ids(&self) -> bool {
+        true
     }
 
     /// Only the store's own answer says an image is absent: a store that cannot be asked (grove-fsd

@@ -709,3 +709,60 @@ fn xattr_set(p: &std::path::Path, name: &str, value: &[u8]) -> std::io::Result<(
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// A mount for a sandbox in a user namespace shows owners moved into its host range, and moves
+/// ids coming in back, so the store (and every commit) keeps the image's own ids.
+#[test]
+fn an_id_shift_shows_owners_in_the_range_and_stores_image_ids() {
+    use std::os::unix::fs::{chown, MetadataExt};
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.path("src-ids");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    chown(src.join("f"), Some(1000), Some(42)).unwrap();
+    chown(&src, Some(0), Some(0)).unwrap();
+    let base = env.store.import_dir(&src).unwrap();
+    let shift = nodefs::IdShift {
+        base: 300_000,
+        size: 65536,
+    };
+    let m = env.mount(
+        &base,
+        "ids",
+        MountOptions {
+            id_shift: Some(shift),
+            ..Default::default()
+        },
+    );
+    let mp = m.mountpoint().to_path_buf();
+    let owner = |p: &str| {
+        let md = fs::metadata(mp.join(p)).unwrap();
+        (md.uid(), md.gid())
+    };
+    assert_eq!(owner("f"), (301_000, 300_042));
+    assert_eq!(owner(""), (300_000, 300_000));
+    // Host root writing (the runtime's files API) acts as the image's root.
+    fs::write(mp.join("new"), b"y").unwrap();
+    assert_eq!(owner("new"), (300_000, 300_000));
+    chown(mp.join("new"), Some(300_007), Some(300_008)).unwrap();
+    assert_eq!(owner("new"), (300_007, 300_008));
+    // A host id outside the range is never stored: it becomes the overflow id.
+    chown(mp.join("d"), Some(1234), Some(1234)).unwrap();
+    assert_eq!(owner("d"), (300_000 + 65534, 300_000 + 65534));
+    let c = m.commit().unwrap();
+    drop(m);
+    let plain = env.mount(&c, "plain", MountOptions::default());
+    let pmp = plain.mountpoint().to_path_buf();
+    let stored = |p: &str| {
+        let md = fs::metadata(pmp.join(p)).unwrap();
+        (md.uid(), md.gid())
+    };
+    assert_eq!(stored("f"), (1000, 42));
+    assert_eq!(stored("new"), (7, 8));
+    assert_eq!(stored("d"), (65534, 65534));
+    drop(plain);
+    assert_no_mounts_under(env.tmp.path());
+}

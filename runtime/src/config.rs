@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::types::{CapacityOverrides, IdlePolicy, Limits};
+use crate::userns::IdPool;
 
 /// The instance name of the default state dir; its names are the historical ones (`/run/grove`,
 /// cgroup root `grove`, nft table `grove`, pool 10.200.0.0/16).
@@ -37,6 +38,10 @@ pub struct RuntimeConfig {
     /// Host ports never published whatever the range: the daemon's own listeners.
     #[serde(default)]
     pub reserved_ports: Vec<u16>,
+    /// Host id ranges for sandboxes in a user namespace; None derives one from the instance
+    /// (`RuntimeConfig::id_pool`).
+    #[serde(default)]
+    pub userns_pool: Option<IdPool>,
 }
 
 /// An inclusive range of TCP ports, written `"30000-32767"`.
@@ -169,7 +174,16 @@ impl RuntimeConfig {
             idle: None,
             host_port_range: PortRange::default(),
             reserved_ports: Vec::new(),
+            userns_pool: None,
         }
+    }
+
+    /// The pool user-namespace sandboxes draw their host ids from: the configured one, else the
+    /// instance's default (derived from the cgroup root, the instance's name).
+    pub fn id_pool(&self) -> IdPool {
+        self.userns_pool.unwrap_or_else(|| {
+            IdPool::for_instance(&self.cgroup_root, fnv(self.cgroup_root.as_bytes()))
+        })
     }
 }
 

@@ -32,6 +32,7 @@ pub mod runtime;
 mod sandbox;
 pub mod spawner;
 pub mod types;
+pub mod userns;
 mod validate;
 
 pub use client::ExecCancel;

@@ -410,6 +410,10 @@ pub struct SetupConfig {
     /// CAP_* numbers kept in the bounding set beyond `harden::KEEP_CAPS` (the spec's `cap_add`).
     #[serde(default)]
     pub extra_caps: Vec<u32>,
+    /// Pid 1 runs in a user namespace of its own (its uid/gid maps and cgroups were set by the
+    /// runtime before it ran): /dev's nodes are binds of the host's, which it cannot mknod.
+    #[serde(default)]
+    pub userns: bool,
 }
 
 #[cfg(test)]

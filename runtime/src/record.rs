@@ -39,6 +39,9 @@ pub struct SandboxRecord {
     /// (`InitHandle::adopt`).
     pub init_start: u64,
     pub net: Option<NetLease>,
+    /// The host id range of a sandbox in a user namespace: claimed again at adoption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<crate::userns::IdRange>,
 }
 
 /// A sandbox a restart could not adopt: reported `failed` until deleted.
@@ -139,6 +142,7 @@ mod tests {
             init_pid: 42,
             init_start: 7,
             net: None,
+            ids: None,
         };
         write(dir.path(), &rec).unwrap();
         let back = read(dir.path()).unwrap();

@@ -42,6 +42,8 @@ enum AdoptError {
     /// `why`: the ping's error with its sources.
     #[error("init {pid} does not answer: {why}")]
     NoAnswer { pid: i32, why: String },
+    #[error("its user namespace id range from {0} is not free in this instance's pool")]
+    Ids(u32),
 }
 
 impl Runtime {
@@ -216,6 +218,11 @@ impl Runtime {
                 }
             })?;
         }
+        if let Some(ids) = rec.ids {
+            if !self.ids.claim(ids) {
+                return Err(AdoptError::Ids(ids.base));
+            }
+        }
         Ok(Arc::new(Sandbox {
             id: rec.id,
             spec: rec.spec,
@@ -228,6 +235,7 @@ impl Runtime {
             root: Arc::from(root),
             net: rec.net,
             activity: crate::sandbox::Activity::new(crate::sandbox::now_ms()),
+            ids: rec.ids,
         }))
     }
 

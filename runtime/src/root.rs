@@ -7,18 +7,26 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::types::SandboxId;
+use crate::userns::IdRange;
 
 /// Mounts sandbox roots.
 pub trait RootProvider: Send + Sync {
-    /// Mounts a writable view of `image` at `target` (an existing empty directory).
+    /// Mounts a writable view of `image` at `target` (an existing empty directory). `ids`: the
+    /// host id range of a sandbox in a user namespace, which must see the image's owners
+    /// through it (image id N as host id `base + N`); a provider that cannot shift refuses.
     fn mount_root(
         &self,
         id: &SandboxId,
         image: &str,
         target: &Path,
         disk: &DiskQuota,
+        ids: Option<IdRange>,
     ) -> Result<Box<dyn RootMount>, RootError>;
     fn image_exists(&self, image: &str) -> bool;
+    /// Whether `mount_root` can show owners through a user namespace's id range.
+    fn shifts_ids(&self) -> bool {
+        false
+    }
     /// The root a previous process of this provider mounted at `target` for `id`, if it still
     /// works (a restarted runtime adopting a live sandbox). None: it is gone, or it cannot outlive
     /// the process that served it; the sandbox is then reclaimed.
@@ -165,7 +173,13 @@ impl RootProvider for OverlayRoot {
         image: &str,
         target: &Path,
         _disk: &DiskQuota,
+        ids: Option<IdRange>,
     ) -> Result<Box<dyn RootMount>, RootError> {
+        if ids.is_some() {
+            return Err(RootError::new(
+                "the overlay root provider cannot show image owners through a user namespace",
+            ));
+        }
         let lower = self
             .image_dir(image)
             .filter(|d| d.is_dir())

@@ -102,6 +102,8 @@ pub struct Runtime {
     instance_lock: Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
     /// The thread that notices inits dying (set once `new` has adopted what it could).
     init_watch: std::sync::OnceLock<InitWatch>,
+    /// Host id ranges of sandboxes in user namespaces.
+    pub(crate) ids: crate::userns::IdAllocator,
 }
 
 /// What an init refusal means for the request, by its kind alone; None for a failure of init's own
@@ -164,6 +166,10 @@ impl Runtime {
             crate::init_copy::install(&config.run_dir, &config.init_binary).map_err(io_err(
                 format!("copy {} to the init tmpfs", config.init_binary.display()),
             ))?;
+        let id_pool = config.id_pool();
+        id_pool
+            .check()
+            .map_err(|reason| Error::invalid("userns_pool", reason))?;
         // Disk for sandbox writes: root providers keep upper layers under the state dir.
         let total = admission::detect(&config.capacity, &[&config.state_dir]);
         let rt = Arc::new(Runtime {
@@ -178,6 +184,7 @@ impl Runtime {
             subscribers: Mutex::new(Vec::new()),
             instance_lock: Mutex::new(instance_lock),
             init_watch: std::sync::OnceLock::new(),
+            ids: crate::userns::IdAllocator::new(id_pool),
         });
         rt.admission.set_disk(
             Box::new(admission::RuntimeDisk {
@@ -311,6 +318,19 @@ impl Runtime {
     ) -> Result<SandboxInfo, Error> {
         validate::spec(&spec)?;
         self.check_ports(&spec)?;
+        if spec.userns && !self.roots.shifts_ids() {
+            return Err(Error::invalid(
+                "userns",
+                "this node's root provider cannot show image owners through a user namespace \
+                 (root_provider = \"nodefs\" can)",
+            ));
+        }
+        if spec.userns && restore.is_some() {
+            return Err(Error::invalid(
+                "userns",
+                "a process tree restored from a snapshot cannot move into a user namespace",
+            ));
+        }
         let limits = spec.limits.unwrap_or(self.config.defaults);
         validate::limits(&limits)?;
         if !self.roots.image_exists(&spec.image) {
@@ -418,6 +438,20 @@ impl Runtime {
         }
         made.map_err(io_err(format!("create {}", dir.display())))?;
         parts.dir = Some(dir.clone());
+        let ids = if spec.userns {
+            let ids = self.ids.alloc().ok_or(Error::CapacityExceeded {
+                resource: "user namespace id ranges".into(),
+                requested: 1,
+                available: 0,
+            })?;
+            parts.ids = Some(ids);
+            // Sandbox root walks to its root during setup; other host users still cannot.
+            std::os::unix::fs::chown(&dir, Some(ids.base), Some(ids.base))
+                .map_err(io_err(format!("chown {}", dir.display())))?;
+            Some(ids)
+        } else {
+            None
+        };
         let root_dir = dir.join("root");
         std::fs::create_dir(&root_dir).map_err(io_err(format!("create {}", root_dir.display())))?;
         let quota = DiskQuota {
@@ -425,7 +459,10 @@ impl Runtime {
             inodes: None,
         };
         let root: Arc<dyn RootMount> =
-            Arc::from(self.roots.mount_root(id, &spec.image, &root_dir, &quota)?);
+            Arc::from(
+                self.roots
+                    .mount_root(id, &spec.image, &root_dir, &quota, ids)?,
+            );
         parts.root = Some(root.clone());
         self.cgroups
             .create(id.as_str(), limits)
@@ -457,12 +494,14 @@ impl Runtime {
                     open_files: u64::from(limits.open_files),
                     new_netns: true,
                     extra_caps: spec.cap_add.iter().map(|c| c.number()).collect(),
+                    userns: ids.is_some(),
                 };
                 spawner::spawn_init(
                     &self.config.init_binary,
                     &cfg,
                     &self.config.cgroup_root,
                     id.as_str(),
+                    ids,
                 )
                 .map_err(|e| {
                     if let SpawnError::Failed { pid: p, .. } = &e {
@@ -528,6 +567,7 @@ impl Runtime {
             root,
             net,
             activity: crate::sandbox::Activity::new(now),
+            ids,
         });
         // The commit point of a create: from here a restart adopts the sandbox.
         record::write(&sb.dir, &sb.record(SandboxState::Running))
@@ -602,6 +642,12 @@ impl Runtime {
         if let Some(dir) = &parts.dir {
             if let Err(e) = crate::mounts::remove_dir_unless_mounted(dir) {
                 errors.push(e.to_string());
+            }
+        }
+        // Freed only once nothing of the sandbox holds host ids of the range any more.
+        if let Some(ids) = parts.ids {
+            if errors.is_empty() {
+                self.ids.free(ids);
             }
         }
         if errors.is_empty() {
@@ -688,6 +734,7 @@ impl Runtime {
             init_pid: None,
             init: Some(sb.init.clone()),
             net: sb.net.clone(),
+            ids: sb.ids,
         };
         let res = self.reclaim(id, parts);
         self.release(&sb.spec, &sb.limits);

@@ -12,6 +12,7 @@ use crate::record::SandboxRecord;
 use crate::registry::Occupant;
 use crate::root::RootMount;
 use crate::types::{Limits, SandboxId, SandboxInfo, SandboxSpec, SandboxState};
+use crate::userns::IdRange;
 
 pub struct Sandbox {
     pub id: SandboxId,
@@ -26,6 +27,8 @@ pub struct Sandbox {
     pub root: Arc<dyn RootMount>,
     pub net: Option<NetLease>,
     pub activity: Activity,
+    /// The host id range of a sandbox in a user namespace.
+    pub ids: Option<IdRange>,
 }
 
 /// When a sandbox was last used, for idle reclaim: requests touch it, and the reaper counts CPU
@@ -130,6 +133,7 @@ impl Sandbox {
             init_pid: self.init.pid(),
             init_start: self.init.start(),
             net: self.net.clone(),
+            ids: self.ids,
         }
     }
 
@@ -148,6 +152,8 @@ pub struct Parts {
     pub init_pid: Option<i32>,
     pub init: Option<Arc<InitHandle>>,
     pub net: Option<NetLease>,
+    /// A drawn id range, freed by reclaim.
+    pub ids: Option<IdRange>,
 }
 
 pub fn now_ms() -> u64 {

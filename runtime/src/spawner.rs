@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::proto::{SetupConfig, OWNER_INSTANCE_ARG, OWNER_SANDBOX_ARG};
+use crate::userns::IdRange;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -42,12 +43,14 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const CHILD_STACK: usize = 64 * 1024;
 
 /// Starts sandbox pid 1 and returns its host pid once its control socket listens. `instance` and
-/// `sandbox` go on its argv so residue scans can tell whose it is.
+/// `sandbox` go on its argv so residue scans can tell whose it is. With `ids`, pid 1 starts in a
+/// new user namespace too (owning all its other namespaces), mapped onto that host range.
 pub fn spawn_init(
     init_binary: &Path,
     cfg: &SetupConfig,
     instance: &str,
     sandbox: &str,
+    ids: Option<IdRange>,
 ) -> Result<i32, SpawnError> {
     let start_err = |source: std::io::Error| SpawnError::Start {
         path: init_binary.display().to_string(),
@@ -72,11 +75,16 @@ pub fn spawn_init(
     if cfg.new_netns {
         flags |= libc::CLONE_NEWNET;
     }
-    let pid = clone_exec(
-        &argv,
-        flags,
-        [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), null.as_raw_fd()],
-    )
+    let stdio = [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), null.as_raw_fd()];
+    let pid = match ids {
+        None => clone_exec(&argv, flags, stdio, None),
+        Some(r) => clone_exec(
+            &argv,
+            flags | libc::CLONE_NEWUSER,
+            stdio,
+            Some(&|pid| prepare_userns(pid, r, cfg)),
+        ),
+    }
     .map_err(start_err)?;
     drop((stdin_r, stdout_w, null));
     let outcome = handshake(pid, cfg, stdin_w, stdout_r);
@@ -138,6 +146,34 @@ fn handshake(
     }
 }
 
+/// What the runtime does for a pid 1 in a new user namespace before it may exec (an exec without
+/// a uid 0 mapped would drop its capabilities): its id maps, and what it could not do itself
+/// as an unprivileged host uid: joining its cgroups, and raising its open-files hard limit.
+fn prepare_userns(pid: i32, ids: IdRange, cfg: &SetupConfig) -> std::io::Result<()> {
+    let ctx = |what: String| {
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+    };
+    for map in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{map}");
+        std::fs::write(&path, ids.map_line()).map_err(ctx(format!("write {path}")))?;
+    }
+    for procs in &cfg.cgroup_procs {
+        std::fs::write(procs, pid.to_string()).map_err(ctx(format!("join cgroup {procs}")))?;
+    }
+    let n = cfg.open_files;
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: sets one limit of process `pid` from a valid struct; the old value is not asked for.
+    if unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) } != 0 {
+        return Err(ctx(format!("prlimit RLIMIT_NOFILE={n}"))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
@@ -149,13 +185,31 @@ struct ChildArgs {
     envp: *const *const libc::c_char,
     stdio: [RawFd; 3],
     mask: libc::sigset_t,
+    /// Read end of the gate the child waits on before anything else (-1: none); past it, the
+    /// child is in a new user namespace whose maps are written and takes its root's ids.
+    gate: RawFd,
 }
+
+/// Runs on the parent between clone and the child's exec (the child waits at its gate).
+type Prepare<'a> = &'a dyn Fn(i32) -> std::io::Result<()>;
 
 /// clone(2) with `flags` plus CLONE_VM|CLONE_VFORK: the child runs on its own stack in our
 /// memory until it execs `argv[0]` with `stdio` as fds 0-2 (we are suspended meanwhile), as
 /// posix_spawn does. Signals stay blocked across the clone; the child resets handlers to the
 /// default before unblocking, so none of ours runs in it. Returns the child's pid.
-fn clone_exec(argv: &[CString], flags: i32, stdio: [RawFd; 3]) -> std::io::Result<i32> {
+///
+/// With `prepare`, there is no CLONE_VFORK (we must act on the child before it execs): the child
+/// first blocks reading a gate pipe, we run `prepare`, open the gate, and wait for the child's
+/// exec (a close-on-exec pipe reaching EOF) before its stack may go. The child touches nothing of
+/// ours but its stack while we run; we do nothing errno-sensitive once the gate is open.
+fn clone_exec(
+    argv: &[CString],
+    flags: i32,
+    stdio: [RawFd; 3],
+    prepare: Option<Prepare<'_>>,
+) -> std::io::Result<i32> {
+    let gate = prepare.map(|_| pipe()).transpose()?;
+    let exec_seen = prepare.map(|_| pipe()).transpose()?;
     let ptrs: Vec<*const libc::c_char> = argv
         .iter()
         .map(|a| a.as_ptr())
@@ -172,6 +226,12 @@ fn clone_exec(argv: &[CString], flags: i32, stdio: [RawFd; 3]) -> std::io::Resul
         stdio,
         // SAFETY: as above.
         mask: unsafe { std::mem::zeroed() },
+        gate: gate.as_ref().map_or(-1, |(r, _)| r.as_raw_fd()),
+    };
+    let vfork = if prepare.is_some() {
+        0
+    } else {
+        libc::CLONE_VFORK
     };
     // SAFETY: blocks every signal in this thread and saves the old mask into args.mask.
     unsafe {
@@ -186,17 +246,48 @@ fn clone_exec(argv: &[CString], flags: i32, stdio: [RawFd; 3]) -> std::io::Resul
         libc::clone(
             child_main,
             top as *mut libc::c_void,
-            flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            flags | libc::CLONE_VM | vfork | libc::SIGCHLD,
             &mut args as *mut ChildArgs as *mut libc::c_void,
         )
     };
     let err = std::io::Error::last_os_error();
     // SAFETY: restores this thread's signal mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &args.mask, std::ptr::null_mut()) };
-    drop(stack);
     if pid < 0 {
         return Err(err);
     }
+    if let (Some(prepare), Some((gate_r, gate_w)), Some((seen_r, seen_w))) =
+        (prepare, gate, exec_seen)
+    {
+        drop((gate_r, seen_w));
+        let kill = || {
+            let p = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(p, None);
+        };
+        if let Err(e) = prepare(pid) {
+            // Closing the gate unopened makes the child exit; it is ours to reap.
+            drop(gate_w);
+            kill();
+            return Err(e);
+        }
+        let mut gate_w = std::fs::File::from(gate_w);
+        if let Err(e) = gate_w.write_all(b"g") {
+            kill();
+            return Err(e);
+        }
+        // EOF once the child has exec'd (or exited): only then is its stack free.
+        let mut seen = std::fs::File::from(seen_r);
+        let mut buf = [0u8; 1];
+        while let Err(e) = seen.read(&mut buf) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                // Not knowing whether it has exec'd, its stack may go only once it is dead.
+                kill();
+                return Err(e);
+            }
+        }
+    }
+    drop(stack);
     Ok(pid)
 }
 
@@ -205,6 +296,22 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // async-signal-safe syscalls run here, on this child's own stack.
     unsafe {
         let a = &*(arg as *const ChildArgs);
+        if a.gate >= 0 {
+            let mut byte = 0u8;
+            if libc::read(a.gate, &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
+                libc::_exit(125);
+            }
+            // Still host root's ids, unmapped in the new user namespace: become its root (host
+            // uid `base`), so the exec keeps every capability there. Raw syscalls: libc's
+            // wrappers would signal the threads of the process whose memory we share.
+            let none: *const libc::gid_t = std::ptr::null();
+            if libc::syscall(libc::SYS_setgroups, 0, none) != 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+            {
+                libc::_exit(124);
+            }
+        }
         for (target, fd) in (0..).zip(a.stdio) {
             let ok = if fd == target {
                 libc::fcntl(fd, libc::F_SETFD, 0) >= 0
@@ -248,6 +355,7 @@ mod tests {
             open_files: 1,
             new_netns: false,
             extra_caps: vec![],
+            userns: false,
         }
     }
 

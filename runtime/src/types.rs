@@ -139,6 +139,10 @@ pub struct SandboxSpec {
     /// Capabilities kept beyond the default set, on request only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub cap_add: Vec<Capability>,
+    /// Run in a user namespace of its own: sandbox root is an unprivileged host uid (a range
+    /// drawn from the instance's pool, see `userns`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub userns: bool,
 }
 
 /// A capability a sandbox may ask to keep beyond the default set.

@@ -25,8 +25,9 @@ impl RootProvider for Unadoptable {
         image: &str,
         target: &Path,
         disk: &DiskQuota,
+        ids: Option<grove_runtime::userns::IdRange>,
     ) -> Result<Box<dyn RootMount>, RootError> {
-        self.0.mount_root(id, image, target, disk)
+        self.0.mount_root(id, image, target, disk, ids)
     }
     fn image_exists(&self, image: &str) -> bool {
         self.0.image_exists(image)

@@ -415,6 +415,15 @@ impl Snapshotter {
     /// and untouched.
     pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
         let view = self.runtime.checkpoint_view(sandbox)?;
+        if view.spec.userns {
+            // CRIU would restore the dumped uid_map: every branch in the source's host id range.
+            return Err(Error::Conflict {
+                sandbox: sandbox.to_string(),
+                reason: "it runs in a user namespace: checkpoint (snapshot, fork, pause to the \
+                         store) of such a sandbox is not supported yet"
+                    .into(),
+            });
+        }
         let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
             what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
         })?;

@@ -27,6 +27,9 @@ const CONCURRENCY: [usize; 4] = [1, 2, 8, 32];
 
 enum System {
     Grove(Arc<GroveRuntime>),
+    /// The same runtime, each sandbox in a user namespace of its own (`userns`): the cost the
+    /// 10 % budget of issue 24 is judged on (sequential cycles only).
+    GroveUserns(Arc<GroveRuntime>),
     Peer(Kind),
 }
 
@@ -34,12 +37,14 @@ impl System {
     fn name(&self) -> String {
         match self {
             System::Grove(g) => g.label(),
+            System::GroveUserns(g) => format!("{} userns", g.label()),
             System::Peer(k) => k.name().into(),
         }
     }
     fn cycle(&self, env: &PeerEnv) -> Result<()> {
         match self {
             System::Grove(g) => g.cycle_true(),
+            System::GroveUserns(g) => g.cycle_true_userns(),
             System::Peer(k) => env.cycle(*k),
         }
     }
@@ -88,7 +93,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
                 "Grove: the runtime library in-process, {}",
                 g.describe()
             ));
-            systems.push(System::Grove(g));
+            systems.push(System::Grove(g.clone()));
+            systems.push(System::GroveUserns(g));
         }
         Err(reason) => {
             res.push(Measurement::not_available(&seq_key, "grove", &reason));
@@ -137,7 +143,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
                 }
             }
         }
-        let is_grove = matches!(s, System::Grove(_));
+        let is_grove = matches!(s, System::Grove(_) | System::GroveUserns(_));
         let m = match error {
             Some(e) => Measurement::failed(&seq_key, &s.name(), is_grove, e),
             None => Measurement::samples(&seq_key, &s.name(), is_grove, &samples),
@@ -163,6 +169,9 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     let mut rate_series: Vec<Series> = Vec::new();
     let mut loaded: Vec<Measurement> = Vec::new();
     for s in &systems {
+        if matches!(s, System::GroveUserns(_)) {
+            continue;
+        }
         let mut pts = Vec::new();
         for c in CONCURRENCY {
             cleanup::check()?;

@@ -136,9 +136,15 @@ def create_body(*, image: Optional[str] = None, snapshot: Optional[str] = None, 
                 labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
                 workdir: Optional[str] = None, count: Optional[int] = None, idle_timeout: Optional[float] = None,
                 on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None,
-                ports: Optional[Sequence[Any]] = None, queue_timeout: Optional[float] = None) -> dict:
+                ports: Optional[Sequence[Any]] = None, queue_timeout: Optional[float] = None,
+                userns: Optional[bool] = None) -> dict:
     """The POST /v1/sandboxes body; every argument checked here first, in the caller's terms."""
     body: Dict[str, Any] = {}
+    if userns is not None:
+        if not isinstance(userns, bool):
+            raise invalid("userns", f"{userns!r} is not a bool")
+        if userns:
+            body["userns"] = True
     if job is not None:
         body["job"] = job
     if priority is not None:

@@ -59,7 +59,8 @@ class SandboxCore:
                labels: Optional[Dict[str, str]] = None, network: Network = None, hostname: Optional[str] = None,
                workdir: Optional[str] = None, client: Any = None, idle_timeout: Optional[float] = None,
                on_idle: Optional[str] = None, job: Optional[str] = None, priority: Optional[int] = None,
-               ports: Optional[Sequence[Any]] = None, queue_timeout: Optional[float] = None) -> Op:
+               ports: Optional[Sequence[Any]] = None, queue_timeout: Optional[float] = None,
+               userns: Optional[bool] = None) -> Op:
         """A new sandbox of `image` (default debian12), or a fork of `snapshot` (a Snapshot or its name).
         `cpu` in cores (0.5 = half a core); `timeout`: seconds to live (> 0; None: the node's default TTL);
         `network` as in `_api.network_body`; `ports`: published ports (`8080` or `(host, sandbox)`; see
@@ -67,7 +68,8 @@ class SandboxCore:
         it to its store (`on_idle="pause"`, the default; the next call resumes it) or destroys it. `job`: the
         training job (tenant) it counts against; `priority` orders the job's own queued creates.
         `queue_timeout`: seconds this call may wait for room on a full node before `CapacityExceeded` (0: fail
-        at once; None: the node's queue timeout, and the client's retries)."""
+        at once; None: the node's queue timeout, and the client's retries). `userns=True`: in a user namespace of
+        its own, sandbox root unprivileged on the host (not snapshotable yet: snapshot/fork answer 409)."""
         c = client or cls._default_client()
         qt = queue_timeout
         if snapshot is not None:
@@ -77,7 +79,7 @@ class SandboxCore:
                                hostname=hostname, queue_timeout=qt)
             fixed = dict(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids, env=env, network=network,
                          workdir=workdir, idle_timeout=idle_timeout, on_idle=on_idle, job=job, priority=priority,
-                         ports=ports)
+                         ports=ports, userns=userns)
             given = [k for k, v in fixed.items() if v is not None]
             if given:
                 raise invalid(given[0], "is fixed by the snapshot; a fork takes only timeout, labels and hostname")
@@ -85,7 +87,7 @@ class SandboxCore:
             body = create_body(image=image or DEFAULT_IMAGE, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                                pids=pids, timeout=timeout, env=env, labels=labels, network=network,
                                hostname=hostname, workdir=workdir, idle_timeout=idle_timeout, on_idle=on_idle,
-                               job=job, priority=priority, ports=ports, queue_timeout=qt)
+                               job=job, priority=priority, ports=ports, queue_timeout=qt, userns=userns)
         r = yield Call(c, "POST", "/v1/sandboxes", json=body, headers=idempotency_headers(), timeout=None,
                        queue_timeout=qt)
         return cls(r.json(), c)

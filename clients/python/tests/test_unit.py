@@ -85,6 +85,11 @@ def test_bodies():
     assert create_body(image="i", cpu=0.5, memory_mb=64, timeout=30, labels={"a": "b"}) == {
         "image": "i", "limits": {"cpu_millis": 500, "memory_mb": 64}, "ttl_secs": 30, "labels": {"a": "b"}}
     assert create_body(image="i", job="rollout-a", priority=2) == {"image": "i", "job": "rollout-a", "priority": 2}
+    assert create_body(image="i", userns=True) == {"image": "i", "userns": True}
+    assert create_body(image="i", userns=False) == {"image": "i"}
+    with pytest.raises(grove.InvalidRequest) as e:
+        create_body(image="i", userns="yes")
+    assert e.value.field == "userns"
     assert network_body(["10.0.0.0/8:80,443", {"cidr": "1.1.1.1/32"}]) == {
         "mode": "egress", "allow": [{"cidr": "10.0.0.0/8", "ports": [80, 443]}, {"cidr": "1.1.1.1/32", "ports": []}]}
     assert network_body("none") == {"mode": "none"}

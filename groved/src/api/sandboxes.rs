@@ -277,6 +277,7 @@ pub fn build_spec(req: &CreateSandboxRequest, defaults: &Limits) -> ApiResult<Sa
         priority: req.priority.unwrap_or(0),
         queue_timeout_ms: req.queue_timeout_ms,
         cap_add,
+        userns: req.userns,
     })
 }
 

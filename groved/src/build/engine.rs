@@ -461,6 +461,7 @@ impl Engine {
             upper_dir: self.uppers.join(&name),
             read_only,
             passthrough: false,
+            id_shift: None,
         };
         match self.store.mount(root, &dir, &opts) {
             Ok(info) => Ok(View {

@@ -171,6 +171,9 @@ pub struct CreateArgs {
     pub snapshot: Option<String>,
     #[arg(long, short = 'n')]
     pub count: Option<u32>,
+    /// Run in a user namespace of its own: sandbox root is an unprivileged host uid.
+    #[arg(long, conflicts_with = "snapshot")]
+    pub userns: bool,
     #[command(flatten)]
     pub spec: SpecArgs,
 }

@@ -74,6 +74,9 @@ pub async fn create(c: &Client, a: CreateArgs) -> CliResult {
     if let Some(s) = &a.snapshot {
         body["snapshot"] = s.clone().into();
     }
+    if a.userns {
+        body["userns"] = true.into();
+    }
     match a.count {
         None => {
             let s: Sandbox = c.json(Method::POST, "/v1/sandboxes", Some(&body)).await?;

@@ -16,6 +16,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::file::BLOCK;
+use super::idshift;
 use super::killpriv;
 use super::openmode::{Decision, OpenModes};
 use super::passthrough;
@@ -143,12 +144,13 @@ impl Fs {
     ) -> ErrnoResult<fuser::FileAttr> {
         self.rw()?;
         let mut st = self.s().state.lock();
+        let shift = st.id_shift;
         let ino = st.create(
             parent.0,
             name.as_bytes(),
             mode,
-            req.uid(),
-            req.gid(),
+            idshift::into_store(shift, req.uid()),
+            idshift::into_store(shift, req.gid()),
             content,
         )?;
         st.attr(ino)
@@ -254,11 +256,13 @@ impl Fs {
         if let Some(m) = mode {
             i.meta.mode = m & 0o7777;
         }
+        let shift = st.id_shift;
+        let i = st.get_mut(ino)?;
         if let Some(u) = uid {
-            i.meta.uid = u;
+            i.meta.uid = idshift::into_store(shift, u);
         }
         if let Some(g) = gid {
-            i.meta.gid = g;
+            i.meta.gid = idshift::into_store(shift, g);
         }
         let conv = |x: TimeOrNow| match x {
             TimeOrNow::Now => t,

@@ -5,6 +5,7 @@ mod commit;
 mod dir;
 mod file;
 mod fuse;
+mod idshift;
 mod kernel;
 mod killpriv;
 mod openmode;
@@ -13,5 +14,6 @@ mod registry;
 mod state;
 mod upper;
 
+pub use idshift::IdShift;
 pub(crate) use passthrough::{object_name, ObjectWriter, CONTENT_XATTR};
 pub use registry::{Mount, MountOptions, NodeFs, Usage};

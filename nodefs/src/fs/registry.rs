@@ -36,6 +36,10 @@ pub struct MountOptions {
     /// Absent in a request from an older client: on.
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
+    /// Owners shifted into a sandbox's host id range (a sandbox in a user namespace); the
+    /// store keeps image-space ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_shift: Option<super::IdShift>,
 }
 
 fn passthrough_default() -> bool {
@@ -50,6 +54,7 @@ impl Default for MountOptions {
             upper_dir: PathBuf::new(),
             read_only: false,
             passthrough: passthrough_default(),
+            id_shift: None,
         }
     }
 }
@@ -180,7 +185,8 @@ impl NodeFs {
             inodes: opts.quota_inodes,
             ..Default::default()
         };
-        let state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
+        let mut state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
+        state.id_shift = opts.id_shift;
         let shared = Arc::new(Shared::new(
             state,
             self.store.clone(),

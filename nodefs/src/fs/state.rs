@@ -140,6 +140,8 @@ pub struct State {
     pub store: Arc<Store>,
     /// Seed for link group ids created in this mount.
     pub nonce: u64,
+    /// Owners as the kernel sees them, for a mount of a sandbox in a user namespace.
+    pub id_shift: Option<super::IdShift>,
 }
 
 impl State {
@@ -185,6 +187,7 @@ impl State {
             uppers: Arc::new(Uppers::new(&upper_dir)),
             store,
             nonce,
+            id_shift: None,
         }
     }
 
@@ -220,8 +223,8 @@ impl State {
             kind: i.kind(),
             perm: (i.meta.mode & 0o7777) as u16,
             nlink: i.nlink,
-            uid: i.meta.uid,
-            gid: i.meta.gid,
+            uid: super::idshift::out(self.id_shift, i.meta.uid),
+            gid: super::idshift::out(self.id_shift, i.meta.gid),
             rdev,
             blksize: BLOCK as u32,
             flags: 0,

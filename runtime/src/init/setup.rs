@@ -47,8 +47,10 @@ fn setup() -> SetupResult<std::convert::Infallible> {
             "not pid 1 of a new pid namespace (the runtime starts grove-init --setup)".into(),
         );
     }
-    // "0" is the writer itself (a pid here would be read in this pid namespace).
-    for procs in &cfg.cgroup_procs {
+    // "0" is the writer itself (a pid here would be read in this pid namespace). In a user
+    // namespace the runtime has placed us already: the files are host root's.
+    let join: &[String] = if cfg.userns { &[] } else { &cfg.cgroup_procs };
+    for procs in join {
         std::fs::write(procs, "0").map_err(|e| format!("join cgroup {procs}: {e}"))?;
     }
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("unshare cgroup namespace: {e}"))?;
@@ -195,7 +197,8 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
         Some("mode=755,size=64k"),
     )?;
     // Device nodes are made with mknod (not bind mounts from the host): CRIU then dumps /dev as plain
-    // tmpfs content and needs no external-mount declarations for them.
+    // tmpfs content and needs no external-mount declarations for them. In a user namespace nodes
+    // cannot be made (and would not open on its own tmpfs): the host's are bound instead.
     for (name, major, minor) in [
         ("null", 1, 3),
         ("zero", 1, 5),
@@ -205,6 +208,23 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
         ("tty", 5, 0),
     ] {
         let p = dev.join(name);
+        if cfg.userns {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o666)
+                .open(&p)
+                .map_err(|e| format!("create {}: {e}", p.display()))?;
+            mnt(
+                Some(&format!("/dev/{name}")),
+                &p,
+                None,
+                MsFlags::MS_BIND,
+                None,
+            )?;
+            continue;
+        }
         mknod(
             &p,
             SFlag::S_IFCHR,

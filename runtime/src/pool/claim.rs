@@ -19,8 +19,9 @@ impl Runtime {
     /// network, env, labels and ttl; its id was never shown before, its root never written.
     pub(crate) fn claim_pooled(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>, Error> {
         validate::spec(spec)?;
-        if !spec.cap_add.is_empty() {
-            return Ok(None); // pooled sandboxes were set up with the default capabilities
+        if !spec.cap_add.is_empty() || spec.userns {
+            // pooled sandboxes were set up with the default capabilities, in the host's userns
+            return Ok(None);
         }
         let limits = spec.limits.unwrap_or(self.config.defaults);
         validate::limits(&limits)?;
@@ -114,6 +115,7 @@ impl Runtime {
             root: pooled.root.clone(),
             net,
             activity: crate::sandbox::Activity::new(now),
+            ids: None,
         });
         // The commit point, as for a cold create: from here a restart adopts it.
         if let Err(e) = record::write(&sb.dir, &sb.record(SandboxState::Running)) {
@@ -149,6 +151,7 @@ impl Runtime {
             init_pid: None,
             init: Some(sb.init.clone()),
             net: None,
+            ids: None,
         };
         if let Err(e) = self.reclaim(&sb.id, parts) {
             tracing::error!(sandbox = %sb.id, error = %e, "reclaim of a pooled sandbox is incomplete");

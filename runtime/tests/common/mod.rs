@@ -134,6 +134,7 @@ pub fn start_init_into(
         open_files: 1024,
         new_netns: true,
         extra_caps: Vec::new(),
+        userns: false,
     };
     let init = &t.externals[0].host_path;
     Ok(grove_runtime::spawner::spawn_init(
@@ -141,5 +142,6 @@ pub fn start_init_into(
         &cfg,
         "test-restore",
         t.id.as_str(),
+        None,
     )?)
 }
