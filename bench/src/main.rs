@@ -4,6 +4,7 @@
 mod cleanup;
 mod grove;
 mod groved;
+mod hardening;
 mod http;
 mod peers;
 mod plot;
@@ -54,10 +55,21 @@ struct Args {
     /// Size in MiB of the tmpfs that holds groved's state dir in soak-full-disk (default 256).
     #[arg(long)]
     state_fs_mb: Option<u64>,
+    /// Internal: the lifecycle scenario's per-layer hardening probe (N samples per layer), run
+    /// by the bench itself in a fresh single-threaded process.
+    #[arg(long, hide = true)]
+    hardening_probe: Option<usize>,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Some(n) = args.hardening_probe {
+        if let Err(e) = hardening::probe_main(n) {
+            eprintln!("grove-bench --hardening-probe: {e:#}");
+            std::process::exit(2);
+        }
+        return;
+    }
     match run(args) {
         Ok(failed) if !failed => {}
         Ok(_) => std::process::exit(1),

@@ -1,8 +1,8 @@
 //! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
 
 use crate::scenarios::{
-    api, checkpoint as ck, density as de, e2b, elastic as el, filesystem as fs, lifecycle as lc,
-    rounds as ro, storage as st,
+    api, checkpoint as ck, density as de, e2b, elastic as el, filesystem as fs, images as im,
+    images_build as ib, lifecycle as lc, rounds as ro, storage as st,
 };
 
 /// Which statistic of a figure a promise is about.
@@ -128,6 +128,9 @@ pub fn all() -> Vec<Promise> {
         Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "50000 files", fs::OVERLAY, AtMost(1.0)),
         Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
         Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "100 MiB tree", Stat::P50, 1.2),
+        Promise::relative("IM-1", "pull of a ~300 MB image from a local registry, no slower than the faster of skopeo and podman", im::NAME, im::PULL, "cold", im::FASTER_PEER, AtMost(1.0)),
+        Promise::at_most("IM-2", "a second image sharing all but its top layer: store bytes it adds ÷ the first image's", im::NAME, im::ADDED_RATIO, im::RATIO_PARAM, Stat::P50, 0.1),
+        Promise::at_most("IM-3", "rebuild of a 6-step Dockerfile with nothing changed (fully cached), p50 (ms)", ib::NAME, ib::CACHED, "sequential", Stat::P50, 500.0),
         Promise::at_most("API-1", "latency the HTTP API adds to exec true over a library call, p50 (ms)", api::NAME, api::ADDED, api::EXEC_ADDED_P50, Stat::P50, 1.0),
         Promise::at_most("EB-1", "latency the E2B path adds per commands.run over Grove's own client, p50 (ms)", e2b::NAME, e2b::ADDED, "p50", Stat::P50, 1.0),
         Promise::at_most("EB-2", "E2B SDK create → first command, warm pool of the template, p50 (ms)", e2b::NAME, e2b::CREATE, e2b::POOLED, Stat::P50, 20.0),

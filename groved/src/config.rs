@@ -167,6 +167,10 @@ pub struct FileConfig {
     /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
     /// forever); unset or 0: no default, such sandboxes live until deleted.
     pub default_ttl_secs: Option<u64>,
+    /// The build step cache keeps at most this many entries, the most recently used.
+    pub build_cache_max_entries: Option<usize>,
+    /// Build cache entries unused for longer than this (s) are pruned.
+    pub build_cache_max_age_secs: Option<u64>,
     /// `[registries]`: where image pulls may go, mirrors, credentials.
     pub registries: crate::registry::RegistriesConfig,
 }
@@ -237,6 +241,8 @@ pub struct Config {
     pub merge_fork_pages: bool,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
     pub default_ttl_secs: Option<u64>,
+    /// What a prune of the build step cache keeps (after each build, and on request).
+    pub build_cache: crate::build::cache::Policy,
     pub registries: std::sync::Arc<crate::registry::RegistriesConfig>,
 }
 
@@ -402,6 +408,14 @@ impl Config {
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
             merge_fork_pages: f.merge_fork_pages.unwrap_or(true),
             default_ttl_secs,
+            build_cache: crate::build::cache::Policy {
+                max_entries: f
+                    .build_cache_max_entries
+                    .unwrap_or(crate::build::cache::DEFAULT_MAX_ENTRIES),
+                max_age_secs: f
+                    .build_cache_max_age_secs
+                    .unwrap_or(crate::build::cache::DEFAULT_MAX_AGE_SECS),
+            },
             registries: std::sync::Arc::new(f.registries),
         })
     }

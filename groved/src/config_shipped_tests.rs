@@ -141,6 +141,13 @@ fn shipped_values_are_the_defaults() {
     );
     assert_eq!(a.cgroup_root, b.cgroup_root);
     assert_eq!(a.defaults, b.defaults);
+    // The build cache's commented-out values are its defaults.
+    let on: FileConfig = toml::from_str(&all_keys_on(SHIPPED)).unwrap();
+    assert_eq!(on.build_cache_max_entries, Some(b.build_cache.max_entries));
+    assert_eq!(
+        on.build_cache_max_age_secs,
+        Some(b.build_cache.max_age_secs)
+    );
     assert_eq!(a.runtime_config().net_pool, b.runtime_config().net_pool);
     // grove_runtime's DEFAULT_MEMORY_RESERVE_MB (private to its admission module).
     assert_eq!(reserve, Some(1024));

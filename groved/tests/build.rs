@@ -341,3 +341,62 @@ fn hostile_context_and_tree_stay_inside() {
         .expect(204);
     no_build_sandboxes(d);
 }
+
+/// The step cache is bounded: a prune keeps the most recently used entries and drops the rest,
+/// so a build whose entries went runs its steps again while a newer one stays cached; `all`
+/// empties it and the store's gc then frees bytes. A bad body is a 4xx naming the field.
+#[test]
+fn cache_prune_keeps_the_recently_used_and_drops_the_rest() {
+    // Alone on the node: other builds' entries and a build under way would change the counts.
+    let _g = common::EXCLUSIVE.write().unwrap();
+    let d = daemon();
+    let prune = |body: Value| d.call(Method::POST, "/v1/images/build-cache/prune", Some(body));
+    prune(json!({"all": true})).expect(200);
+    let ctx = |tag: &str| {
+        let df = format!("FROM {IMAGE}\nCOPY f /f\nRUN cat /f > /g\n");
+        tar_of(&[("Dockerfile", &df), ("f", tag)])
+    };
+    let (a, b) = (rand_suffix(), rand_suffix());
+    let name = format!("pruned-{}", rand_suffix());
+    let build_run = |tag: &str| -> u64 {
+        let (st, evs, _) = build(d, &format!("name={name}"), ctx(tag));
+        assert_eq!(st, 200);
+        ended_with(&evs, "done")["steps_run"].as_u64().unwrap()
+    };
+    assert_eq!(build_run(&a), 2, "a fresh build runs COPY and RUN");
+    let after_a = prune(json!({})).expect(200).json();
+    assert_eq!(after_a["removed"], 0, "{after_a}");
+    let per_build = after_a["kept"].as_u64().unwrap();
+    assert!(per_build >= 2, "{after_a}");
+    // Distinct last-use times for a and b.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(build_run(&b), 2);
+    assert_eq!(build_run(&b), 0, "a rebuild is fully cached");
+    assert_eq!(build_run(&a), 0, "a's entries are still there");
+    // a was used last: keeping one build's worth keeps a's and drops b's.
+    let r = prune(json!({"max_entries": per_build})).expect(200).json();
+    assert_eq!(r["kept"], per_build, "{r}");
+    assert_eq!(r["removed"], per_build, "{r}");
+    assert_eq!(build_run(&a), 0, "the most recently used stay cached");
+    assert_eq!(build_run(&b), 2, "the pruned build runs its steps again");
+    // Nothing is older than a day: an age bound of a day drops nothing, of 0 s everything.
+    let r = prune(json!({"max_age_secs": 86400})).expect(200).json();
+    assert_eq!(r["removed"], 0, "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let r = prune(json!({"max_age_secs": 0})).expect(200).json();
+    assert_eq!(r["kept"], 0, "{r}");
+    assert!(r["removed"].as_u64().unwrap() >= per_build, "{r}");
+    assert_eq!(build_run(&a), 2, "an emptied cache runs every step");
+    d.call(Method::DELETE, &format!("/v1/images/{name}"), None)
+        .expect(204);
+    let r = prune(json!({"all": true})).expect(200).json();
+    assert!(r["removed"].as_u64().unwrap() >= per_build, "{r}");
+    let gc = d.call(Method::POST, "/v1/node/gc", None).expect(200).json();
+    assert_eq!(gc["ok"], true, "{gc}");
+
+    let bad = |body: &str| d.call_invalid(Method::POST, "/v1/images/build-cache/prune", body);
+    let e = bad(r#"{"max_entries": -1}"#).expect_error(422, Some("max_entries"));
+    assert_eq!(e["code"], "invalid_request", "{e}");
+    bad(r#"{"bogus": 1}"#).expect_error(422, Some("bogus"));
+    no_build_sandboxes(d);
+}

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::Ctx;
 use crate::groved::Daemon;
 use crate::http::Conn;
+use crate::promises::Stat;
 use crate::report::{Better, Key, Measurement, ScenarioResult};
 use crate::{progress, util};
 
@@ -22,6 +23,12 @@ pub const NAME: &str = "images";
 pub const PULL: &str = "pull an image from a local registry";
 pub const PULL_RELATED: &str = "pull a second image sharing all but its top layer";
 pub const ADDED: &str = "disk the second image adds";
+/// The second image's added bytes ÷ the first image's bytes on disk (the second is the first plus
+/// one 64 KiB layer, so this slightly overstates the share of its own size).
+pub const ADDED_RATIO: &str = "disk the second image adds ÷ the first image's";
+pub const RATIO_PARAM: &str = "bytes on disk";
+/// The faster of skopeo and podman on each pull figure (what IM-1 compares with).
+pub const FASTER_PEER: &str = "faster peer (skopeo, podman)";
 pub const GROVE: &str = "grove";
 pub const SKOPEO: &str = "skopeo copy to an OCI dir";
 pub const PODMAN: &str = "podman pull";
@@ -81,6 +88,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     let key = Key::new(PULL, "cold", "ms", Better::Lower);
     let key2 = Key::new(PULL_RELATED, "after the first", "ms", Better::Lower);
     let added = Key::new(ADDED, "bytes on disk", "MB", Better::Lower);
+    let ratio = Key::new(ADDED_RATIO, RATIO_PARAM, "×", Better::Lower);
     let copy = |repo: &str, tag: &str| {
         util::run(
             Command::new("skopeo")
@@ -102,11 +110,18 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         false,
         &[copy("bench/related:1", "related")?],
     ));
+    let after = du(&oci)?;
     res.push(Measurement::value(
         &added,
         SKOPEO,
         false,
-        (du(&oci)? - before) / 1e6,
+        (after - before) / 1e6,
+    ));
+    res.push(Measurement::value(
+        &ratio,
+        SKOPEO,
+        false,
+        (after - before) / before,
     ));
 
     progress::step(0.75, "podman");
@@ -141,12 +156,11 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
                 match pull("bench/related:1") {
                     Ok(ms) => {
                         res.push(Measurement::samples(&key2, PODMAN, false, &[ms]));
-                        res.push(Measurement::value(
-                            &added,
-                            PODMAN,
-                            false,
-                            (du(&root).unwrap_or(before) - before) / 1e6,
-                        ));
+                        let grew = du(&root).unwrap_or(before) - before;
+                        res.push(Measurement::value(&added, PODMAN, false, grew / 1e6));
+                        if before > 0.0 {
+                            res.push(Measurement::value(&ratio, PODMAN, false, grew / before));
+                        }
                     }
                     Err(e) => res.push(Measurement::failed(&key2, PODMAN, false, format!("{e:#}"))),
                 }
@@ -167,7 +181,27 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     }
     drop(reg);
     let _ = std::fs::remove_dir_all(&work);
+    // IM-1 and IM-2 are about the ~300 MB image: a quick run's few MB do not measure them.
+    if ctx.quick {
+        res.measurements.retain(|m| m.metric != ADDED_RATIO);
+    } else {
+        for k in [&key, &key2] {
+            faster_peer(res, k);
+        }
+    }
     Ok(())
+}
+
+/// Adds the faster of the peers' medians on `key` as its own row, when either measured it.
+fn faster_peer(res: &mut ScenarioResult, key: &Key) {
+    let fastest = [SKOPEO, PODMAN]
+        .iter()
+        .filter_map(|p| res.find(&key.metric, &key.param, p))
+        .filter_map(|m| m.stat(Stat::P50))
+        .min_by(f64::total_cmp);
+    if let Some(v) = fastest {
+        res.push(Measurement::value(key, FASTER_PEER, false, v));
+    }
 }
 
 fn grove_pulls(daemon: &Daemon, host: &str, res: &mut ScenarioResult) -> Result<()> {
@@ -185,6 +219,7 @@ fn grove_pulls(daemon: &Daemon, host: &str, res: &mut ScenarioResult) -> Result<
             .with_context(|| format!("grove pull of {repo}"))?;
         Ok((util::ms_since(t), v))
     };
+    let empty = du(&store).unwrap_or(0.0);
     let (ms, _) = pull("bench/base:1", "bench-base")?;
     res.push(Measurement::samples(
         &Key::new(PULL, "cold", "ms", Better::Lower),
@@ -200,11 +235,18 @@ fn grove_pulls(daemon: &Daemon, host: &str, res: &mut ScenarioResult) -> Result<
         true,
         &[ms],
     ));
+    let grew = du(&store)? - before;
     res.push(Measurement::value(
         &Key::new(ADDED, "bytes on disk", "MB", Better::Lower),
         GROVE,
         true,
-        (du(&store)? - before) / 1e6,
+        grew / 1e6,
+    ));
+    res.push(Measurement::value(
+        &Key::new(ADDED_RATIO, RATIO_PARAM, "×", Better::Lower),
+        GROVE,
+        true,
+        grew / (before - empty),
     ));
     Ok(())
 }

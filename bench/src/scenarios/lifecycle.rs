@@ -10,9 +10,11 @@ use anyhow::Result;
 use super::Ctx;
 use crate::cleanup;
 use crate::grove::GroveRuntime;
+use crate::hardening;
 use crate::peers::{self, Kind, PeerEnv};
 use crate::plot::{self, Series};
 use crate::progress;
+use crate::promises::Stat;
 use crate::report::{Better, Key, Measurement, Outcome, ScenarioResult};
 use crate::util;
 
@@ -22,6 +24,8 @@ pub const RATE: &str = "create → exec true → destroy throughput";
 pub const LOADED: &str = "create → exec true → destroy latency under load";
 pub const SEQ: &str = "sequential";
 pub const CRUN: &str = "crun";
+pub const HARDEN: &str = "hardening layer cost, each layer's step alone";
+pub const HARDEN_SHARE: &str = "hardening layer cost ÷ the sequential cycle's p50";
 
 const CONCURRENCY: [usize; 4] = [1, 2, 8, 32];
 
@@ -164,6 +168,11 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         res.push(m);
     }
 
+    if systems.iter().any(|s| matches!(s, System::Grove(_))) {
+        progress::step(done / total, "hardening layers, one at a time");
+        hardening_rows(ctx, res, &seq_key);
+    }
+
     // Throughput at each concurrency, over a fixed window (in-flight cycles finish and count).
     let window = Duration::from_secs_f64(ctx.pick(0.6, 4.0));
     let mut rate_series: Vec<Series> = Vec::new();
@@ -247,6 +256,46 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         res.plots.push("lifecycle-throughput.svg".into());
     }
     Ok(())
+}
+
+/// Each hardening layer's own step (see [`crate::hardening`]), and its p50 as a share of Grove's
+/// sequential cycle p50 in this run.
+fn hardening_rows(ctx: &Ctx, res: &mut ScenarioResult, seq_key: &Key) {
+    let cycle_us = res
+        .grove(&seq_key.metric, &seq_key.param)
+        .and_then(|m| m.stat(Stat::P50))
+        .map(|ms| ms * 1000.0);
+    let probe = match hardening::run(ctx.pick(20, 200)) {
+        Ok(p) => p,
+        Err(e) => {
+            for row in hardening::ROWS {
+                let k = Key::new(HARDEN, row, "µs", Better::Lower);
+                res.push(Measurement::failed(&k, "grove", true, format!("{e:#}")));
+            }
+            return;
+        }
+    };
+    for row in hardening::ROWS {
+        let k = Key::new(HARDEN, row, "µs", Better::Lower);
+        let m = match probe.get(row) {
+            Some(Ok(v)) => Measurement::samples(&k, "grove", true, v),
+            Some(Err(why)) => Measurement::not_available(&k, "grove", why),
+            None => Measurement::failed(&k, "grove", true, "the probe did not report it"),
+        };
+        let share = m.stat(Stat::P50).zip(cycle_us).map(|(l, c)| 100.0 * l / c);
+        res.push(m);
+        if let Some(pct) = share {
+            let k = Key::new(HARDEN_SHARE, row, "%", Better::Lower);
+            res.push(Measurement::value(&k, "grove", true, pct));
+        }
+    }
+    res.note(
+        "hardening layers: each row times the runtime's own setup function for one layer \
+         (harden::lock_down, harden::drop_bounding_caps, the devices controller's apply_v1, \
+         cgroup::attach_device_filter, PR_SET_DUMPABLE) in a fresh single-threaded process, one \
+         forked child per sample; \"added\" rows are paired differences against the same step \
+         without the layer. nodev/nosuid are flags on mounts made anyway (no step of their own).",
+    );
 }
 
 /// Cycles per second with `c` clients looping until `window` ends; in-flight cycles finish and count.

@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::api_shapes::{network_from_wire, EgressRuleRequest, Image, NetworkRequest};
 use crate::app::{blocking, App};
 use crate::backend::check_name;
+use crate::build::cache::{CacheError, Pruned};
 use crate::build::engine::{BuildError, Engine, Inputs, Progress};
 use crate::build::{self, ImageConfig};
 use crate::error::{chain, ApiError, ApiResult};
@@ -24,6 +25,7 @@ use crate::image_config::{with_config, ImageConfigs};
 use crate::pipe::ChanReader;
 use crate::registry::pull::{self, Platform};
 use crate::registry::Reference;
+use crate::request_parse::OptionalJson;
 
 /// The build's parameters, from the query string (the body is the context).
 struct Params {
@@ -125,7 +127,46 @@ fn engine(app: &App) -> ApiResult<Engine> {
         runtime: app.runtime.clone(),
         mounts: app.config.run_dir.join("build"),
         uppers: app.config.state_dir.join("build"),
+        cache: build::cache::Index::new(&app.config.state_dir),
     })
+}
+
+/// `POST /v1/images/build-cache/prune` body (all optional): the config's policy unless given;
+/// `all` empties the cache.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PruneRequest {
+    all: bool,
+    max_entries: Option<usize>,
+    max_age_secs: Option<u64>,
+}
+
+/// Prunes the build step cache now; 409 while a build runs.
+pub async fn prune_cache(
+    State(app): State<Arc<App>>,
+    OptionalJson(r): OptionalJson<PruneRequest>,
+) -> ApiResult<axum::Json<Pruned>> {
+    let mut policy = app.config.build_cache;
+    if r.all {
+        policy.max_entries = 0;
+    }
+    if let Some(n) = r.max_entries.filter(|_| !r.all) {
+        policy.max_entries = n;
+    }
+    if let Some(s) = r.max_age_secs {
+        policy.max_age_secs = s;
+    }
+    let eng = engine(&app)?;
+    blocking(move || {
+        eng.prune_cache(policy).map_err(|e| match e {
+            CacheError::BuildRunning => {
+                ApiError::new(StatusCode::CONFLICT, "build_running", e.to_string())
+            }
+            e => ApiError::internal(e.to_string()),
+        })
+    })
+    .await
+    .map(axum::Json)
 }
 
 pub async fn build(
@@ -251,6 +292,14 @@ pub async fn build(
         // The scratch goes before the last event: a client that sees the end sees no residue.
         drop(ctx);
         drop(active);
+        // The cache stays within its bound (another build under way: its end prunes).
+        match eng.prune_cache(app2.config.build_cache) {
+            Ok(p) if p.removed > 0 => {
+                tracing::info!(removed = p.removed, kept = p.kept, "pruned the build cache")
+            }
+            Ok(_) | Err(CacheError::BuildRunning) => {}
+            Err(e) => tracing::warn!("pruning the build cache: {e}"),
+        }
         if let Some(Ok(ev)) = ev {
             let _ = tx.blocking_send(Ok(ev));
         }

@@ -120,6 +120,7 @@ pub fn router(app: Arc<App>, api_key: Option<String>) -> Router {
         .route("/images/{name}/tar", put(images::import_tar))
         // Builds from Dockerfiles (h8).
         .route("/images/build", post(build::build))
+        .route("/images/build-cache/prune", post(build::prune_cache))
         .route("/pools", get(pools::get_pools).put(pools::put_pools))
         .route("/jobs", get(pools::get_jobs).put(pools::put_jobs))
         .route("/node", get(node::node))

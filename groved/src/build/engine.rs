@@ -18,6 +18,7 @@ use nodefs::service::{FsService, ImportPolicy, MountInfo};
 use nodefs::{ManifestId, MountOptions};
 use sha2::{Digest as _, Sha256};
 
+use super::cache::{CacheError, Index, Policy, Pruned};
 use super::dockerfile::{expand, CmdForm, Copy, Dockerfile, Instr, Kind};
 use super::glob::{self, Ignore};
 use super::ImageConfig;
@@ -80,6 +81,8 @@ pub struct Engine {
     /// Mountpoints (`<run_dir>/build`) and upper layers (`<state_dir>/build`) of the views.
     pub mounts: PathBuf,
     pub uppers: PathBuf,
+    /// When each cache entry was last used (see [`super::cache`]).
+    pub cache: Index,
 }
 
 #[derive(Debug, Clone)]
@@ -425,18 +428,42 @@ impl Engine {
         Ok(())
     }
 
-    /// A store ref for `key`, if this step was done before.
+    /// A store ref for `key`, if this step was done before (a hit counts as a use).
     fn cached(&self, key: &str) -> Result<Option<ManifestId>, StepError> {
-        self.store
+        let hit = self
+            .store
             .get_ref(&format!("{CACHE_PREFIX}{key}"))
-            .map_err(|e| StepError::Failed(format!("reading the build cache: {}", chain(&e))))
+            .map_err(|e| StepError::Failed(format!("reading the build cache: {}", chain(&e))))?;
+        if hit.is_some() {
+            self.cache
+                .touch(key, grove_runtime::now_ms())
+                .map_err(|e| StepError::Failed(e.to_string()))?;
+        }
+        Ok(hit)
     }
 
     /// Records `root` as the result of `key` (a ref, so gc keeps it while the cache does).
     fn remember(&self, key: &str, root: &ManifestId) -> Result<(), String> {
+        self.cache
+            .touch(key, grove_runtime::now_ms())
+            .map_err(|e| e.to_string())?;
         self.store
             .set_ref(&format!("{CACHE_PREFIX}{key}"), root)
             .map_err(|e| format!("writing the build cache: {}", chain(&e)))
+    }
+
+    /// Prunes the step cache to `policy` if no build is under way (none can start meanwhile:
+    /// a build's trees must not lose their refs while it uses them).
+    pub fn prune_cache(&self, policy: Policy) -> Result<Pruned, CacheError> {
+        let n = ACTIVE.lock();
+        if *n > 0 {
+            return Err(CacheError::BuildRunning);
+        }
+        let r = self
+            .cache
+            .prune(&*self.store, policy, grove_runtime::now_ms());
+        drop(n);
+        r
     }
 
     fn empty_root(&self) -> Result<ManifestId, String> {

@@ -3,6 +3,7 @@
 //! [`dockerfile`] parses, [`engine`] runs the steps (each a nodefs commit, cached), this module
 //! unpacks the context the client sent and reads the Dockerfile out of it.
 
+pub mod cache;
 pub mod dockerfile;
 pub mod engine;
 pub mod glob;

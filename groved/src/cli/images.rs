@@ -24,6 +24,26 @@ pub async fn images(c: &Client, cmd: ImagesCmd) -> CliResult {
             println!("{}", serde_json::to_string_pretty(&img).unwrap_or_default());
         }
         ImagesCmd::Pull(a) => super::pull::pull(c, a).await?,
+        ImagesCmd::PruneCache {
+            all,
+            max_entries,
+            max_age_secs,
+        } => {
+            let mut body = json!({ "all": all });
+            if let Some(n) = max_entries {
+                body["max_entries"] = n.into();
+            }
+            if let Some(s) = max_age_secs {
+                body["max_age_secs"] = s.into();
+            }
+            let r: serde_json::Value = c
+                .json(Method::POST, "/v1/images/build-cache/prune", Some(&body))
+                .await?;
+            println!(
+                "removed {} build cache entries, kept {}",
+                r["removed"], r["kept"]
+            );
+        }
         ImagesCmd::Rm { name } => {
             check(
                 c.send(

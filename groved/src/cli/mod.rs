@@ -115,6 +115,18 @@ pub enum ImagesCmd {
     },
     /// Pull an image from an OCI registry: `grove images pull registry.example/ns/app:1.0`.
     Pull(PullArgs),
+    /// Prune the Dockerfile build step cache to the node's bound (or empty it with --all); `grove
+    /// gc` then frees the bytes.
+    PruneCache {
+        #[arg(long)]
+        all: bool,
+        /// Keep at most this many entries, the most recently used.
+        #[arg(long, conflicts_with = "all")]
+        max_entries: Option<usize>,
+        /// Drop entries unused for longer than this many seconds.
+        #[arg(long)]
+        max_age_secs: Option<u64>,
+    },
 }
 
 #[derive(Args, Debug)]
