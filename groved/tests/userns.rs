@@ -186,6 +186,15 @@ fn userns_sandbox_root_is_unprivileged_on_the_host() {
         "the 409 says why: {e}"
     );
     assert_eq!(sh(d, &a, "echo alive").1, "alive");
+    // A pause (an idle reclaim's too) freezes it instead of parking it in the store; the next
+    // exec thaws it.
+    let p = d
+        .call(Method::POST, &format!("/v1/sandboxes/{a}/pause"), None)
+        .expect(200)
+        .json();
+    assert_eq!(p["state"], "paused", "{p}");
+    assert!(!p["init_pid"].is_null(), "frozen, not parked: {p}");
+    assert_eq!(sh(d, &a, "echo thawed").1, "thawed");
 
     d.delete(&a);
     let c = d.create(json!({"userns": true}));

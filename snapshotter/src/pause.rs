@@ -33,10 +33,20 @@ impl Snapshotter {
     pub fn pause(&self, sandbox: &SandboxId) -> Result<(SandboxInfo, PauseTiming), Error> {
         let t0 = Instant::now();
         let _busy = self.claim(sandbox)?;
-        if self.runtime().checkpoint_view(sandbox)?.veth_host.is_some() {
+        let view = self.runtime().checkpoint_view(sandbox)?;
+        if view.veth_host.is_some() {
             return Err(Error::Unsupported {
                 what: format!(
                     "pause to the store of {sandbox}: its egress veth is not checkpointed yet"
+                ),
+            });
+        }
+        // Unsupported, not the 409 a snapshot gets: a pause (an idle reclaim too) freezes instead.
+        if view.spec.userns {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "pause to the store of {sandbox}: it runs in a user namespace, which is not \
+                     checkpointed yet"
                 ),
             });
         }
