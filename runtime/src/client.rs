@@ -95,8 +95,11 @@ fn read_reply(s: &mut UnixStream) -> Result<Reply, ClientError> {
     }
 }
 
+/// How long a plain request waits for init's reply.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
 fn simple(init: &InitHandle, req: &Request) -> Result<Reply, ClientError> {
-    simple_within(init, req, Duration::from_secs(10))
+    simple_within(init, req, TIMEOUT)
 }
 
 fn simple_within(
@@ -107,10 +110,6 @@ fn simple_within(
     let mut s = connect(init, req)?;
     s.set_read_timeout(Some(timeout))?;
     read_reply(&mut s)
-}
-
-pub fn ping(init: &InitHandle) -> Result<(), ClientError> {
-    simple(init, &Request::Ping).map(|_| ())
 }
 
 /// A ping that gives up after `timeout` (a healthy init answers in microseconds).

@@ -9,6 +9,7 @@ mod client;
 pub mod config;
 pub mod error;
 pub mod files;
+mod host;
 pub mod host_mem;
 mod hostname;
 mod idle;

@@ -494,6 +494,20 @@ impl Network {
     }
 }
 
+/// Whether the host end `host_if` of a sandbox's veth exists.
+pub fn link_exists(host_if: &str) -> bool {
+    std::path::Path::new("/sys/class/net")
+        .join(host_if)
+        .exists()
+}
+
+/// Deletes the link `host_if` if it exists (a previous run's leftover; best effort).
+pub fn remove_link(host_if: &str) {
+    if link_exists(host_if) {
+        let _ = Command::new("ip").args(["link", "del", host_if]).status();
+    }
+}
+
 /// (rx, tx) bytes as seen from inside the sandbox (the host end's counters swapped).
 pub fn counters(l: &NetLease) -> (u64, u64) {
     let read = |f: &str| {

@@ -9,13 +9,12 @@
 //! `register_*` (`Runtime::register_parked`), taking files into a cache `take_*`.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::client;
 use crate::init_handle::{HandleError, InitHandle};
 use crate::mounts;
 use crate::network::host_if;
@@ -196,7 +195,7 @@ impl Runtime {
             .reattach(&rec.id, &rec.spec.image, &dir.join("root"))
             .ok_or(AdoptError::RootLost)?;
         if let Some(net) = &rec.net {
-            if !Path::new("/sys/class/net").join(&net.host_if).exists() {
+            if !self.net.link_exists(&net.host_if) {
                 return Err(AdoptError::LinkGone(net.host_if.clone()));
             }
         }
@@ -205,18 +204,20 @@ impl Runtime {
             let _ = self.cgroups.thaw(rec.id.as_str());
             // Generous: a lazily restored branch may first fault in pages a predecessor's
             // lazy-pages daemon is still delivering.
-            client::ping_within(&init, Duration::from_secs(5)).map_err(|e| {
-                let mut why = e.to_string();
-                let mut cur = std::error::Error::source(&e);
-                while let Some(c) = cur {
-                    why = format!("{why}: {c}");
-                    cur = c.source();
-                }
-                AdoptError::NoAnswer {
-                    pid: rec.init_pid,
-                    why,
-                }
-            })?;
+            self.inits
+                .ping(&init, Duration::from_secs(5))
+                .map_err(|e| {
+                    let mut why = e.to_string();
+                    let mut cur = std::error::Error::source(&e);
+                    while let Some(c) = cur {
+                        why = format!("{why}: {c}");
+                        cur = c.source();
+                    }
+                    AdoptError::NoAnswer {
+                        pid: rec.init_pid,
+                        why,
+                    }
+                })?;
         }
         if let Some(ids) = rec.ids {
             if !self.ids.claim(ids) {
@@ -303,12 +304,7 @@ impl Runtime {
             let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
         }
         if let Ok(sid) = id.parse::<SandboxId>() {
-            let link = host_if(&sid);
-            if Path::new("/sys/class/net").join(&link).exists() {
-                let _ = std::process::Command::new("ip")
-                    .args(["link", "del", &link])
-                    .status();
-            }
+            self.net.remove_link(&host_if(&sid));
         }
         if let Err(e) = self.cgroups.remove(id) {
             tracing::warn!(sandbox = %id, error = %e, "remove leftover cgroups");

@@ -8,22 +8,22 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{self, Admission};
-use crate::cgroup::{self, CgroupBackend};
+use crate::cgroup::CgroupBackend;
 use crate::client::{self, ClientError, ExecCancel};
 use crate::config::RuntimeConfig;
 use crate::error::Error;
 use crate::files::Root;
+use crate::host::{HostParts, InitControl, InitStore, SandboxNet, Spawner};
 use crate::init_handle::{HandleError, InitHandle};
 use crate::init_watch::InitWatch;
 use crate::jobs::Jobs;
-use crate::network::Network;
 use crate::pool::Pools;
 use crate::proto::{self, ExecSpec, InitErrorKind, SetupConfig};
 use crate::record;
 use crate::registry::{Registry, Slot, SlotState, TransitionError};
 use crate::root::{DiskQuota, RootMount, RootProvider};
 use crate::sandbox::{now_ms, Parts, Sandbox};
-use crate::spawner::{self, SpawnError};
+use crate::spawner::SpawnError;
 use crate::types::*;
 use crate::validate;
 
@@ -86,7 +86,10 @@ pub struct Runtime {
     pub(crate) config: RuntimeConfig,
     pub(crate) roots: Arc<dyn RootProvider>,
     pub(crate) cgroups: Arc<dyn CgroupBackend>,
-    pub(crate) net: Network,
+    pub(crate) net: Arc<dyn SandboxNet>,
+    pub(crate) spawner: Arc<dyn Spawner>,
+    pub(crate) inits: Arc<dyn InitControl>,
+    pub(crate) init_store: Arc<dyn InitStore>,
     pub(crate) admission: Admission,
     /// Every id this runtime knows and its state (creating, running, frozen, failed, destroying,
     /// parking, parked, restoring, lost): see `registry`. Lost ones are durable as well
@@ -130,6 +133,23 @@ impl Runtime {
     /// Sets up the host side (cgroup parents, run dir), adopts the live sandboxes of a previous
     /// run of this instance and reclaims everything else it left (see `recover`).
     pub fn new(config: RuntimeConfig, roots: Arc<dyn RootProvider>) -> Result<Arc<Runtime>, Error> {
+        let parts = HostParts::detect(&config)?;
+        Self::with_parts(config, roots, parts)
+    }
+
+    /// `new` on the host parts given (the real ones, or a test's fakes).
+    pub(crate) fn with_parts(
+        config: RuntimeConfig,
+        roots: Arc<dyn RootProvider>,
+        parts: HostParts,
+    ) -> Result<Arc<Runtime>, Error> {
+        let HostParts {
+            cgroups,
+            net,
+            spawner,
+            inits,
+            init_store,
+        } = parts;
         if !config.cgroup_root.starts_with("grove")
             || !config
                 .cgroup_root
@@ -149,7 +169,6 @@ impl Runtime {
         }
         // Sandbox pid 1s are reparented to us when the setup process exits: reap them ourselves.
         let _ = nix::sys::prctl::set_child_subreaper(true);
-        let cgroups = cgroup::detect(&config.cgroup_root);
         cgroups.prepare().map_err(|e| Error::Cgroup {
             path: e.path.clone(),
             source: e.source,
@@ -157,15 +176,14 @@ impl Runtime {
         let instance_lock = crate::residue::lock_instance(&config.cgroup_root)?;
         let sb_dir = config.run_dir.join("sandboxes");
         std::fs::create_dir_all(&sb_dir).map_err(io_err(format!("create {}", sb_dir.display())))?;
-        let table = config.cgroup_root.replace('-', "_");
-        let net = Network::new(&table, &config.net_pool)
-            .map_err(|e| Error::invalid("net_pool", e.to_string()))?;
         // From here on sandboxes bind the runtime's own copy, whose path reveals nothing.
         let mut config = config;
-        config.init_binary =
-            crate::init_copy::install(&config.run_dir, &config.init_binary).map_err(io_err(
-                format!("copy {} to the init tmpfs", config.init_binary.display()),
-            ))?;
+        config.init_binary = init_store
+            .install(&config.run_dir, &config.init_binary)
+            .map_err(io_err(format!(
+                "copy {} to the init tmpfs",
+                config.init_binary.display()
+            )))?;
         let id_pool = config.id_pool();
         id_pool
             .check()
@@ -177,6 +195,9 @@ impl Runtime {
             roots,
             cgroups,
             net,
+            spawner,
+            inits,
+            init_store,
             admission: Admission::new(total),
             registry: Registry::default(),
             pools: Pools::default(),
@@ -496,22 +517,23 @@ impl Runtime {
                     extra_caps: spec.cap_add.iter().map(|c| c.number()).collect(),
                     userns: ids.is_some(),
                 };
-                spawner::spawn_init(
-                    &self.config.init_binary,
-                    &cfg,
-                    &self.config.cgroup_root,
-                    id.as_str(),
-                    ids,
-                )
-                .map_err(|e| {
-                    if let SpawnError::Failed { pid: p, .. } = &e {
-                        parts.init_pid = Some(*p);
-                    }
-                    Error::Init {
-                        id: id.clone(),
-                        reason: e.to_string(),
-                    }
-                })?
+                self.spawner
+                    .spawn_init(
+                        &self.config.init_binary,
+                        &cfg,
+                        &self.config.cgroup_root,
+                        id.as_str(),
+                        ids,
+                    )
+                    .map_err(|e| {
+                        if let SpawnError::Failed { pid: p, .. } = &e {
+                            parts.init_pid = Some(*p);
+                        }
+                        Error::Init {
+                            id: id.clone(),
+                            reason: e.to_string(),
+                        }
+                    })?
             }
             Some(restore) => {
                 restored = true;
@@ -539,9 +561,12 @@ impl Runtime {
         );
         parts.init = Some(init.clone());
         if restored {
-            crate::hostname::set_hostname(&init, &hostname)
+            self.inits
+                .set_hostname(&init, &hostname)
                 .map_err(|e| init_err(format!("set hostname: {e}")))?;
-            client::ping(&init).map_err(|e| init_err(format!("restored init: {e}")))?;
+            self.inits
+                .ping(&init, client::TIMEOUT)
+                .map_err(|e| init_err(format!("restored init: {e}")))?;
         }
         let net = match &spec.network {
             NetworkPolicy::None => None,
@@ -992,7 +1017,7 @@ impl Runtime {
         let (rx, tx) = sb
             .net
             .as_ref()
-            .map(crate::network::counters)
+            .map(|l| self.net.counters(l))
             .unwrap_or((0, 0));
         Ok(Usage {
             cpu_usec: cg.cpu_usec,
@@ -1101,7 +1126,7 @@ impl Runtime {
         let _ = std::fs::remove_dir(self.lost_dir());
         if self.registry.with(|slots| slots.on_host().next().is_none()) {
             self.cgroups.unprepare();
-            crate::init_copy::remove(&self.config.run_dir);
+            self.init_store.remove(&self.config.run_dir);
             let _ = std::fs::remove_dir(self.config.run_dir.join("sandboxes"));
             let _ = std::fs::remove_dir(&self.config.run_dir);
         }

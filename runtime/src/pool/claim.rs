@@ -80,7 +80,9 @@ impl Runtime {
             id: id.clone(),
             reason,
         };
-        client::ping(init).map_err(|e| init_err(format!("pooled init: {e}")))?;
+        self.inits
+            .ping(init, client::TIMEOUT)
+            .map_err(|e| init_err(format!("pooled init: {e}")))?;
         // Built at the refill's low priority: from now on it runs at the caller's, as a cold
         // one would (init is one thread, and what it starts inherits its priority).
         grove_sys::sched::nice(0)
@@ -88,7 +90,8 @@ impl Runtime {
             .map_err(|e| init_err(format!("set the priority of the pooled init: {e}")))?;
         let hostname = match &spec.hostname {
             Some(h) if *h != pooled.hostname => {
-                crate::hostname::set_hostname(init, h)
+                self.inits
+                    .set_hostname(init, h)
                     .map_err(|e| init_err(format!("set hostname: {e}")))?;
                 h.clone()
             }
