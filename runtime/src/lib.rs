@@ -32,6 +32,8 @@ pub mod root;
 pub mod runtime;
 mod sandbox;
 pub mod spawner;
+#[cfg(test)]
+mod testing;
 pub mod types;
 pub mod userns;
 mod validate;
