@@ -3,7 +3,9 @@
 //!
 //! nodefs and the runtime do not depend on each other; both depend on this.
 
+pub mod fd;
 pub mod mountinfo;
 pub mod net;
+pub mod process;
 pub mod sched;
 pub mod thread;

@@ -16,6 +16,15 @@ pub fn set_nice(tid: i32, nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the nice value of every process in the group `pgid`; at worst the group is gone (ESRCH).
+pub fn set_group_nice(pgid: u32, nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority(2) with plain integers.
+    if unsafe { libc::setpriority(libc::PRIO_PGRP as _, pgid, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The nice value of task `tid` (0: the calling thread).
 pub fn nice(tid: i32) -> io::Result<i32> {
     let who = libc::id_t::try_from(tid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
