@@ -6,8 +6,12 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
 
 use crate::error::Error;
 use crate::init_handle::{HandleError, InitHandle};
@@ -46,10 +50,6 @@ fn join(c: &[String]) -> String {
 /// The sandbox's root directory, as seen by its init.
 pub struct Root {
     fd: OwnedFd,
-}
-
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
 }
 
 impl Root {
@@ -138,50 +138,41 @@ impl Root {
     /// openat2 below the root; maps resolution errors to the API's errors.
     fn open_at(&self, shown: &str, rel: &str, flags: i32, mode: u32) -> Result<OwnedFd, Error> {
         let c = CString::new(rel).map_err(|_| Error::invalid("path", "NUL byte"))?;
-        // SAFETY: open_how is plain old data; zeroed is valid (and required for future fields).
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = (flags | libc::O_CLOEXEC) as u64;
-        how.mode = if flags & libc::O_CREAT != 0 {
-            u64::from(mode)
-        } else {
-            0
+        let mode = if flags & libc::O_CREAT != 0 { mode } else { 0 };
+        let how = OpenHow::new()
+            .flags(OFlag::from_bits_retain(flags | libc::O_CLOEXEC))
+            .mode(Mode::from_bits_retain(mode as libc::mode_t))
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let fd = match nix::fcntl::openat2(self.fd.as_raw_fd(), c.as_c_str(), how) {
+            Ok(fd) => fd,
+            Err(errno) => return Err(Self::open_error(shown, errno)),
         };
-        how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-        // SAFETY: valid dirfd, C string and open_how for the duration of the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                &how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if fd < 0 {
-            let e = errno();
-            return Err(match e.raw_os_error() {
-                Some(libc::ENOENT) => Error::FileNotFound {
-                    path: shown.to_string(),
-                },
-                Some(libc::EXDEV) | Some(libc::ELOOP) => Error::PathOutsideSandbox {
-                    path: shown.to_string(),
-                },
-                // The caller's path names a file where a directory must be, or the reverse.
-                Some(libc::ENOTDIR) => Error::invalid(
-                    "path",
-                    format!("{shown:?}: a part of it is a file where a directory is needed"),
-                ),
-                Some(libc::EISDIR) => Error::invalid(
-                    "path",
-                    format!("{shown:?} is a directory (use files/list or archive)"),
-                ),
-                _ => Error::io(format!("open {shown:?} in the sandbox"), e),
-            });
-        }
         // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         refuse_pseudo_fs(&fd, shown)?;
         Ok(fd)
+    }
+
+    /// What a failed openat2 means to the API.
+    fn open_error(shown: &str, errno: Errno) -> Error {
+        match errno {
+            Errno::ENOENT => Error::FileNotFound {
+                path: shown.to_string(),
+            },
+            Errno::EXDEV | Errno::ELOOP => Error::PathOutsideSandbox {
+                path: shown.to_string(),
+            },
+            // The caller's path names a file where a directory must be, or the reverse.
+            Errno::ENOTDIR => Error::invalid(
+                "path",
+                format!("{shown:?}: a part of it is a file where a directory is needed"),
+            ),
+            Errno::EISDIR => Error::invalid(
+                "path",
+                format!("{shown:?} is a directory (use files/list or archive)"),
+            ),
+            _ => Error::io(format!("open {shown:?} in the sandbox"), errno.into()),
+        }
     }
 
     /// Opens a regular file for reading without ever opening anything else: the path is opened
@@ -233,10 +224,14 @@ impl Root {
             )?;
             let name =
                 CString::new(comps[i].as_str()).map_err(|_| Error::invalid("path", "NUL byte"))?;
-            // SAFETY: valid dirfd and C string; mkdirat does not follow a final symlink.
-            let rc = unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o755) };
-            if rc != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
-                return Err(Error::io(format!("mkdir {rel:?} in the sandbox"), errno()));
+            // mkdirat does not follow a final symlink.
+            match nix::sys::stat::mkdirat(
+                Some(parent.as_raw_fd()),
+                name.as_c_str(),
+                Mode::from_bits_retain(0o755),
+            ) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(Error::io(format!("mkdir {rel:?} in the sandbox"), e.into())),
             }
         }
         Ok(())
@@ -403,13 +398,14 @@ impl Root {
         let pfd = self.open_at(shown, &join(parent), libc::O_PATH | libc::O_DIRECTORY, 0)?;
         let name = CString::new(last.as_str()).map_err(|_| Error::invalid("path", "NUL byte"))?;
         let t = CString::new(target).map_err(|_| Error::invalid("tar", "NUL byte"))?;
-        // SAFETY: valid dirfd and C strings. unlinkat/symlinkat act on the entry itself, never
-        // following it.
-        unsafe { libc::unlinkat(pfd.as_raw_fd(), name.as_ptr(), 0) };
-        // SAFETY: as above.
-        if unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) } != 0 {
-            return Err(Error::io(format!("symlink {shown:?}"), errno()));
-        }
+        // unlinkat/symlinkat act on the entry itself, never following it.
+        let _ = nix::unistd::unlinkat(
+            Some(pfd.as_raw_fd()),
+            name.as_c_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        nix::unistd::symlinkat(t.as_c_str(), Some(pfd.as_raw_fd()), name.as_c_str())
+            .map_err(|e| Error::io(format!("symlink {shown:?}"), e.into()))?;
         Ok(())
     }
 

@@ -24,8 +24,11 @@ pub fn per_cpu_free_kb() -> u64 {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("count:")?.trim().parse::<u64>().ok())
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096)
+        .max(4096) as u64;
     pages * page / 1024
 }
 

@@ -72,21 +72,14 @@ fn stat_of(pid: i32) -> Option<(i32, u64)> {
 }
 
 fn pidfd_open(pid: i32) -> Result<OwnedFd, HandleError> {
-    // SAFETY: pidfd_open(2) takes two integers; the result is checked before it is owned.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::ESRCH) => HandleError::Gone { pid },
-            _ => HandleError::Io {
-                pid,
-                context: "pidfd_open",
-                source: e,
-            },
-        });
-    }
-    // SAFETY: a fresh descriptor owned here only.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    grove_sys::process::pidfd_open(pid).map_err(|e| match e.raw_os_error() {
+        Some(libc::ESRCH) => HandleError::Gone { pid },
+        _ => HandleError::Io {
+            pid,
+            context: "pidfd_open",
+            source: e,
+        },
+    })
 }
 
 impl InitHandle {
@@ -237,16 +230,7 @@ impl InitHandle {
 
     /// SIGKILL through the pidfd (never another process with a reused pid).
     pub fn kill(&self) {
-        // SAFETY: pidfd_send_signal(2) on our pidfd with a null siginfo.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
+        let _ = grove_sys::process::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
     }
 
     /// Waits for the init to exit and reaps it if it is our child (ECHILD otherwise).

@@ -32,6 +32,7 @@ pub mod root;
 pub mod runtime;
 mod sandbox;
 pub mod spawner;
+mod sys;
 #[cfg(test)]
 mod testing;
 pub mod types;

@@ -6,11 +6,12 @@
 //! and setup's own mknods of /dev happen after it joined its cgroups.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::OnceLock;
 
 use super::{CgroupError, CgroupFs, Controller, Result};
+use crate::sys::{self, BpfInsn as Insn};
 use crate::types::Limits;
 
 /// Character devices (major, minor; None: any minor) a sandbox may read and write: the OCI
@@ -58,16 +59,6 @@ impl Controller for Devices {
         fs.attach_device_filter(dir)
             .map_err(|e| CgroupError::new("attach device filter", dir, e))
     }
-}
-
-/// One eBPF instruction (struct bpf_insn).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Insn {
-    code: u8,
-    regs: u8, // dst in the low nibble, src in the high one
-    off: i16,
-    imm: i32,
 }
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
@@ -130,69 +121,15 @@ fn device_program() -> Vec<Insn> {
     p
 }
 
-/// The leading fields of union bpf_attr for BPF_PROG_LOAD (the kernel zero-fills the rest).
-#[repr(C)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-}
-
-/// union bpf_attr for BPF_PROG_ATTACH.
-#[repr(C)]
-struct ProgAttachAttr {
-    target_fd: u32,
-    attach_bpf_fd: u32,
-    attach_type: u32,
-    attach_flags: u32,
-}
-
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 /// Programs of ancestors (e.g. systemd's) keep running too; all must allow.
 const BPF_F_ALLOW_MULTI: u32 = 2;
 
 fn load_program() -> io::Result<OwnedFd> {
-    let prog = device_program();
-    let license = c"GPL";
     let mut name = [0u8; 16];
     name[..13].copy_from_slice(b"grove_devices");
-    let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
-        insn_cnt: prog.len() as u32,
-        insns: prog.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 0,
-        log_size: 0,
-        log_buf: 0,
-        kern_version: 0,
-        prog_flags: 0,
-        prog_name: name,
-    };
-    // SAFETY: attr points at a properly laid out bpf_attr prefix whose pointers (insns, license)
-    // outlive the call; the kernel copies them and returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            &attr as *const ProgLoadAttr,
-            std::mem::size_of::<ProgLoadAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor the kernel just gave us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    sys::bpf_prog_load(BPF_PROG_TYPE_CGROUP_DEVICE, &device_program(), c"GPL", name)
 }
 
 /// Attaches the device program to the cgroup2 dir `dir`; it stays attached until the cgroup is
@@ -204,25 +141,12 @@ pub fn attach_device_filter(dir: &Path) -> io::Result<()> {
         .as_ref()
         .map_err(|&errno| io::Error::from_raw_os_error(errno))?;
     let cg = std::fs::File::open(dir)?;
-    let attr = ProgAttachAttr {
-        target_fd: cg.as_raw_fd() as u32,
-        attach_bpf_fd: prog.as_raw_fd() as u32,
-        attach_type: BPF_CGROUP_DEVICE,
-        attach_flags: BPF_F_ALLOW_MULTI,
-    };
-    // SAFETY: attr is a properly laid out bpf_attr for BPF_PROG_ATTACH naming two open fds.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_ATTACH,
-            &attr as *const ProgAttachAttr,
-            std::mem::size_of::<ProgAttachAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    sys::bpf_prog_attach(
+        cg.as_fd(),
+        prog.as_fd(),
+        BPF_CGROUP_DEVICE,
+        BPF_F_ALLOW_MULTI,
+    )
 }
 
 #[cfg(test)]

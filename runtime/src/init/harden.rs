@@ -490,26 +490,14 @@ pub fn drop_bounding_caps(extra: &[u32]) -> Result<(), HardenError> {
         if KEEP_CAPS.contains(&cap) || extra.contains(&cap) {
             continue;
         }
-        // SAFETY: prctl with integer arguments only.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
+        if let Err(err) = crate::sys::capbset_drop(cap) {
             if err.raw_os_error() == Some(libc::EINVAL) {
                 break; // past CAP_LAST_CAP
             }
             return Err(HardenError::DropCap { cap, error: err });
         }
     }
-    // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        )
-    };
+    let _ = crate::sys::clear_ambient_caps();
     Ok(())
 }
 

@@ -7,11 +7,12 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::wait::WaitStatus;
 
 use super::{procs, pty, spawn, Failure};
@@ -231,29 +232,30 @@ impl Proc {
 
     fn write_stdin(&mut self) {
         let fd = match (&self.pty, &self.stdin) {
-            (Some(m), _) => m.as_raw_fd(),
-            (None, Some(w)) => w.as_raw_fd(),
+            (Some(m), _) => m.as_fd(),
+            (None, Some(w)) => w.as_fd(),
             (None, None) => {
                 self.stdin_q.clear();
                 return;
             }
         };
+        let mut reader_gone = false;
         while !self.stdin_q.is_empty() {
             let (a, _) = self.stdin_q.as_slices();
-            // SAFETY: write(2) from a valid slice to a descriptor this process owns.
-            let n = unsafe { libc::write(fd, a.as_ptr().cast(), a.len()) };
-            if n > 0 {
-                self.stdin_q.drain(..n as usize);
-                continue;
+            match nix::unistd::write(fd, a) {
+                Ok(n) if n > 0 => {
+                    self.stdin_q.drain(..n);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                // The reader is gone: nothing more will be taken.
+                _ => {
+                    reader_gone = true;
+                    break;
+                }
             }
-            let e = std::io::Error::last_os_error();
-            if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n < 0 && e.kind() == std::io::ErrorKind::WouldBlock {
-                return;
-            }
-            // The reader is gone: nothing more will be taken.
+        }
+        if reader_gone {
             self.stdin_q.clear();
             self.stdin = None;
             return;

@@ -1,7 +1,7 @@
 //! Pseudo-terminals for processes started by init: the pair is made in the sandbox's own devpts
 //! instance, the child takes the slave as its controlling terminal, init keeps the master.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::{FcntlArg, FdFlag, OFlag};
 
@@ -42,20 +42,14 @@ pub fn open(size: PtySize) -> Result<Pair, Failure> {
 /// Sets the terminal size (the kernel sends SIGWINCH to the foreground group).
 pub fn resize(master: &OwnedFd, size: PtySize) -> Result<(), Failure> {
     let ws = winsize(size);
-    // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer; the fd is a pty master we own.
-    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Failure::new(Other, format!("resize: {e}")));
-    }
-    Ok(())
+    crate::sys::set_winsize(master.as_fd(), &ws)
+        .map_err(|e| Failure::new(Other, format!("resize: {}", std::io::Error::from(e))))
 }
 
 /// In the forked child after setsid(): the slave becomes the controlling terminal and stdio.
 pub fn attach_child(slave: RawFd) -> Result<(), Failure> {
-    // SAFETY: TIOCSCTTY with an integer argument on a descriptor the child holds.
-    if unsafe { libc::ioctl(slave, libc::TIOCSCTTY, 0) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = crate::sys::set_controlling_tty(slave) {
+        let e = std::io::Error::from(e);
         return Err(Failure::new(Spawn, format!("controlling tty: {e}")));
     }
     for to in 0..=2 {

@@ -48,8 +48,8 @@ fn serve() -> Result<(), String> {
     // pid 1 to stop it or inject an exit, nor open its /proc files; the host's CRIU can (it has
     // CAP_SYS_PTRACE) and restores the flag. Children get it back at execve.
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
-    // SAFETY: setting SIGPIPE to ignored; writes to gone clients then fail with EPIPE.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    // Writes to gone clients then fail with EPIPE.
+    crate::sys::ignore_signal(libc::SIGPIPE).map_err(|e| format!("ignore SIGPIPE: {e}"))?;
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -119,9 +119,7 @@ fn serve() -> Result<(), String> {
         }
         sessions.poll_fds(&mut fds);
         live.poll_fds(&mut fds);
-        // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        if n < 0 {
+        if crate::sys::poll(&mut fds, timeout).is_err() {
             continue; // EINTR
         }
         let ready: HashMap<RawFd, i16> = fds
@@ -253,8 +251,9 @@ fn handle_signals(
         let sig = info.ssi_signo as i32;
         if sig == libc::SIGTERM || sig == libc::SIGINT || sig == libc::SIGHUP {
             // From pid 1, kill(-1) reaches every other process of the namespace.
-            // SAFETY: kill(2) with a plain signal number.
-            unsafe { libc::kill(-1, sig) };
+            if let Ok(sig) = Signal::try_from(sig) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(-1), sig);
+            }
         }
     }
     loop {
@@ -327,17 +326,13 @@ fn handle_conn(
             } else {
                 // A command started by exec leads its own session and group: signal the whole
                 // group, so `sh -c 'server'` stops with its children instead of orphaning them.
-                // SAFETY: getpgid(2) and kill(2) with plain integers.
-                let target = if unsafe { libc::getpgid(pid) } == pid {
-                    -pid
-                } else {
-                    pid
+                let target = match nix::unistd::getpgid(Some(Pid::from_raw(pid))) {
+                    Ok(g) if g.as_raw() == pid => -pid,
+                    _ => pid,
                 };
-                // SAFETY: kill(2) with plain integers.
-                match unsafe { libc::kill(target, signal) } {
-                    0 => Reply::Ok,
-                    _ => {
-                        let e = std::io::Error::last_os_error();
+                match crate::sys::kill(target, signal) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => {
                         let kind = match e.raw_os_error() {
                             Some(libc::ESRCH) => NoProcess,
                             _ => Refused,

@@ -29,8 +29,9 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
+use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
-use nix::unistd::{fork, ForkResult};
+use nix::unistd::{fork, ForkResult, Pid};
 
 use super::{procs, Failure};
 use crate::proto::{
@@ -135,9 +136,9 @@ fn nonce() -> String {
     )
 }
 
-fn signal_group(pid: i32, sig: i32) {
-    // SAFETY: kill(2) with plain integers; -pid is the shell's process group (it leads its session).
-    unsafe { libc::kill(-pid, sig) };
+/// Signals the shell's process group (it leads its session, so the group is `pid`).
+fn signal_group(pid: i32, sig: Signal) {
+    let _ = nix::sys::signal::killpg(Pid::from_raw(pid), sig);
 }
 
 impl Sessions {
@@ -148,7 +149,7 @@ impl Sessions {
             Request::SessionRun(spec) => self.run(conn, spec),
             Request::SessionInterrupt { name } => match self.map.get_mut(&name) {
                 Some(s) if s.exit.is_none() => {
-                    signal_group(s.pid, libc::SIGINT);
+                    signal_group(s.pid, Signal::SIGINT);
                     if let Some(r) = &mut s.run {
                         r.interrupted = true;
                     }
@@ -490,8 +491,7 @@ impl Session {
                 );
                 let bytes = serde_json::to_vec(&e).unwrap_or_default();
                 let _ = nix::unistd::write(&err_w, &bytes);
-                // SAFETY: _exit in a forked child is always sound.
-                unsafe { libc::_exit(127) }
+                grove_sys::process::exit_now(127)
             }
             ForkResult::Parent { child } => {
                 drop((in_r, out_w, st_w, err_w));
@@ -695,7 +695,7 @@ impl Session {
             r.stage = 1;
             r.next_step = Some(now + GRACE);
             r.reinterrupt = Some(now + REINTERRUPT);
-            signal_group(pid, libc::SIGINT);
+            signal_group(pid, Signal::SIGINT);
         } else if r.stage == 1 && r.reinterrupt.is_some_and(|d| now >= d) {
             // Only what this run started: the shell itself, reading its status line by now,
             // would abandon that line on a second SIGINT.

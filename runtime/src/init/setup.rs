@@ -35,7 +35,7 @@ pub fn main() -> ! {
 }
 
 fn setup() -> SetupResult<std::convert::Infallible> {
-    close_fds_from(3);
+    grove_sys::fd::close_from(3);
     let mut raw = Vec::new();
     std::io::stdin()
         .read_to_end(&mut raw)
@@ -55,12 +55,6 @@ fn setup() -> SetupResult<std::convert::Infallible> {
     }
     unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("unshare cgroup namespace: {e}"))?;
     stage2(&cfg)
-}
-
-/// Closes every fd >= `from`.
-pub fn close_fds_from(from: u32) {
-    // SAFETY: close_range only closes descriptors; nothing in this process holds them afterwards.
-    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
 }
 
 fn mnt(
@@ -162,7 +156,7 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
     nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0)
         .map_err(|e| format!("dup2: {e}"))?;
     drop(null);
-    close_fds_from(3);
+    grove_sys::fd::close_from(3);
 
     // Its text goes to the runtime as the setup's `error <message>` line.
     let said = |e: harden::HardenError| e.to_string();

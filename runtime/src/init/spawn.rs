@@ -149,8 +149,7 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, Failure> {
                 devnull: &devnull,
             });
             let _ = nix::unistd::write(&status_w, &err.encode());
-            // SAFETY: _exit in a forked child is always sound.
-            unsafe { libc::_exit(127) }
+            grove_sys::process::exit_now(127)
         }
         ForkResult::Parent { child } => {
             let master = pair.map(|p| p.master); // the slave closes here
@@ -202,8 +201,7 @@ pub(crate) fn default_signals() {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     for sig in 1..=libc::SIGRTMAX() {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: signal(2) with integers; SIG_DFL installs no handler (async-signal-safe).
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+            let _ = crate::sys::default_signal(sig);
         }
     }
 }
