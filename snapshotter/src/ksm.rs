@@ -51,9 +51,7 @@ pub fn available() -> bool {
     if !Path::new(SYSFS).join("run").exists() {
         return false;
     }
-    // SAFETY: PR_GET_MEMORY_MERGE reads a flag of this process's mm; no memory is passed.
-    let r = unsafe { libc::prctl(libc::PR_GET_MEMORY_MERGE, 0, 0, 0, 0) };
-    r >= 0
+    crate::sys::memory_merge().is_ok()
 }
 
 fn knob(name: &str) -> io::Result<String> {
@@ -262,13 +260,7 @@ pub fn merges_any(pid: i32) -> bool {
 
 /// Sets `PR_SET_MEMORY_MERGE` on the calling process: for CRIU's restore, between fork and exec.
 pub fn merge_this_process() -> io::Result<()> {
-    // SAFETY: PR_SET_MEMORY_MERGE sets a flag of this process's mm; no memory is passed, and
-    // prctl is async-signal-safe (this runs between fork and exec).
-    let r = unsafe { libc::prctl(libc::PR_SET_MEMORY_MERGE, 1, 0, 0, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::sys::set_memory_merge()
 }
 
 #[cfg(test)]

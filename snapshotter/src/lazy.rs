@@ -12,7 +12,7 @@
 //! a branch whose daemon failed or was lost meanwhile is marked failed, never left running.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -274,13 +274,9 @@ fn helpers_in(procs: &[(u32, Vec<u8>)], dir: &Path) -> (Option<u32>, Vec<u32>) {
 
 /// Blocks until the lazy-pages shell `pid` (not our child) of `dir` has exited.
 fn wait_exit(pid: u32, dir: &Path) {
-    // SAFETY: pidfd_open with plain integers; a non-negative result is a new fd we own.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if raw < 0 {
+    let Ok(fd) = grove_sys::process::pidfd_open(pid as i32) else {
         return; // gone already
-    }
-    // SAFETY: `raw` is a fresh pidfd, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    };
     // The pid may have been reused between the scan and the open: then ours is gone.
     let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     if criu::is_lazy_helper(&cmd, dir) != Some(true) {

@@ -13,6 +13,7 @@ mod pause;
 mod plan;
 mod record;
 mod snapshotter;
+mod sys;
 mod transfer;
 
 pub use error::Error;

@@ -5,7 +5,9 @@
 //! CRIU's kernel-feature cache to a tmpfs where /run is none (see [`kdat_cache`]).
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::path::{Path, PathBuf};
 
 const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
@@ -24,14 +26,13 @@ impl Shim {
         if SHIM.is_empty() {
             return None;
         }
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"grove-criu-shim".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "memfd for the criu shim");
-            return None;
-        }
-        // SAFETY: raw is a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = match memfd_create(c"grove-criu-shim", MemFdCreateFlag::MFD_CLOEXEC) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(error = %std::io::Error::from(e), "memfd for the criu shim");
+                return None;
+            }
+        };
         let mut f = std::fs::File::from(fd);
         if let Err(e) = f.write_all(SHIM) {
             tracing::warn!(error = %e, "writing the criu shim");

@@ -409,8 +409,8 @@ pub fn kill_group(pgid: u32) {
 
 /// Sets the niceness of every process in the group `pgid`.
 pub fn set_group_nice(pgid: u32, nice: i32) {
-    // SAFETY: setpriority on a process group, a plain syscall; at worst it is gone (ESRCH).
-    unsafe { libc::setpriority(libc::PRIO_PGRP, pgid, nice) };
+    // At worst the group is gone already (ESRCH).
+    let _ = grove_sys::sched::set_group_nice(pgid, nice);
 }
 
 /// Removes the /tmp staging dirs a failed or killed CRIU named in its log and left behind.
@@ -437,42 +437,37 @@ fn read_log(path: &Path) -> Vec<String> {
 /// them. Rust opens its own fds close-on-exec, but other code in the daemon may not. The shim,
 /// if any, is passed on at `SHIM_FD` and a network namespace to join at `NETNS_FD`; nothing else.
 fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, netns: Option<RawFd>) {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use nix::unistd::{close, dup2};
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs between fork and exec and only issues async-signal-safe syscalls
     // (fcntl, dup2, close, close_range) on plain integers; it touches no memory of the parent.
     unsafe {
         cmd.pre_exec(move || {
-            let fail = || Err(std::io::Error::last_os_error());
             // Park the netns fd above both targets first, so placing the shim cannot clobber it.
             let parked = match netns {
-                Some(fd) => match libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 64) {
-                    r if r < 0 => return fail(),
-                    r => Some(r),
-                },
+                Some(fd) => Some(fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(64))?),
                 None => None,
             };
-            if let Some(fd) = shim {
+            match shim {
                 // dup2 onto itself would keep close-on-exec set; clear it explicitly then.
-                let r = if fd == compat::SHIM_FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, compat::SHIM_FD)
-                };
-                if r < 0 {
-                    return fail();
+                Some(fd) if fd == compat::SHIM_FD => {
+                    fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
                 }
-            } else {
-                libc::close(compat::SHIM_FD);
+                Some(fd) => {
+                    dup2(fd, compat::SHIM_FD)?;
+                }
+                None => {
+                    let _ = close(compat::SHIM_FD);
+                }
             }
             let mut first_closed = compat::SHIM_FD as u32 + 1;
             if let Some(fd) = parked {
-                if libc::dup2(fd, args::NETNS_FD) < 0 {
-                    return fail();
-                }
-                libc::close(fd);
+                dup2(fd, args::NETNS_FD)?;
+                let _ = close(fd);
                 first_closed = args::NETNS_FD as u32 + 1;
             }
-            libc::syscall(libc::SYS_close_range, first_closed, u32::MAX, 0u32);
+            grove_sys::fd::close_from(first_closed);
             Ok(())
         });
     }
