@@ -7,6 +7,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{utimensat, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{Gid, Uid};
 use parking_lot::Mutex;
 
 use crate::error::{io_err, Error};
@@ -66,19 +70,19 @@ impl Store {
                         others.push((p, e.meta));
                     }
                     Node::Fifo => {
-                        sys::mknod(&p, libc::S_IFIFO | 0o600, 0).map_err(io_err(&p))?;
+                        mknod(&p, SFlag::S_IFIFO, 0).map_err(io_err(&p))?;
                         others.push((p, e.meta));
                     }
                     Node::Socket => {
-                        sys::mknod(&p, libc::S_IFSOCK | 0o600, 0).map_err(io_err(&p))?;
+                        mknod(&p, SFlag::S_IFSOCK, 0).map_err(io_err(&p))?;
                         others.push((p, e.meta));
                     }
                     Node::CharDev(r) => {
-                        sys::mknod(&p, libc::S_IFCHR | 0o600, r).map_err(io_err(&p))?;
+                        mknod(&p, SFlag::S_IFCHR, r).map_err(io_err(&p))?;
                         others.push((p, e.meta));
                     }
                     Node::BlockDev(r) => {
-                        sys::mknod(&p, libc::S_IFBLK | 0o600, r).map_err(io_err(&p))?;
+                        mknod(&p, SFlag::S_IFBLK, r).map_err(io_err(&p))?;
                         others.push((p, e.meta));
                     }
                 }
@@ -146,7 +150,14 @@ fn apply_meta(p: &Path, m: &Meta) -> Result<(), Error> {
     let is_symlink = fs::symlink_metadata(p)
         .map(|md| md.file_type().is_symlink())
         .unwrap_or(false);
-    sys::lchown(p, m.uid, m.gid).map_err(io_err(p))?;
+    nix::unistd::fchownat(
+        None,
+        p,
+        Some(Uid::from_raw(m.uid)),
+        Some(Gid::from_raw(m.gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| io_err(p)(e.into()))?;
     if !is_symlink {
         fs::set_permissions(p, fs::Permissions::from_mode(m.mode)).map_err(io_err(p))?;
     }
@@ -156,6 +167,12 @@ fn apply_meta(p: &Path, m: &Meta) -> Result<(), Error> {
             tracing::debug!(path = %p.display(), error = %e, "xattr not restored");
         }
     }
-    sys::lutimes(p, m.mtime_sec, m.mtime_nsec).map_err(io_err(p))?;
+    let t = TimeSpec::new(m.mtime_sec, i64::from(m.mtime_nsec));
+    utimensat(None, p, &t, &t, UtimensatFlags::NoFollowSymlink).map_err(|e| io_err(p)(e.into()))?;
     Ok(())
+}
+
+/// A special file of `kind`; mode 0600 until [`apply_meta`] gives it its own.
+fn mknod(p: &Path, kind: SFlag, rdev: u64) -> std::io::Result<()> {
+    nix::sys::stat::mknod(p, kind, Mode::from_bits_truncate(0o600), rdev).map_err(Into::into)
 }

@@ -1,6 +1,7 @@
-//! Thin wrappers over the few libc calls std lacks (xattrs, mknod, lchown, times).
+//! nodefs's system calls that neither std nor `nix` wraps (xattrs, a statx that does not sync, allocator
+//! tuning): one place for their unsafe blocks.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -76,35 +77,28 @@ pub fn lsetxattr(p: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
     })
 }
 
-/// mknod(2).
-pub fn mknod(p: &Path, mode: u32, rdev: u64) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: valid C string.
-    check(unsafe { libc::mknod(c.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })
-}
-
-/// lchown(2).
-pub fn lchown(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: valid C string.
-    check(unsafe { libc::lchown(c.as_ptr(), uid, gid) })
-}
-
-/// Set atime and mtime of `p` to (sec, nsec), not following symlinks.
-pub fn lutimes(p: &Path, sec: i64, nsec: u32) -> io::Result<()> {
-    let c = cpath(p)?;
-    let ts = libc::timespec {
-        tv_sec: sec as libc::time_t,
-        tv_nsec: nsec as libc::c_long,
-    };
-    let times = [ts, ts];
-    // SAFETY: valid C string and a two-element timespec array.
+/// The device minor of the filesystem at `path` from what the kernel has cached
+/// (`AT_STATX_DONT_SYNC`): a plain stat asks a FUSE server, and one that no longer answers would
+/// hang it.
+pub fn cached_dev_minor(path: &CStr) -> io::Result<u32> {
+    // SAFETY: statx is plain old data; all zeroes is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated; stx is a valid, writable statx.
     check(unsafe {
-        libc::utimensat(
+        libc::statx(
             libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
         )
-    })
+    })?;
+    Ok(stx.stx_dev_minor)
+}
+
+/// Sets the allocator's mmap threshold to `bytes`: allocations at or above it get fresh mmap'd
+/// pages, returned to the kernel when freed.
+pub fn set_mmap_threshold(bytes: i32) {
+    // SAFETY: mallopt only changes allocator tuning; any positive threshold is valid.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) };
 }

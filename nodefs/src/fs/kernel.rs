@@ -60,27 +60,9 @@ pub(super) fn detach(mountpoint: &Path) -> bool {
     }
     // Still mounted: its device names the connection to abort.
     let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    let minor = cached_dev_minor(&c);
+    let minor = crate::sys::cached_dev_minor(&c).ok();
     let _ = umount2(mountpoint, MntFlags::MNT_DETACH);
     minor.is_some_and(abort_connection)
-}
-
-/// The device minor of the filesystem at `path`, from what the kernel has cached: a stat that
-/// asked the server (a plain one) would hang on a server that no longer answers.
-fn cached_dev_minor(path: &std::ffi::CStr) -> Option<u32> {
-    // SAFETY: statx is plain old data; all zeroes is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: path is NUL-terminated; stx is a valid, writable statx.
-    let r = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            libc::AT_STATX_DONT_SYNC,
-            libc::STATX_BASIC_STATS,
-            &mut stx,
-        )
-    };
-    (r == 0).then_some(stx.stx_dev_minor)
 }
 
 /// Write `1` to the connection's fusectl `abort` file. fusectl is mounted, if the host has

@@ -94,8 +94,7 @@ mod tests {
 
     #[test]
     fn this_process_has_fsetid_as_root() {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = nix::unistd::geteuid().is_root();
         assert_eq!(has_fsetid(std::process::id()), root);
     }
 }

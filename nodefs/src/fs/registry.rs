@@ -128,8 +128,7 @@ impl NodeFs {
         // thread); a fixed threshold keeps it on fresh, untouched mmap pages.
         static MALLOC_TUNED: std::sync::Once = std::sync::Once::new();
         MALLOC_TUNED.call_once(|| {
-            // SAFETY: mallopt only changes allocator tuning; 1 MiB is a valid threshold.
-            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
+            crate::sys::set_mmap_threshold(1 << 20);
         });
         let first_id = first_mount_id();
         Arc::new(NodeFs {
@@ -315,8 +314,7 @@ impl Mount {
         // Push dirty mmap pages to the server first.
         if let Ok(f) = std::fs::File::open(&self.mountpoint) {
             use std::os::fd::AsRawFd;
-            // SAFETY: f is an open fd for the duration of the call.
-            unsafe { libc::syncfs(f.as_raw_fd()) };
+            let _ = nix::unistd::syncfs(f.as_raw_fd());
         }
         let store = self.shared.store.clone();
         let _g = store.write_guard();

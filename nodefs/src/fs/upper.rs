@@ -122,20 +122,14 @@ impl Uppers {
 
 /// Deallocate [off, off+len) of `f`, keeping its size; the range reads as zeros afterwards.
 fn punch(f: &File, off: u64, len: u64) -> std::io::Result<()> {
-    // SAFETY: fallocate on an fd we own; no memory is passed.
-    let r = unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    use nix::fcntl::FallocateFlags;
+    nix::fcntl::fallocate(
+        f.as_raw_fd(),
+        FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        off as libc::off_t,
+        len as libc::off_t,
+    )
+    .map_err(Into::into)
 }
 
 /// Where one file's upper blocks are. Invariant: a slot holds zeros past the file's size.

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -160,25 +160,22 @@ impl Client {
         // write, close) on memory prepared before the fork.
         unsafe {
             cmd.pre_exec(move || {
-                match libc::fork() {
-                    -1 => return Err(std::io::Error::last_os_error()),
-                    0 => {}
-                    _ => libc::_exit(0),
+                use nix::fcntl::{open, OFlag};
+                use nix::sys::stat::Mode;
+                if let nix::unistd::ForkResult::Parent { .. } = nix::unistd::fork()? {
+                    grove_sys::process::exit_now(0);
                 }
-                if libc::setsid() == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                nix::unistd::setsid()?;
                 // "0" moves the writer itself.
                 for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    let e = std::io::Error::last_os_error();
-                    libc::close(fd);
-                    if n != 1 {
-                        return Err(e);
+                    let fd = open(
+                        p.as_c_str(),
+                        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    let fd = OwnedFd::from_raw_fd(fd);
+                    if nix::unistd::write(&fd, b"0")? != 1 {
+                        return Err(std::io::Error::from(nix::errno::Errno::EIO));
                     }
                 }
                 Ok(())
