@@ -44,7 +44,7 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
 /// One groved per state dir: a second must fail before its recovery touches the first one's sandboxes
 /// (the store's own lock is grove-fsd's now, and both would reach the same fsd). Held until exit.
 fn lock_state_dir(config: &Config) -> anyhow::Result<()> {
-    use std::os::fd::AsRawFd as _;
+    use nix::fcntl::{Flock, FlockArg};
     let path = config.state_dir.join("groved.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -52,15 +52,14 @@ fn lock_state_dir(config: &Config) -> anyhow::Result<()> {
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let Ok(lock) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
         anyhow::bail!(
             "{} is locked: another groved uses {}",
             path.display(),
             config.state_dir.display()
         );
-    }
+    };
     // The lock lives as long as the process.
-    std::mem::forget(f);
+    std::mem::forget(lock);
     Ok(())
 }

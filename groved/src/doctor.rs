@@ -335,19 +335,7 @@ fn criu() -> Result<String, String> {
 }
 
 fn io_uring() -> Result<String, String> {
-    // io_uring_params is 120 bytes; the kernel fills it in.
-    let mut params = [0u8; 120];
-    // SAFETY: io_uring_setup reads/writes exactly one io_uring_params
-    // struct (120 bytes) through the pointer, which `params` provides.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 2u32, params.as_mut_ptr()) };
-    if fd < 0 {
-        return Err(format!(
-            "io_uring_setup: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: fd is a descriptor we just obtained and own.
-    unsafe { libc::close(fd as i32) };
+    crate::sys::io_uring_probe().map_err(|e| format!("io_uring_setup: {e}"))?;
     Ok("available to the daemon (denied to sandboxes by seccomp)".into())
 }
 

@@ -25,6 +25,7 @@ pub mod pipe;
 pub mod registry;
 pub mod request_parse;
 pub mod server;
+mod sys;
 pub mod systemd;
 
 #[cfg(test)]
