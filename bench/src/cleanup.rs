@@ -13,11 +13,10 @@ extern "C" fn on_signal(_sig: libc::c_int) {
 
 /// Routes SIGINT and SIGTERM to the cancel flag.
 pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
-        }
+        let _ = unsafe { signal(sig, SigHandler::Handler(on_signal)) };
     }
 }
 

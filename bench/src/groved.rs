@@ -120,8 +120,11 @@ impl Daemon {
 
     /// SIGTERM, then waits: groved destroys what is left and removes its cgroup root and run dir.
     pub fn stop(&mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
-        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        // Our own child's pid, which we have not reaped yet.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let t = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait()? {

@@ -9,7 +9,7 @@
 //! start, not per sandbox.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -18,6 +18,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use grove_runtime::cgroup::{self, CgroupFs, RealFs};
 use grove_runtime::init::harden;
+use grove_sys::process::exit_now;
+use nix::sys::wait::waitpid;
+use nix::unistd::{dup2, execve, fork, ForkResult};
 
 /// The rows, in report order (also the JSON keys the probe prints).
 pub const SECCOMP_SETUP: &str = "seccomp allowlist: build and install (no_new_privs, 2 filters)";
@@ -104,22 +107,20 @@ fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
 fn timed_in_child(f: fn()) -> std::result::Result<f64, String> {
     let (mut r, mut w) = pipe().map_err(|e| e.to_string())?;
     // SAFETY: this process has one thread; the child only runs `f` and exits.
-    match unsafe { libc::fork() } {
-        -1 => Err(std::io::Error::last_os_error().to_string()),
-        0 => {
+    match unsafe { fork() }.map_err(|e| e.to_string())? {
+        ForkResult::Child => {
             drop(r);
             let t = Instant::now();
             f();
             let us = t.elapsed().as_secs_f64() * 1e6;
             let _ = w.write_all(&us.to_le_bytes());
-            // SAFETY: leaving the child without running the parent's exit handlers.
-            unsafe { libc::_exit(0) }
+            exit_now(0)
         }
-        pid => {
+        ForkResult::Parent { child } => {
             drop(w);
             let mut b = [0u8; 8];
             let read = r.read_exact(&mut b);
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            let _ = waitpid(child, None);
             read.map_err(|e| format!("the timed child died: {e}"))?;
             Ok(f64::from_le_bytes(b))
         }
@@ -140,19 +141,17 @@ impl Helper {
         let (ans_r, ans_w) = pipe()?;
         let path = CString::new("/bin/true")?;
         // SAFETY: single-threaded process; the child loops on its pipes and exits.
-        match unsafe { libc::fork() } {
-            -1 => bail!("fork: {}", std::io::Error::last_os_error()),
-            0 => {
+        match unsafe { fork() }.context("fork")? {
+            ForkResult::Child => {
                 drop((ask_w, ans_r));
                 if filtered {
                     harden::lock_down().expect("lock_down");
                 }
                 helper_loop(&path, ask_r, ans_w);
-                // SAFETY: as in timed_in_child.
-                unsafe { libc::_exit(0) }
+                exit_now(0)
             }
-            pid => Ok(Helper {
-                pid,
+            ForkResult::Parent { child } => Ok(Helper {
+                pid: child.as_raw(),
                 ask: ask_w,
                 answer: ans_r,
             }),
@@ -180,25 +179,24 @@ impl Drop for Helper {
 }
 
 fn helper_loop(path: &CString, mut ask: std::fs::File, mut answer: std::fs::File) {
-    let argv = [path.as_ptr(), std::ptr::null()];
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let argv = [path.as_c_str()];
+    let envp: [&CStr; 0] = [];
     let null: OwnedFd = std::fs::File::open("/dev/null").expect("/dev/null").into();
     let mut b = [0u8; 1];
     while ask.read_exact(&mut b).is_ok() {
         let t = Instant::now();
         // SAFETY: the helper is single-threaded; the child only redirects stdio and execs.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: raw syscalls on valid fds and NUL-terminated arrays, then exec or exit.
-            unsafe {
-                libc::dup2(null.as_raw_fd(), 1);
-                libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                libc::_exit(127);
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => {
+                let _ = dup2(null.as_raw_fd(), 1);
+                let _ = execve(path, &argv, &envp);
+                exit_now(127)
             }
+            Ok(ForkResult::Parent { child }) => {
+                let _ = waitpid(child, None);
+            }
+            Err(_) => {}
         }
-        let mut status = 0;
-        // SAFETY: waits for the child just forked.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
         let us = t.elapsed().as_secs_f64() * 1e6;
         if answer.write_all(&us.to_le_bytes()).is_err() {
             break;

@@ -82,8 +82,7 @@ fn main() {
 
 /// Runs the selected scenarios; returns whether anything is left behind or the harness broke.
 fn run(args: Args) -> Result<bool> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         bail!("must run as root (namespaces, mounts, cgroups, CRIU)");
     }
     let all = scenarios::all();

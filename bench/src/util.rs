@@ -97,8 +97,7 @@ pub fn which(bin: &str) -> Option<std::path::PathBuf> {
 
 /// Writes dirty pages and drops the page, dentry and inode caches (for cold figures).
 pub fn drop_caches() -> Result<()> {
-    // SAFETY: sync() takes no arguments and cannot fail.
-    unsafe { libc::sync() };
+    nix::unistd::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("write /proc/sys/vm/drop_caches")
 }
 
@@ -111,18 +110,17 @@ pub fn mem_available_kib() -> Result<u64> {
 
 /// Lazily unmounts `path` if it is a mount point.
 pub fn unmount(path: &Path) -> Result<(), String> {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+    use nix::errno::Errno;
+    if path.as_os_str().as_encoded_bytes().contains(&0) {
         return Err("path with NUL".into());
-    };
-    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
-    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    if rc == 0 {
-        return Ok(());
     }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()), // not mounted
-        _ => Err(format!("umount {}: {e}", path.display())),
+    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()), // not mounted
+        Err(e) => Err(format!(
+            "umount {}: {}",
+            path.display(),
+            std::io::Error::from(e)
+        )),
     }
 }
 

@@ -58,7 +58,7 @@ pub fn close_inherited_fds(cmd: &mut Command) {
     // SAFETY: close_range is async-signal-safe and touches only the child's descriptor table.
     unsafe {
         cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            grove_sys::fd::close_from(3);
             Ok(())
         });
     }

@@ -260,7 +260,6 @@ fn cpu_s(proc_dir: &Path) -> Option<f64> {
     let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
     let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf takes no pointers.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()?? as f64;
     Some(ticks / hz)
 }
