@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
@@ -73,9 +73,12 @@ fn serve() -> Result<(), String> {
     // Detach stdout/stderr (the runtime's pipe, the host's /dev/null) first, then tell the
     // runtime we are up through a copy of the pipe closed at once: once it reads "ready" this
     // tree holds nothing of the host that a checkpoint would trip over.
-    let ready = nix::unistd::dup(1).map_err(|e| format!("dup stdout: {e}"))?;
-    // SAFETY: `ready` is a fresh descriptor owned here and nowhere else.
-    let mut ready = unsafe { std::fs::File::from_raw_fd(ready) };
+    let mut ready = std::fs::File::from(
+        std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("dup stdout: {e}"))?,
+    );
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
         let _ = nix::unistd::dup2(null.as_raw_fd(), 2);

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
@@ -156,8 +156,7 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, Failure> {
             drop((in_r, out_w, err_w, status_w));
             // EOF on the CLOEXEC status pipe = exec succeeded; bytes = the child's failure.
             let mut msg = Vec::new();
-            // SAFETY: status_r is an fd we own; File takes it over.
-            let mut f = unsafe { std::fs::File::from_raw_fd(into_raw(status_r)) };
+            let mut f = std::fs::File::from(status_r);
             let _ = f.read_to_end(&mut msg);
             if !msg.is_empty() {
                 let _ = nix::sys::wait::waitpid(child, None);
@@ -175,10 +174,6 @@ pub fn spawn(o: &Opts<'_>) -> Result<Spawned, Failure> {
             })
         }
     }
-}
-
-fn into_raw(fd: OwnedFd) -> RawFd {
-    std::os::fd::IntoRawFd::into_raw_fd(fd)
 }
 
 struct ChildArgs<'a> {
