@@ -36,12 +36,7 @@ fn python_pid(init: i32) -> i32 {
         if std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "python3") {
             return p;
         }
-        let kids =
-            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-        todo.extend(
-            kids.split_whitespace()
-                .filter_map(|k| k.parse::<i32>().ok()),
-        );
+        todo.extend(grove_sys::proc::children(p));
     }
     panic!("no python3 under init {init}");
 }

@@ -6,6 +6,7 @@
 pub mod fd;
 pub mod mountinfo;
 pub mod net;
+pub mod proc;
 pub mod process;
 pub mod sched;
 pub mod thread;

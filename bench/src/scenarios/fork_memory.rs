@@ -232,12 +232,7 @@ fn tree_pss_kib(roots: &[i32]) -> u64 {
             .find_map(|l| l.strip_prefix("Pss:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .unwrap_or(0);
-        let kids =
-            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-        todo.extend(
-            kids.split_whitespace()
-                .filter_map(|k| k.parse::<i32>().ok()),
-        );
+        todo.extend(grove_sys::proc::children(p));
     }
     total
 }

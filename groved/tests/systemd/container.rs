@@ -65,12 +65,10 @@ impl Container {
             if let Some(st) = self.nspawn.try_wait().unwrap() {
                 panic!("systemd-nspawn exited ({st}): {}", self.log());
             }
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap_or_default();
-            for c in children.split_whitespace() {
+            for c in grove_sys::proc::children(pid as i32) {
                 let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
                 if comm.trim() == "systemd" {
-                    return c.parse().unwrap();
+                    return c;
                 }
             }
             assert!(

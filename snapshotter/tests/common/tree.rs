@@ -301,7 +301,7 @@ pub fn spawn_tree(name: &str, root: &Path, script: &str, ready: &str) -> (Unifie
     // SAFETY: only the async-signal-safe close_range syscall runs between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            grove_sys::fd::close_from(3);
             Ok(())
         });
     }
@@ -309,14 +309,7 @@ pub fn spawn_tree(name: &str, root: &Path, script: &str, ready: &str) -> (Unifie
     let unshare_pid = child.id() as i32;
     let deadline = Instant::now() + Duration::from_secs(30);
     let init_pid = loop {
-        let kids =
-            std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
-                .unwrap_or_default();
-        if let Some(pid) = kids
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<i32>().ok())
-        {
+        if let Some(&pid) = grove_sys::proc::children(unshare_pid).first() {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
             if exe.ends_with("dash") && root.join(ready).exists() {
                 break pid;
