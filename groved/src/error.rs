@@ -96,8 +96,9 @@ fn errno_cause(errno: i32) -> Option<Cause> {
     }
 }
 
-/// The first cause in `e`'s chain that is a storage or availability condition. grove-fsd's own
-/// failures cross its socket as text, so for those the errno is read from the message.
+/// The first cause in `e`'s chain that is a storage or availability condition. grove-fsd's
+/// failures cross its socket typed, with their OS error code; only an older grove-fsd's (no
+/// code) are read from the message.
 pub fn cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
     let mut cur = Some(e);
     while let Some(c) = cur {
@@ -116,7 +117,15 @@ pub fn cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
         }
         match c.downcast_ref::<nodefs::Error>() {
             Some(nodefs::Error::Unreachable(_)) => return Some(Cause::Down),
-            Some(nodefs::Error::Fsd(m)) if text_says_no_space(m) => return Some(Cause::NoSpace),
+            Some(nodefs::Error::Fsd { errno: Some(n), .. }) => {
+                if let Some(k) = errno_cause(*n) {
+                    return Some(k);
+                }
+            }
+            Some(nodefs::Error::Fsd {
+                message,
+                errno: None,
+            }) if text_says_no_space(message) => return Some(Cause::NoSpace),
             _ => {}
         }
         cur = c.source();
@@ -223,3 +232,39 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk or a gone FUSE server reads the same from grove-fsd (typed, with its code; or
+    /// an older one's text) as from the in-process store.
+    #[test]
+    fn store_failures_map_alike_in_process_and_from_grove_fsd() {
+        let in_process = nodefs::Error::Io {
+            path: "/store/packs/1".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        let remote = nodefs::Error::Fsd {
+            message: "commit: No space left on device (os error 28)".into(),
+            errno: Some(libc::ENOSPC),
+        };
+        let old_remote = nodefs::Error::Fsd {
+            message: "commit: No space left on device (os error 28)".into(),
+            errno: None,
+        };
+        for e in [&in_process, &remote, &old_remote] {
+            assert_eq!(cause(e), Some(Cause::NoSpace), "{e}");
+        }
+        let gone = nodefs::Error::Fsd {
+            message: "mount: Transport endpoint is not connected".into(),
+            errno: Some(libc::ENOTCONN),
+        };
+        assert_eq!(cause(&gone), Some(Cause::Down));
+        let other = nodefs::Error::Fsd {
+            message: "unexpected request".into(),
+            errno: None,
+        };
+        assert_eq!(cause(&other), None);
+    }
+}

@@ -68,10 +68,11 @@ pub enum Error {
     BadStream(String),
     #[error("no live mount {0}")]
     UnknownMount(u64),
-    /// From `grove-fsd`: it cannot be reached, or failed in a way with no variant above (the
-    /// message holds its whole error chain).
-    #[error("grove-fsd: {0}")]
-    Fsd(String),
+    /// From `grove-fsd`: it failed in a way with no variant above. `message` holds its whole
+    /// error chain; `errno` the first OS error code in it, so that a full disk or a gone FUSE
+    /// server reads the same as from the in-process store.
+    #[error("grove-fsd: {message}")]
+    Fsd { message: String, errno: Option<i32> },
     /// `grove-fsd` cannot be reached or its answer is broken (it died, or is restarting): a
     /// dependency that is down, not an answer about the request.
     #[error("grove-fsd unreachable: {0}")]
@@ -82,6 +83,16 @@ pub enum Error {
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
     let path = path.into();
     move |source| Error::Io { path, source }
+}
+
+impl Error {
+    /// A grove-fsd failure of its own (the protocol, not the store): no OS error code.
+    pub(crate) fn fsd(message: impl Into<String>) -> Error {
+        Error::Fsd {
+            message: message.into(),
+            errno: None,
+        }
+    }
 }
 
 /// Attach a path to an io::Error for the store.

@@ -120,25 +120,129 @@ pub(crate) enum Request {
     Shutdown,
 }
 
-/// The typed errors callers act on (HTTP status, retries) cross the socket as themselves; the
-/// rest as their message chain.
+/// Errors cross the socket as themselves, so that the in-process store and grove-fsd fail alike
+/// for the same cause (same variant, same errno, hence the same HTTP status in groved). An I/O
+/// error carries its OS code and is rebuilt as that `io::Error`; one without a code (made
+/// in-process) crosses as its text. What has no variant of its own crosses as its message chain
+/// and the first OS code in that chain.
+///
+/// Kinds were added without a protocol bump: an older server sends none of them, and its
+/// `other` (no `errno`) still decodes.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum WireError {
-    BadTar { entry: String, why: String },
-    BadOci { path: PathBuf, why: String },
-    BadRefName { name: String },
-    UnknownRef { name: String },
-    UnknownManifest { id: ManifestId },
-    Unmounted { path: PathBuf },
-    BadStream { why: String },
-    UnknownMount { id: u64 },
-    Other { message: String },
-    BadLayer { digest: String, why: String },
+    BadTar {
+        entry: String,
+        why: String,
+    },
+    BadOci {
+        path: PathBuf,
+        why: String,
+    },
+    BadRefName {
+        name: String,
+    },
+    UnknownRef {
+        name: String,
+    },
+    UnknownManifest {
+        id: ManifestId,
+    },
+    Unmounted {
+        path: PathBuf,
+    },
+    BadStream {
+        why: String,
+    },
+    UnknownMount {
+        id: u64,
+    },
+    Other {
+        message: String,
+        #[serde(default)]
+        errno: Option<i32>,
+    },
+    BadLayer {
+        digest: String,
+        why: String,
+    },
+    Io {
+        path: PathBuf,
+        io: WireIo,
+    },
+    Mount {
+        path: PathBuf,
+        io: WireIo,
+    },
+    StoreIo {
+        path: PathBuf,
+        io: WireIo,
+    },
+    Missing {
+        id: ObjectId,
+    },
+    Corrupt {
+        id: ObjectId,
+        why: String,
+    },
+    CorruptPack {
+        path: PathBuf,
+        offset: u64,
+        why: String,
+    },
+    StoreVersion {
+        path: PathBuf,
+        version: String,
+    },
+}
+
+/// An `io::Error` on the wire: its OS code, or (for one made in-process) its kind's text and
+/// message.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WireIo {
+    errno: Option<i32>,
+    message: String,
+}
+
+impl From<&std::io::Error> for WireIo {
+    fn from(e: &std::io::Error) -> WireIo {
+        WireIo {
+            errno: e.raw_os_error(),
+            message: chain(e),
+        }
+    }
+}
+
+impl From<WireIo> for std::io::Error {
+    fn from(w: WireIo) -> std::io::Error {
+        match w.errno {
+            Some(n) => std::io::Error::from_raw_os_error(n),
+            None => std::io::Error::other(w.message),
+        }
+    }
+}
+
+/// The first OS error code in `e`'s chain, if any.
+fn first_errno(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.raw_os_error())
+        {
+            return Some(n);
+        }
+        if let Some(n) = c.downcast_ref::<nix::errno::Errno>() {
+            return Some(*n as i32);
+        }
+        cur = c.source();
+    }
+    None
 }
 
 impl From<&Error> for WireError {
     fn from(e: &Error) -> WireError {
+        use crate::error::StoreError as S;
         match e {
             Error::BadTar { entry, why } => WireError::BadTar {
                 entry: entry.clone(),
@@ -154,13 +258,43 @@ impl From<&Error> for WireError {
             Error::Unmounted(p) => WireError::Unmounted { path: p.clone() },
             Error::BadStream(w) => WireError::BadStream { why: w.clone() },
             Error::UnknownMount(id) => WireError::UnknownMount { id: *id },
-            Error::Fsd(m) => WireError::Other { message: m.clone() },
+            Error::Fsd { message, errno } => WireError::Other {
+                message: message.clone(),
+                errno: *errno,
+            },
             Error::BadLayer { digest, why } => WireError::BadLayer {
                 digest: digest.clone(),
                 why: why.clone(),
             },
-            other => WireError::Other {
+            Error::Io { path, source } => WireError::Io {
+                path: path.clone(),
+                io: source.into(),
+            },
+            Error::Mount { path, source } => WireError::Mount {
+                path: path.clone(),
+                io: source.into(),
+            },
+            Error::Store(S::Io { path, source }) => WireError::StoreIo {
+                path: path.clone(),
+                io: source.into(),
+            },
+            Error::Store(S::Missing { id }) => WireError::Missing { id: *id },
+            Error::Store(S::Corrupt { id, why }) => WireError::Corrupt {
+                id: *id,
+                why: why.clone(),
+            },
+            Error::Store(S::CorruptPack { path, offset, why }) => WireError::CorruptPack {
+                path: path.clone(),
+                offset: *offset,
+                why: why.clone(),
+            },
+            Error::Store(S::Version { path, version }) => WireError::StoreVersion {
+                path: path.clone(),
+                version: version.clone(),
+            },
+            other @ Error::Unreachable(_) => WireError::Other {
                 message: chain(other),
+                errno: first_errno(other),
             },
         }
     }
@@ -168,6 +302,7 @@ impl From<&Error> for WireError {
 
 impl From<WireError> for Error {
     fn from(w: WireError) -> Error {
+        use crate::error::StoreError as S;
         match w {
             WireError::BadTar { entry, why } => Error::BadTar { entry, why },
             WireError::BadOci { path, why } => Error::BadOci { path, why },
@@ -177,8 +312,26 @@ impl From<WireError> for Error {
             WireError::Unmounted { path } => Error::Unmounted(path),
             WireError::BadStream { why } => Error::BadStream(why),
             WireError::UnknownMount { id } => Error::UnknownMount(id),
-            WireError::Other { message } => Error::Fsd(message),
+            WireError::Other { message, errno } => Error::Fsd { message, errno },
             WireError::BadLayer { digest, why } => Error::BadLayer { digest, why },
+            WireError::Io { path, io } => Error::Io {
+                path,
+                source: io.into(),
+            },
+            WireError::Mount { path, io } => Error::Mount {
+                path,
+                source: io.into(),
+            },
+            WireError::StoreIo { path, io } => Error::Store(S::Io {
+                path,
+                source: io.into(),
+            }),
+            WireError::Missing { id } => Error::Store(S::Missing { id }),
+            WireError::Corrupt { id, why } => Error::Store(S::Corrupt { id, why }),
+            WireError::CorruptPack { path, offset, why } => {
+                Error::Store(S::CorruptPack { path, offset, why })
+            }
+            WireError::StoreVersion { path, version } => Error::Store(S::Version { path, version }),
         }
     }
 }
@@ -290,5 +443,69 @@ mod tests {
         };
         assert!(!opts.passthrough);
         assert!(MountOptions::default().passthrough);
+    }
+
+    /// What crossed the socket, as the client sees it.
+    fn across(e: &Error) -> Error {
+        let text = serde_json::to_string(&Reply::Err(e.into())).unwrap();
+        let Reply::Err(w) = serde_json::from_str(&text).unwrap() else {
+            panic!("not an error reply: {text}");
+        };
+        w.into()
+    }
+
+    /// The remote store fails as the in-process one does: same variant, same OS error.
+    #[test]
+    fn store_errors_cross_the_socket_as_themselves() {
+        use crate::error::StoreError as S;
+        let full = Error::Store(S::Io {
+            path: "/s/packs/1".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        });
+        let Error::Store(S::Io { path, source }) = across(&full) else {
+            panic!("not a store I/O error");
+        };
+        assert_eq!(path, PathBuf::from("/s/packs/1"));
+        assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(chain(&across(&full)), chain(&full));
+
+        let gone = Error::Mount {
+            path: "/m".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOTCONN),
+        };
+        assert!(matches!(across(&gone), Error::Mount { source, .. }
+            if source.raw_os_error() == Some(libc::ENOTCONN)));
+
+        let id = ObjectId([7; 32]);
+        assert!(matches!(across(&Error::Store(S::Missing { id })),
+            Error::Store(S::Missing { id: i }) if i == id));
+
+        // An I/O error made in-process has no code: its text crosses.
+        let made = Error::Io {
+            path: "/x".into(),
+            source: std::io::Error::other("short read"),
+        };
+        assert_eq!(chain(&across(&made)), chain(&made));
+    }
+
+    /// What has no variant keeps its chain's first OS code; an older server's `other` (no code)
+    /// still decodes.
+    #[test]
+    fn other_errors_carry_their_errno_and_old_replies_decode() {
+        let e = Error::Fsd {
+            message: "commit: No space left on device (os error 28)".into(),
+            errno: Some(libc::ENOSPC),
+        };
+        assert!(matches!(
+            across(&e),
+            Error::Fsd {
+                errno: Some(libc::ENOSPC),
+                ..
+            }
+        ));
+        let old: Reply =
+            serde_json::from_str(r#"{"err":{"kind":"other","message":"boom"}}"#).unwrap();
+        let Reply::Err(w) = old else { panic!() };
+        assert!(matches!(Error::from(w), Error::Fsd { errno: None, message } if message == "boom"));
     }
 }

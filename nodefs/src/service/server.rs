@@ -89,7 +89,14 @@ impl Server {
             Ok(Some((Request::Hello { version, session }, _))) if version == VERSION => session,
             Ok(Some((Request::Hello { version, .. }, _))) => {
                 let msg = format!("client speaks protocol {version}, this server {VERSION}");
-                let _ = proto::send(&sock, &Reply::Err(WireError::Other { message: msg }), None);
+                let _ = proto::send(
+                    &sock,
+                    &Reply::Err(WireError::Other {
+                        message: msg,
+                        errno: None,
+                    }),
+                    None,
+                );
                 return;
             }
             _ => return,
@@ -144,10 +151,10 @@ impl Server {
         sock: &UnixStream,
     ) -> Result<Value, Error> {
         let svc = &self.svc;
-        let need_fd = || Error::Fsd("request needs a pipe fd".into());
+        let need_fd = || Error::fsd("request needs a pipe fd");
         match req {
             Request::Hello { .. } | Request::StreamEnd { .. } => {
-                Err(Error::Fsd("unexpected request".into()))
+                Err(Error::fsd("unexpected request"))
             }
             Request::Resolve { name } => v(svc.resolve(&name)),
             Request::GetRef { name } => v(svc.get_ref(&name)),
@@ -235,14 +242,14 @@ impl Server {
     ) -> Result<T, Error> {
         drop(pipe);
         let end = proto::recv::<Request>(sock)
-            .map_err(|e| Error::Fsd(format!("reading the end of the stream: {e}")))?;
+            .map_err(|e| Error::fsd(format!("reading the end of the stream: {e}")))?;
         match end {
             Some((Request::StreamEnd { ok: true, .. }, _)) => res,
             Some((Request::StreamEnd { error, .. }, _)) => Err(Error::BadStream(format!(
                 "read: {}",
                 error.unwrap_or_else(|| "input ended early".into())
             ))),
-            _ => Err(Error::Fsd("expected the end of the stream".into())),
+            _ => Err(Error::fsd("expected the end of the stream")),
         }
     }
 }
