@@ -1,4 +1,5 @@
 //! The API's error type: every failure leaves groved as JSON `{code, message, field}` with an honest status.
+//! The HTTP status of each domain error (runtime, image store, snapshotter) is decided here.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -232,6 +233,52 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The image store's errors: what the request got wrong (4xx) by variant, the rest 500 unless
+/// the chain shows a full disk or a dependency that is down.
+impl From<nodefs::Error> for ApiError {
+    fn from(e: nodefs::Error) -> Self {
+        use nodefs::Error as E;
+        let (status, code) = match &e {
+            E::BadTar { .. } => (StatusCode::BAD_REQUEST, "invalid_tar"),
+            E::BadOci { .. } => (StatusCode::BAD_REQUEST, "invalid_oci"),
+            E::BadStream(_) => (StatusCode::BAD_REQUEST, "invalid_stream"),
+            E::BadRefName(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec"),
+            E::UnknownRef(_) | E::UnknownManifest(_) => (StatusCode::NOT_FOUND, "image_not_found"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
+        };
+        let a = ApiError::new(status, code, chain(&e));
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            return ApiError::from_cause(&e, a);
+        }
+        a
+    }
+}
+
+/// The snapshotter's errors; those of the runtime and the store it wraps map as their own.
+impl From<grove_snapshotter::Error> for ApiError {
+    fn from(e: grove_snapshotter::Error) -> Self {
+        use grove_snapshotter::Error as E;
+        let (status, field) = match e {
+            E::Runtime(r) => return ApiError::from(r),
+            E::Store(s) => return ApiError::from(s),
+            E::NotFound { .. } => (StatusCode::NOT_FOUND, None),
+            E::Conflict { .. } | E::NameTaken { .. } => (StatusCode::CONFLICT, None),
+            E::InvalidInput { ref field, .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, Some(field.to_string()))
+            }
+            E::Unsupported { .. } => (StatusCode::NOT_IMPLEMENTED, None),
+            E::BadStream { .. } => (StatusCode::BAD_REQUEST, Some("body".to_string())),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        };
+        let mut a = ApiError::new(status, e.code(), chain(&e));
+        a.field = field;
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            return ApiError::from_cause(&e, a);
+        }
+        a
+    }
+}
 
 #[cfg(test)]
 mod tests {

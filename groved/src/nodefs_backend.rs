@@ -125,55 +125,6 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
     })
 }
 
-fn store_err(e: nodefs::Error) -> ApiError {
-    use nodefs::Error as E;
-    let status = match &e {
-        E::BadTar { .. } | E::BadOci { .. } | E::BadStream(_) => StatusCode::BAD_REQUEST,
-        E::BadRefName(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        E::UnknownRef(_) | E::UnknownManifest(_) => StatusCode::NOT_FOUND,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    let code = match &e {
-        E::BadTar { .. } => "invalid_tar",
-        E::BadOci { .. } => "invalid_oci",
-        E::BadStream(_) => "invalid_stream",
-        E::BadRefName(_) => "invalid_spec",
-        E::UnknownRef(_) | E::UnknownManifest(_) => "image_not_found",
-        _ => "store",
-    };
-    let a = ApiError::new(status, code, chain(&e));
-    if status == StatusCode::INTERNAL_SERVER_ERROR {
-        return ApiError::from_cause(&e, a);
-    }
-    a
-}
-
-fn snap_err(e: grove_snapshotter::Error) -> ApiError {
-    use grove_snapshotter::Error as E;
-    match e {
-        E::Runtime(r) => ApiError::from(r),
-        E::Store(s) => store_err(s),
-        other => {
-            let (status, field) = match &other {
-                E::NotFound { .. } => (StatusCode::NOT_FOUND, None),
-                E::Conflict { .. } | E::NameTaken { .. } => (StatusCode::CONFLICT, None),
-                E::InvalidInput { field, .. } => {
-                    (StatusCode::UNPROCESSABLE_ENTITY, Some(field.to_string()))
-                }
-                E::Unsupported { .. } => (StatusCode::NOT_IMPLEMENTED, None),
-                E::BadStream { .. } => (StatusCode::BAD_REQUEST, Some("body".to_string())),
-                _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
-            };
-            let mut a = ApiError::new(status, other.code(), chain(&other));
-            a.field = field;
-            if status == StatusCode::INTERNAL_SERVER_ERROR {
-                return ApiError::from_cause(&other, a);
-            }
-            a
-        }
-    }
-}
-
 /// How long a `durable` snapshot waits for its images to be stored.
 const DURABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -197,7 +148,7 @@ fn durable_err(e: grove_snapshotter::Error) -> ApiError {
         )
         .with_field("durable");
     }
-    match snap_err(e) {
+    match ApiError::from(e) {
         a if a.status == StatusCode::NOT_IMPLEMENTED => ApiError::internal(a.message),
         a => a,
     }
@@ -212,7 +163,7 @@ pub struct NodefsImages {
 impl NodefsImages {
     fn vacant(&self, name: &str) -> ApiResult<()> {
         check_name("name", name)?;
-        if self.store.get_ref(name).map_err(store_err)?.is_some() {
+        if self.store.get_ref(name).map_err(ApiError::from)?.is_some() {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "image_exists",
@@ -224,7 +175,7 @@ impl NodefsImages {
     }
 
     fn commit(&self, name: &str, id: ManifestId) -> ApiResult<Image> {
-        self.store.set_ref(name, &id).map_err(store_err)?;
+        self.store.set_ref(name, &id).map_err(ApiError::from)?;
         let size_bytes = self.store.manifest_bytes(&id).ok();
         Ok(Image {
             name: name.into(),
@@ -241,7 +192,7 @@ impl Images for NodefsImages {
     }
 
     fn list(&self) -> ApiResult<Vec<Image>> {
-        let refs = self.store.refs().map_err(store_err)?;
+        let refs = self.store.refs().map_err(ApiError::from)?;
         Ok(refs
             .into_iter()
             .filter(|(n, _)| !n.contains('/'))
@@ -259,32 +210,35 @@ impl Images for NodefsImages {
         let id = self
             .store
             .import_dir(path, ImportPolicy::Cdc, None)
-            .map_err(store_err)?;
+            .map_err(ApiError::from)?;
         self.commit(name, id)
     }
 
     fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image> {
         self.vacant(name)?;
-        let id = self.store.import_tar(tar).map_err(store_err)?;
+        let id = self.store.import_tar(tar).map_err(ApiError::from)?;
         self.commit(name, id)
     }
 
     fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> ApiResult<Image> {
         self.vacant(name)?;
-        let id = self.store.import_oci(dir, reference).map_err(store_err)?;
+        let id = self
+            .store
+            .import_oci(dir, reference)
+            .map_err(ApiError::from)?;
         self.commit(name, id)
     }
 
     fn delete(&self, name: &str) -> ApiResult<()> {
         check_name("name", name)?;
-        if self.store.get_ref(name).map_err(store_err)?.is_none() {
+        if self.store.get_ref(name).map_err(ApiError::from)?.is_none() {
             return Err(ApiError::not_found(
                 "image_not_found",
                 format!("image {name:?} not found"),
             )
             .with_field("name"));
         }
-        self.store.delete_ref(name).map_err(store_err)
+        self.store.delete_ref(name).map_err(ApiError::from)
     }
 
     fn gc(&self) -> ApiResult<serde_json::Value> {
@@ -293,12 +247,12 @@ impl Images for NodefsImages {
             .as_ref()
             .map(|s| s.live_manifests())
             .unwrap_or_default();
-        let r = self.store.gc(&live).map_err(store_err)?;
+        let r = self.store.gc(&live).map_err(ApiError::from)?;
         Ok(serde_json::to_value(r).unwrap_or_default())
     }
 
     fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
-        let r = self.store.fsck().map_err(store_err)?;
+        let r = self.store.fsck().map_err(ApiError::from)?;
         Ok((r.is_clean(), serde_json::to_value(&r).unwrap_or_default()))
     }
 
@@ -342,7 +296,7 @@ impl Snapshots for NodefsSnapshots {
             stop: req.stop && !req.durable,
             durable: false,
         };
-        let info = self.s.snapshot(id, opts).map_err(snap_err)?;
+        let info = self.s.snapshot(id, opts).map_err(ApiError::from)?;
         if !req.durable {
             return Ok(to_wire(&info));
         }
@@ -368,8 +322,11 @@ impl Snapshots for NodefsSnapshots {
             hostname_prefix: req.hostname_prefix.clone(),
             queue_timeout_ms: req.queue_timeout_ms,
         };
-        let results = self.s.fork(name, req.count, opts).map_err(snap_err)?;
-        Ok(results.into_iter().map(|r| r.map_err(snap_err)).collect())
+        let results = self.s.fork(name, req.count, opts).map_err(ApiError::from)?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.map_err(ApiError::from))
+            .collect())
     }
 
     fn list(&self) -> ApiResult<Vec<Snapshot>> {
@@ -383,7 +340,7 @@ impl Snapshots for NodefsSnapshots {
     }
 
     fn get(&self, name: &str) -> ApiResult<Snapshot> {
-        let i = self.s.get(name).map_err(snap_err)?;
+        let i = self.s.get(name).map_err(ApiError::from)?;
         let error = self.s.import_failures().remove(&i.id);
         Ok(to_wire_with(&i, error))
     }
@@ -402,7 +359,7 @@ impl Snapshots for NodefsSnapshots {
     }
 
     fn delete(&self, name: &str) -> ApiResult<()> {
-        self.s.delete(name).map_err(snap_err)
+        self.s.delete(name).map_err(ApiError::from)
     }
 
     fn export(
@@ -416,27 +373,30 @@ impl Snapshots for NodefsSnapshots {
             Some(only) => self.s.export_delta(name, Some(only), out),
         }
         .map(|_| ())
-        .map_err(snap_err)
+        .map_err(ApiError::from)
     }
 
     fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>> {
-        self.s.objects(name).map_err(snap_err)
+        self.s.objects(name).map_err(ApiError::from)
     }
 
     fn missing(&self, ids: &[ObjectId]) -> ApiResult<Vec<ObjectId>> {
-        self.s.lacking(ids).map_err(snap_err)
+        self.s.lacking(ids).map_err(ApiError::from)
     }
 
     fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {
-        self.s.import(input).map(|i| to_wire(&i)).map_err(snap_err)
+        self.s
+            .import(input)
+            .map(|i| to_wire(&i))
+            .map_err(ApiError::from)
     }
 
     fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
-        self.s.pause(id).map(|(i, _)| i).map_err(snap_err)
+        self.s.pause(id).map(|(i, _)| i).map_err(ApiError::from)
     }
 
     fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
-        self.s.resume(id).map(|(i, _)| i).map_err(snap_err)
+        self.s.resume(id).map(|(i, _)| i).map_err(ApiError::from)
     }
 
     fn close(&self) {
