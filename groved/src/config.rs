@@ -52,7 +52,7 @@ pub enum ConfigError {
     #[error("{field}: {why}")]
     Idle { field: &'static str, why: String },
     #[error("host_port_range: {0}")]
-    PortRange(String),
+    PortRange(grove_runtime::PortRangeError),
     #[error("instance {0:?} must start with \"grove\" and be [A-Za-z0-9_-]")]
     Instance(String),
     #[error("default_ttl_secs: {0} is more than 10 years")]

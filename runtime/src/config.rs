@@ -69,10 +69,15 @@ impl PortRange {
     }
 }
 
+/// A port range that does not parse: the text as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not FIRST-LAST (ports 1-65535, FIRST <= LAST)")]
+pub struct PortRangeError(pub String);
+
 impl std::str::FromStr for PortRange {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not FIRST-LAST (ports 1-65535, FIRST <= LAST)");
+    type Err = PortRangeError;
+    fn from_str(s: &str) -> Result<Self, PortRangeError> {
+        let bad = || PortRangeError(s.to_string());
         let (a, b) = s.split_once('-').ok_or_else(bad)?;
         let first: u16 = a.trim().parse().map_err(|_| bad())?;
         let last: u16 = b.trim().parse().map_err(|_| bad())?;
@@ -84,8 +89,8 @@ impl std::str::FromStr for PortRange {
 }
 
 impl TryFrom<String> for PortRange {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = PortRangeError;
+    fn try_from(s: String) -> Result<Self, PortRangeError> {
         s.parse()
     }
 }

@@ -40,7 +40,7 @@ pub mod userns;
 mod validate;
 
 pub use client::ExecCancel;
-pub use config::{PortRange, RuntimeConfig};
+pub use config::{PortRange, PortRangeError, RuntimeConfig};
 pub use error::Error;
 /// Paths resolved inside a root directory (a sandbox's, or a build's tree).
 pub use files::Root as ConfinedRoot;
