@@ -9,6 +9,7 @@ pub mod server;
 pub mod session;
 pub mod setup;
 mod spawn;
+mod step;
 mod user;
 
 use serde::{Deserialize, Serialize};

@@ -13,6 +13,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::step::{io, sys, StepError};
 use super::{live, procs, session, spawn, Failure};
 use crate::proto::InitErrorKind::{NoProcess, Protocol, Refused};
 use crate::proto::{self, ExecSpec, Reply, Request, KIND_STDERR, KIND_STDOUT, SOCKET_PATH};
@@ -43,13 +44,13 @@ pub fn main() -> ! {
     }
 }
 
-fn serve() -> Result<(), String> {
+fn serve() -> Result<(), StepError> {
     // Not dumpable: the sandbox's processes (uid 0 without CAP_SYS_PTRACE) cannot ptrace their
     // pid 1 to stop it or inject an exit, nor open its /proc files; the host's CRIU can (it has
     // CAP_SYS_PTRACE) and restores the flag. Children get it back at execve.
-    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
+    nix::sys::prctl::set_dumpable(false).map_err(sys("PR_SET_DUMPABLE"))?;
     // Writes to gone clients then fail with EPIPE.
-    crate::sys::ignore_signal(libc::SIGPIPE).map_err(|e| format!("ignore SIGPIPE: {e}"))?;
+    crate::sys::ignore_signal(libc::SIGPIPE).map_err(io("ignore SIGPIPE"))?;
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -59,16 +60,12 @@ fn serve() -> Result<(), String> {
     ] {
         mask.add(s);
     }
-    mask.thread_block()
-        .map_err(|e| format!("block signals: {e}"))?;
+    mask.thread_block().map_err(sys("block signals"))?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
-        .map_err(|e| format!("signalfd: {e}"))?;
+        .map_err(sys("signalfd"))?;
     let _ = std::fs::remove_file(SOCKET_PATH);
-    let listener =
-        UnixListener::bind(SOCKET_PATH).map_err(|e| format!("bind {SOCKET_PATH}: {e}"))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("nonblocking: {e}"))?;
+    let listener = UnixListener::bind(SOCKET_PATH).map_err(io(format!("bind {SOCKET_PATH}")))?;
+    listener.set_nonblocking(true).map_err(io("nonblocking"))?;
 
     // Detach stdout/stderr (the runtime's pipe, the host's /dev/null) first, then tell the
     // runtime we are up through a copy of the pipe closed at once: once it reads "ready" this
@@ -77,7 +74,7 @@ fn serve() -> Result<(), String> {
         std::io::stdout()
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| format!("dup stdout: {e}"))?,
+            .map_err(io("dup stdout"))?,
     );
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 1);

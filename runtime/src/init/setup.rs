@@ -17,11 +17,29 @@ use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nix::unistd::{chdir, pivot_root, sethostname, setsid};
 
 use super::harden;
+use super::step::{io, sys, StepError};
 use crate::proto::{SetupConfig, INIT_PATH, LOG_DIR, MASK_DIR};
 
-/// What a setup step returns: a value, or the message grove-init sends the runtime (`error <msg>`
-/// on stdout) before it exits.
-type SetupResult<T> = Result<T, String>;
+/// Why setup failed. Its text is what grove-init sends the runtime (`error <text>` on stdout)
+/// before it exits.
+#[derive(Debug, thiserror::Error)]
+enum SetupError {
+    #[error(transparent)]
+    Step(#[from] StepError),
+    #[error("parse config: {0}")]
+    Config(serde_json::Error),
+    #[error("not pid 1 of a new pid namespace (the runtime starts grove-init --setup)")]
+    NotPid1,
+    #[error("{0}")]
+    Harden(#[from] harden::HardenError),
+    #[error("INIT_PATH has no parent")]
+    InitPath,
+    #[error("mount source is not UTF-8")]
+    NotUtf8,
+}
+
+/// What a setup step returns.
+type SetupResult<T> = Result<T, SetupError>;
 
 /// Entry point of sandbox pid 1 before it execs the server; returns only by exiting.
 pub fn main() -> ! {
@@ -39,21 +57,18 @@ fn setup() -> SetupResult<std::convert::Infallible> {
     let mut raw = Vec::new();
     std::io::stdin()
         .read_to_end(&mut raw)
-        .map_err(|e| format!("read config: {e}"))?;
-    let cfg: SetupConfig =
-        serde_json::from_slice(&raw).map_err(|e| format!("parse config: {e}"))?;
+        .map_err(io("read config"))?;
+    let cfg: SetupConfig = serde_json::from_slice(&raw).map_err(SetupError::Config)?;
     if std::process::id() != 1 {
-        return Err(
-            "not pid 1 of a new pid namespace (the runtime starts grove-init --setup)".into(),
-        );
+        return Err(SetupError::NotPid1);
     }
     // "0" is the writer itself (a pid here would be read in this pid namespace). In a user
     // namespace the runtime has placed us already: the files are host root's.
     let join: &[String] = if cfg.userns { &[] } else { &cfg.cgroup_procs };
     for procs in join {
-        std::fs::write(procs, "0").map_err(|e| format!("join cgroup {procs}: {e}"))?;
+        std::fs::write(procs, "0").map_err(io(format!("join cgroup {procs}")))?;
     }
-    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(|e| format!("unshare cgroup namespace: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(sys("unshare cgroup namespace"))?;
     stage2(&cfg)
 }
 
@@ -64,12 +79,13 @@ fn mnt(
     flags: MsFlags,
     data: Option<&str>,
 ) -> SetupResult<()> {
-    mount(src, target, fstype, flags, data).map_err(|e| {
-        format!(
-            "mount {} on {}: {e}",
+    mount(src, target, fstype, flags, data).map_err(|errno| {
+        let step = format!(
+            "mount {} on {}",
             fstype.or(src).unwrap_or("-"),
             target.display()
-        )
+        );
+        StepError::Sys { step, errno }.into()
     })
 }
 
@@ -79,7 +95,7 @@ fn ensure_dir(p: &Path, mode: u32) -> SetupResult<()> {
             .mode(mode)
             .recursive(true)
             .create(p)
-            .map_err(|e| format!("mkdir {}: {e}", p.display()))?;
+            .map_err(io(format!("mkdir {}", p.display())))?;
     }
     Ok(())
 }
@@ -118,11 +134,11 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
 
     setup_dev(root, cfg)?;
 
-    let sys = root.join("sys");
-    ensure_dir(&sys, 0o555)?;
+    let sysfs = root.join("sys");
+    ensure_dir(&sysfs, 0o555)?;
     mnt(
         Some("sysfs"),
-        &sys,
+        &sysfs,
         Some("sysfs"),
         NOSUID_NODEV_NOEXEC | MsFlags::MS_RDONLY,
         None,
@@ -142,27 +158,24 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
     setup_run(root, cfg)?;
     mask_paths(root)?;
 
-    chdir(root).map_err(|e| format!("chdir root: {e}"))?;
-    pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
-    chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    chdir(root).map_err(sys("chdir root"))?;
+    pivot_root(".", ".").map_err(sys("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root"))?;
+    chdir("/").map_err(sys("chdir /"))?;
 
-    sethostname(&cfg.hostname).map_err(|e| format!("sethostname: {e}"))?;
-    grove_sys::net::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
-    setsid().map_err(|e| format!("setsid: {e}"))?;
+    sethostname(&cfg.hostname).map_err(sys("sethostname"))?;
+    grove_sys::net::loopback_up().map_err(io("bring up lo"))?;
+    setsid().map_err(sys("setsid"))?;
 
     // stdin -> /dev/null; stdout stays the pipe to the runtime until the server says ready.
-    let null = std::fs::File::open("/dev/null").map_err(|e| format!("open /dev/null: {e}"))?;
-    nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0)
-        .map_err(|e| format!("dup2: {e}"))?;
+    let null = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
+    nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0).map_err(sys("dup2"))?;
     drop(null);
     grove_sys::fd::close_from(3);
 
-    // Its text goes to the runtime as the setup's `error <message>` line.
-    let said = |e: harden::HardenError| e.to_string();
-    harden::set_rlimits(cfg.open_files).map_err(said)?;
-    harden::drop_bounding_caps(&cfg.extra_caps).map_err(said)?;
-    harden::lock_down().map_err(said)?;
+    harden::set_rlimits(cfg.open_files)?;
+    harden::drop_bounding_caps(&cfg.extra_caps)?;
+    harden::lock_down()?;
 
     let path = CString::new(INIT_PATH).expect("no NUL");
     let argv = [
@@ -171,7 +184,7 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
     ];
     let env: [CString; 0] = [];
     let e = nix::unistd::execve(&path, &argv, &env).unwrap_err();
-    Err(format!("exec {INIT_PATH}: {e}"))
+    Err(sys(format!("exec {INIT_PATH}"))(e).into())
 }
 
 /// /dev is a tmpfs without `nodev`: its nodes are made here with mknod and must open. The root
@@ -209,7 +222,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
                 .write(true)
                 .mode(0o666)
                 .open(&p)
-                .map_err(|e| format!("create {}: {e}", p.display()))?;
+                .map_err(io(format!("create {}", p.display())))?;
             mnt(
                 Some(&format!("/dev/{name}")),
                 &p,
@@ -225,7 +238,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
             Mode::from_bits_truncate(0o666),
             makedev(major, minor),
         )
-        .map_err(|e| format!("mknod {}: {e}", p.display()))?;
+        .map_err(sys(format!("mknod {}", p.display())))?;
         // mknod honours the umask; make the mode exact.
         nix::sys::stat::fchmodat(
             None,
@@ -233,7 +246,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
             Mode::from_bits_truncate(0o666),
             nix::sys::stat::FchmodatFlags::FollowSymlink,
         )
-        .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+        .map_err(sys(format!("chmod {}", p.display())))?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -243,7 +256,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
         ("ptmx", "pts/ptmx"),
         ("core", "/proc/kcore"),
     ] {
-        symlink(target, dev.join(link)).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+        symlink(target, dev.join(link)).map_err(io(format!("symlink /dev/{link}")))?;
     }
     let pts = dev.join("pts");
     ensure_dir(&pts, 0o755)?;
@@ -283,7 +296,7 @@ fn setup_run(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
         .join(INIT_PATH.trim_start_matches('/'))
         .parent()
         .map(Path::to_path_buf);
-    let grove = grove.ok_or("INIT_PATH has no parent")?;
+    let grove = grove.ok_or(SetupError::InitPath)?;
     ensure_dir(&grove, 0o700)?;
     ensure_dir(&root.join(LOG_DIR.trim_start_matches('/')), 0o700)?;
     let target = root.join(INIT_PATH.trim_start_matches('/'));
@@ -293,7 +306,7 @@ fn setup_run(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
         .write(true)
         .mode(0o500)
         .open(&target)
-        .map_err(|e| format!("create {}: {e}", target.display()))?;
+        .map_err(io(format!("create {}", target.display())))?;
     mnt(
         Some(&cfg.init_binary),
         &target,
@@ -370,7 +383,7 @@ fn mask_paths(root: &Path) -> SetupResult<()> {
 /// Binds `src` on `target` (with `extra` flags, e.g. MS_REC), then makes the bind read-only,
 /// nosuid, nodev and noexec: a bind mount takes those flags only on a remount.
 fn bind_read_only(src: &Path, target: &Path, extra: MsFlags) -> SetupResult<()> {
-    let src = src.to_str().ok_or("mount source is not UTF-8")?;
+    let src = src.to_str().ok_or(SetupError::NotUtf8)?;
     mnt(Some(src), target, None, MsFlags::MS_BIND | extra, None)?;
     mnt(
         None,
