@@ -257,6 +257,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 scratch_dir: Some(rt.scratch_dir.clone()),
                 image_cache_bytes: None,
                 merge_fork_pages: true,
+                lazy_pages: true,
             };
             Snapshotter::new(
                 cfg,

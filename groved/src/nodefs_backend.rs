@@ -99,6 +99,7 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         scratch_dir: None,
         image_cache_bytes: None,
         merge_fork_pages: config.merge_fork_pages,
+        lazy_pages: config.lazy_pages,
     };
     let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
         Ok(s) => Some(s),
