@@ -217,7 +217,10 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         store
             .set_ref(&name, &id)
             .map_err(|e| anyhow!("set_ref: {e}"))?;
-        Ok(NodeFs::new(store))
+        Ok(NodeFs::with_options(
+            store,
+            nodefs::ServerOptions::from_env(),
+        ))
     })();
     let (mut nodefs, mut nodefs_error) = match nodefs {
         Ok(n) => (Some(n), None),
