@@ -418,6 +418,16 @@ impl Snapshotter {
     /// and untouched.
     pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
         let view = self.runtime.checkpoint_view(sandbox)?;
+        if view.spec.userns && view.veth_host.is_some() {
+            // Its dump succeeds, but CRIU cannot restore the veth into a branch's own user
+            // namespace ("Unknown peer net namespace"): refused before a snapshot no fork can use.
+            return Err(Error::Unsupported {
+                what: format!(
+                    "checkpoint of {sandbox}: egress networking in a user namespace is not \
+                     checkpointed yet (sandboxes with network mode none are)"
+                ),
+            });
+        }
         let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
             what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
         })?;
