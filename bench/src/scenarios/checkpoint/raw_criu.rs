@@ -58,14 +58,11 @@ pub(in crate::scenarios) fn start_raw(heap: u64, state: &Path) -> Result<RawWork
     })
 }
 
+/// Why CRIU failed, from its log: the snapshotter's reading of it (its `Error (` lines less the
+/// known-harmless ones, else the log's tail), so the bench and groved explain a failure alike.
 fn criu_log_errors(log: &Path) -> String {
     let s = std::fs::read_to_string(log).unwrap_or_default();
-    let errs: Vec<&str> = s
-        .lines()
-        .filter(|l| l.starts_with("Error") && !l.contains("RLIMIT_NOFILE"))
-        .take(4)
-        .collect();
-    errs.join(" / ")
+    grove_snapshotter::criu::log::error_lines(&s).join(" / ")
 }
 
 pub(in crate::scenarios) fn criu_dump(criu: &Path, pid: i32, dir: &Path) -> Result<f64> {
