@@ -76,6 +76,9 @@ pub struct RestoreTarget {
     /// Egress only: the host-end name the restored veth must get (`--external veth[eth0]:<it>`);
     /// the runtime then re-addresses both ends. Without a restored veth a fresh one is made.
     pub veth_host: Option<String>,
+    /// A user-namespace sandbox's own host id range: the restored user namespace must map onto
+    /// it, not onto the range of the sandbox that was dumped.
+    pub ids: Option<crate::userns::IdRange>,
 }
 
 /// Callback that restores a process tree into a `RestoreTarget` and returns the host pid of its init.
@@ -346,12 +349,6 @@ impl Runtime {
                  (root_provider = \"nodefs\" can)",
             ));
         }
-        if spec.userns && restore.is_some() {
-            return Err(Error::invalid(
-                "userns",
-                "a process tree restored from a snapshot cannot move into a user namespace",
-            ));
-        }
         let limits = spec.limits.unwrap_or(self.config.defaults);
         validate::limits(&limits)?;
         if !self.roots.image_exists(&spec.image) {
@@ -541,10 +538,11 @@ impl Runtime {
                     id: id.clone(),
                     root_dir: root_dir.clone(),
                     cgroups: self.cgroups.criu_paths(id.as_str()),
-                    externals: self.externals(),
+                    externals: self.externals(spec.userns),
                     hostname: hostname.clone(),
                     veth_host: matches!(spec.network, NetworkPolicy::Egress { .. })
                         .then(|| crate::network::host_if(id)),
+                    ids,
                 };
                 let pid = restore(&target).map_err(|source| Error::Restore {
                     id: id.clone(),
@@ -1133,13 +1131,23 @@ impl Runtime {
         self.instance_lock.lock().take();
     }
 
-    /// Host paths bind-mounted into every sandbox (declare them to CRIU).
-    pub fn externals(&self) -> Vec<ExternalMount> {
-        vec![ExternalMount {
+    /// Host paths bind-mounted into a sandbox (declare them to CRIU): the init binary, and in a
+    /// user namespace the host's device nodes in /dev (see `proto::DEV_NODES`).
+    pub fn externals(&self, userns: bool) -> Vec<ExternalMount> {
+        let init = ExternalMount {
             key: "grove-init".into(),
             sandbox_path: proto::INIT_PATH.into(),
             host_path: self.config.init_binary.clone(),
-        }]
+        };
+        let devices = proto::DEV_NODES
+            .iter()
+            .filter(|_| userns)
+            .map(|(name, _, _)| ExternalMount {
+                key: format!("grove-dev-{name}"),
+                sandbox_path: format!("/dev/{name}"),
+                host_path: PathBuf::from(format!("/dev/{name}")),
+            });
+        std::iter::once(init).chain(devices).collect()
     }
 
     pub fn checkpoint_view(&self, id: &SandboxId) -> Result<CheckpointView, Error> {
@@ -1154,7 +1162,7 @@ impl Runtime {
             spec: sb.spec.clone(),
             root_dir: sb.root_dir(),
             cgroups: self.cgroups.criu_paths(id.as_str()),
-            externals: self.externals(),
+            externals: self.externals(sb.spec.userns),
             root: sb.root.clone(),
             veth_host: sb.net.as_ref().map(|n| n.host_if.clone()),
         })

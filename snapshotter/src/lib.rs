@@ -14,6 +14,7 @@ mod plan;
 mod record;
 mod snapshotter;
 mod transfer;
+mod userns_images;
 
 pub use error::Error;
 pub use pause::PauseTiming;

@@ -21,7 +21,7 @@ use crate::images::{self, ImageCache};
 use crate::ksm;
 use crate::lazy::{self, LazyCopies};
 use crate::record::{self, RecordDir, SnapshotInfo};
-use crate::{cgroups, netns, plan};
+use crate::{cgroups, netns, plan, userns_images};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
@@ -415,15 +415,6 @@ impl Snapshotter {
     /// and untouched.
     pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
         let view = self.runtime.checkpoint_view(sandbox)?;
-        if view.spec.userns {
-            // CRIU would restore the dumped uid_map: every branch in the source's host id range.
-            return Err(Error::Conflict {
-                sandbox: sandbox.to_string(),
-                reason: "it runs in a user namespace: checkpoint (snapshot, fork, pause to the \
-                         store) of such a sandbox is not supported yet"
-                    .into(),
-            });
-        }
         let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
             what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
         })?;
@@ -452,13 +443,15 @@ impl Snapshotter {
             tcp_established: true,
             track_mem: false,
             prev_images_dir: None,
-            // An egress sandbox's namespace holds its veth and is dumped in full.
-            external_net: match view.veth_host {
-                None => Some(
+            // An egress sandbox's namespace holds its veth and is dumped in full. So is a user
+            // namespace's: its branches must own theirs (sysfs mounts only where the mounter's
+            // user namespace owns the network namespace), not join one made by the host.
+            external_net: match (&view.veth_host, view.spec.userns) {
+                (None, false) => Some(
                     netns::inode_of(view.init_pid)
                         .map_err(|e| Error::io(format!("/proc/{}/ns/net", view.init_pid), e))?,
                 ),
-                Some(_) => None,
+                _ => None,
             },
         };
         // Soft-dirty kernels: copy memory while the sandbox runs; the frozen dump then writes
@@ -755,7 +748,11 @@ impl Snapshotter {
         same_id: Option<&SandboxId>,
         merge_pages: bool,
     ) -> Result<SandboxInfo, Error> {
-        let lazy = self.lazy_pages.load(Ordering::Relaxed) && self.criu.features().lazy_pages;
+        // Lazy pages need a userfaultfd in the restored tasks, which a user namespace's root may
+        // not open (unprivileged userfaultfd is off, and /dev/userfaultfd is the host's).
+        let lazy = self.lazy_pages.load(Ordering::Relaxed)
+            && self.criu.features().lazy_pages
+            && !spec.userns;
         let inherit_netns = netns::is_external(images);
         let mut restore = |t: &grove_runtime::RestoreTarget| -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
             // A lazy restore's daemon may outlive us: its dir must survive a restart's reset.
@@ -764,8 +761,20 @@ impl Snapshotter {
             } else {
                 self.work_root.join(format!("restore-{}-{}", t.id, now_ms()))
             };
+            // A user-namespace branch restores its own range: the images with the map rewritten,
+            // inside the work dir, which lives as long as CRIU (and a lazy-pages daemon) needs it.
+            let images = match t.ids {
+                None => images.to_path_buf(),
+                Some(ids) => {
+                    let dir = work.join("images");
+                    userns_images::remap(images, &dir, ids).map_err(|e| {
+                        let _ = std::fs::remove_dir_all(&work);
+                        Box::new(Error::io(&dir, e)) as Box<dyn std::error::Error + Send + Sync>
+                    })?
+                }
+            };
             let opts = criu::RestoreOptions {
-                images_dir: images.to_path_buf(),
+                images_dir: images.clone(),
                 work_dir: work.clone(),
                 root: t.root_dir.clone(),
                 pidfile: work.join("restored.pid"),
@@ -774,7 +783,7 @@ impl Snapshotter {
                 tcp_established: true,
                 lazy_pages: lazy,
                 inherit_netns,
-                cgroup_yard: self.cgroup_yard.as_ref().and_then(|y| y.for_images(images)),
+                cgroup_yard: self.cgroup_yard.as_ref().and_then(|y| y.for_images(&images)),
                 merge_pages,
             };
             self.restore_one(&t.id, &opts).map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
