@@ -368,3 +368,37 @@ fn userns_must_be_a_bool() {
     );
     r.expect_error(422, Some("userns"));
 }
+
+/// An egress sandbox in a user namespace dumps, but CRIU cannot restore its veth into a branch's
+/// own user namespace: its snapshot is refused (501, naming why) before anything is recorded, and
+/// a pause freezes it instead.
+#[test]
+fn userns_egress_snapshots_are_refused_before_anything_is_kept() {
+    let d = daemon();
+    let _shared = common::EXCLUSIVE.read().unwrap();
+    let net = json!({"mode": "egress", "allow": [{"cidr": "192.0.2.0/24"}]});
+    let a = d.create(json!({"userns": true, "network": net}));
+    let name = format!("userns-egress-{}", common::rand_suffix());
+    let e = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/snapshot"),
+            Some(json!({ "name": name })),
+        )
+        .expect_error(501, None);
+    assert!(e.to_string().contains("user namespace"), "{e}");
+    d.call(Method::GET, &format!("/v1/snapshots/{name}"), None)
+        .expect_error(404, None);
+    let p = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/pause?to=store"),
+            None,
+        )
+        .expect(200)
+        .json();
+    assert!(!p["init_pid"].is_null(), "frozen, not parked: {p}");
+    assert_eq!(sh(d, &a, "echo alive").1, "alive");
+    d.delete(&a);
+    assert_eq!(d.residue()["items"], json!([]));
+}

@@ -38,7 +38,7 @@ pub const MAX_FORK: u32 = 64;
 pub struct SnapshotterConfig {
     pub state_dir: PathBuf,
     pub run_dir: PathBuf,
-    /// CRIU binary; None = `$GROVE_CRIU`, /var/lib/grove/criu/criu, then PATH.
+    /// CRIU binary; None = /var/lib/grove/criu/criu, then `criu` on PATH.
     pub criu: Option<PathBuf>,
     /// Where dumps are written and images materialized for forks; None = `run_dir`. It should
     /// be a tmpfs (as /run is on systemd hosts): a snapshot of a 256 MiB heap then never
@@ -49,6 +49,9 @@ pub struct SnapshotterConfig {
     pub image_cache_bytes: Option<u64>,
     /// Fork branches share their clean pages through ksmd (see `ksm.rs`), where the kernel can.
     pub merge_fork_pages: bool,
+    /// Fork branches are restored with CRIU lazy pages (memory copied on demand and in the
+    /// background after the branch runs), where the kernel allows.
+    pub lazy_pages: bool,
 }
 
 /// A quarter of MemTotal (1 GiB if /proc/meminfo cannot be read).
@@ -299,7 +302,7 @@ impl Snapshotter {
             lazy_root,
             cgroup_yard,
             busy: Mutex::new(HashSet::new()),
-            lazy_pages: AtomicBool::new(std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0")),
+            lazy_pages: AtomicBool::new(cfg.lazy_pages),
             merge_fork_pages: AtomicBool::new(cfg.merge_fork_pages && ksm::available()),
             merger: ksm::Merger::default(),
             lazy: Arc::default(),
@@ -415,6 +418,16 @@ impl Snapshotter {
     /// and untouched.
     pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
         let view = self.runtime.checkpoint_view(sandbox)?;
+        if view.spec.userns && view.veth_host.is_some() {
+            // Its dump succeeds, but CRIU cannot restore the veth into a branch's own user
+            // namespace ("Unknown peer net namespace"): refused before a snapshot no fork can use.
+            return Err(Error::Unsupported {
+                what: format!(
+                    "checkpoint of {sandbox}: egress networking in a user namespace is not \
+                     checkpointed yet (sandboxes with network mode none are)"
+                ),
+            });
+        }
         let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
             what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
         })?;
@@ -877,10 +890,8 @@ impl Snapshotter {
             .store(on && ksm::available(), Ordering::Relaxed);
     }
 
-    /// Restores fork branches with CRIU lazy pages (memory copied on demand and in the
-    /// background after the branch runs), where the kernel allows. On by default;
-    /// `GROVE_LAZY_PAGES=0` turns it off. A test knob (feature `test-knobs`): shipped builds
-    /// take the environment's word.
+    /// Turns lazy-pages restores (`SnapshotterConfig::lazy_pages`) on or off from now on. A test
+    /// knob (feature `test-knobs`).
     #[cfg(any(test, feature = "test-knobs"))]
     pub fn set_lazy_pages(&self, on: bool) {
         self.lazy_pages.store(on, Ordering::Relaxed);

@@ -137,6 +137,14 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     let counts = ctx.pick(vec![4], vec![8, 32]);
     super::fork_memory::run(ctx, res, p.heap, &counts, snapshots.as_ref().ok());
 
+    if let Ok(s) = &snapshots {
+        progress::step(
+            0.9,
+            "userns cost: grove snapshot / fork with and without a user namespace",
+        );
+        super::userns_checkpoint::run(res, s, p.heap, ctx.pick(1, 5), ctx.pick(2, 8));
+    }
+
     let path = ctx.out.join("checkpoint-bytes-vs-dirtied.svg");
     let title = "checkpoint bytes against the fraction of the heap dirtied";
     if plot::line_chart(
