@@ -271,13 +271,13 @@ impl NodeFs {
         self.mounts.lock().clone()
     }
 
-    /// The live mount with this id.
     /// Whether `id` names a mount of this server (served now or gone), not one of a server
     /// before it.
     pub fn is_own_id(&self, id: u64) -> bool {
         id >= self.first_id
     }
 
+    /// The live mount with this id.
     pub fn find(&self, id: u64) -> Option<Arc<Mount>> {
         self.mounts.lock().iter().find(|m| m.id == id).cloned()
     }
