@@ -273,23 +273,7 @@ fn userns_snapshots_fork_into_ranges_of_their_own() {
         Some(json!({ "name": name })),
     )
     .expect(201);
-    let f = d
-        .call(
-            Method::POST,
-            &format!("/v1/snapshots/{name}/fork"),
-            Some(json!({"count": 2})),
-        )
-        .expect(201)
-        .json();
-    let branches: Vec<String> = f["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            assert!(r["error"].is_null(), "branch failed: {r}\n{}", d.log());
-            r["sandbox"]["id"].as_str().unwrap().to_string()
-        })
-        .collect();
+    let branches = d.fork(&name, json!({"count": 2}));
     let mut bases = vec![base];
     for b in &branches {
         let bb = host_base(d, b);
