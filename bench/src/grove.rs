@@ -217,7 +217,10 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         store
             .set_ref(&name, &id)
             .map_err(|e| anyhow!("set_ref: {e}"))?;
-        Ok(NodeFs::new(store))
+        Ok(NodeFs::with_options(
+            store,
+            nodefs::ServerOptions::from_env(),
+        ))
     })();
     let (mut nodefs, mut nodefs_error) = match nodefs {
         Ok(n) => (Some(n), None),
@@ -257,6 +260,7 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 scratch_dir: Some(rt.scratch_dir.clone()),
                 image_cache_bytes: None,
                 merge_fork_pages: true,
+                lazy_pages: true,
             };
             Snapshotter::new(
                 cfg,
@@ -509,12 +513,19 @@ impl GroveSnapshots {
 
     /// A sandbox running the workload in the background.
     pub fn start_workload(&self, heap: u64) -> Result<WorkloadSandbox> {
+        self.start_workload_as(heap, false)
+    }
+
+    /// The same, in a user namespace of its own with `userns`.
+    pub fn start_workload_as(&self, heap: u64, userns: bool) -> Result<WorkloadSandbox> {
         let mem = ((3 * heap) >> 20) + 512;
         let limits = Limits {
             memory_mb: mem,
             ..Limits::default()
         };
-        let id = self.rt.create(self.rt.spec(Some(limits)))?;
+        let mut spec = self.rt.spec(Some(limits));
+        spec.userns = userns;
+        let id = self.rt.create(spec)?;
         let mut argv = vec!["python3".to_string()];
         argv.extend(crate::workload::args(heap, "/tmp/grove-bench-state"));
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

@@ -164,6 +164,9 @@ pub struct FileConfig {
     pub import_retry_secs: Option<u64>,
     /// Fork branches share their clean pages through kernel samepage merging (default true).
     pub merge_fork_pages: Option<bool>,
+    /// Fork branches restore with CRIU lazy pages where the kernel can (default true;
+    /// `GROVE_LAZY_PAGES=0` in groved's environment turns it off).
+    pub lazy_pages: Option<bool>,
     /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
     /// forever); unset or 0: no default, such sandboxes live until deleted.
     pub default_ttl_secs: Option<u64>,
@@ -239,6 +242,7 @@ pub struct Config {
     pub peers: Vec<Peer>,
     pub import_retry: Duration,
     pub merge_fork_pages: bool,
+    pub lazy_pages: bool,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
     pub default_ttl_secs: Option<u64>,
     /// What a prune of the build step cache keeps (after each build, and on request).
@@ -348,8 +352,15 @@ impl Config {
         let init_binary = find_init(f.init_binary).ok_or(ConfigError::NoInit)?;
         let idle = crate::api_shapes::idle_from_wire(f.idle_timeout_secs, f.on_idle.as_deref())
             .map_err(|(field, why)| ConfigError::Idle { field, why })?;
+        // The file's, else `$GROVE_CRIU`, else the set-up's private install where it exists
+        // (else the snapshotter looks on PATH).
         let criu = f
             .criu
+            .or_else(|| {
+                std::env::var_os("GROVE_CRIU")
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from)
+            })
             .or_else(|| Some(PathBuf::from(DEFAULT_CRIU)).filter(|p| p.exists()));
         let defaults = f.defaults.fill(&Limits::default());
         let mut jobs = JobsConfig {
@@ -407,6 +418,8 @@ impl Config {
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
             merge_fork_pages: f.merge_fork_pages.unwrap_or(true),
+            lazy_pages: f.lazy_pages.unwrap_or(true)
+                && std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0"),
             default_ttl_secs,
             build_cache: crate::build::cache::Policy {
                 max_entries: f

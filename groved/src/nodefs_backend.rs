@@ -68,8 +68,11 @@ pub fn stop_fsd_if_idle(fsd: &Client) {
 /// itself, and they end with it.
 pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
     let (store, fsd): (Arc<dyn FsService>, _) = if in_process {
-        let local = Local::open(&config.state_dir.join("store"))
-            .map_err(|e| anyhow::anyhow!("opening the content store: {}", chain(&e)))?;
+        let local = Local::open_with(
+            &config.state_dir.join("store"),
+            nodefs::ServerOptions::from_env(),
+        )
+        .map_err(|e| anyhow::anyhow!("opening the content store: {}", chain(&e)))?;
         (Arc::new(local), None)
     } else {
         let fsd = connect_fsd(config)?;
@@ -99,6 +102,7 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         scratch_dir: None,
         image_cache_bytes: None,
         merge_fork_pages: config.merge_fork_pages,
+        lazy_pages: config.lazy_pages,
     };
     let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
         Ok(s) => Some(s),

@@ -926,23 +926,10 @@ fn snapshot_fork_export_import() {
         .expect_error(404, None);
 
     // fork 2: both have the file and a running counter; they diverge
-    let f = d
-        .call(
-            Method::POST,
-            &format!("/v1/snapshots/{name}/fork"),
-            Some(json!({"count": 2, "labels": {"case": "snap-branch"}})),
-        )
-        .expect(201)
-        .json();
-    let branches: Vec<String> = f["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            assert!(r["error"].is_null(), "branch failed: {r}");
-            r["sandbox"]["id"].as_str().unwrap().to_string()
-        })
-        .collect();
+    let branches = d.fork(
+        &name,
+        json!({"count": 2, "labels": {"case": "snap-branch"}}),
+    );
     assert_eq!(branches.len(), 2);
     for (i, b) in branches.iter().enumerate() {
         assert_eq!(d.exec(b, "cat /root/state.txt")["stdout"], "base\n");

@@ -97,23 +97,7 @@ fn sessions_api_and_fork_carries_them_into_every_branch() {
     )
     .expect(201);
     let t = Instant::now();
-    let f = d
-        .call(
-            Method::POST,
-            &format!("/v1/snapshots/{snap}/fork"),
-            Some(json!({"count": 3})),
-        )
-        .expect(201)
-        .json();
-    let branches: Vec<String> = f["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            assert!(r["error"].is_null(), "branch failed: {r}");
-            r["sandbox"]["id"].as_str().unwrap().to_string()
-        })
-        .collect();
+    let branches = d.fork(&snap, json!({"count": 3}));
     let state = "pwd; echo $STAGE; jobs | grep -c 'sleep 600'";
     for b in &branches {
         assert_eq!(

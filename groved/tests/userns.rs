@@ -1,7 +1,7 @@
 //! Sandboxes in user namespaces (`userns: true`), for real through groved: sandbox root is an
 //! unprivileged host uid from a range of its own, nodefs shows the image's owners through it, and
-//! sandbox root's capabilities stop at objects the host owns. Snapshots of such a sandbox are
-//! refused (409) until CRIU restores them into ranges of their own.
+//! sandbox root's capabilities stop at objects the host owns. Snapshots of such a sandbox fork
+//! (and pauses to the store resume) into ranges of their own.
 
 mod common;
 
@@ -173,21 +173,7 @@ fn userns_sandbox_root_is_unprivileged_on_the_host() {
         base_b
     );
 
-    // Checkpoint of a userns sandbox is refused, naming why; the sandbox keeps running.
-    let e = d
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{a}/snapshot"),
-            Some(json!({})),
-        )
-        .expect_error(409, None);
-    assert!(
-        e.to_string().contains("user namespace"),
-        "the 409 says why: {e}"
-    );
-    assert_eq!(sh(d, &a, "echo alive").1, "alive");
-    // A pause (an idle reclaim's too) freezes it instead of parking it in the store; the next
-    // exec thaws it.
+    // A plain pause freezes it; the next exec thaws it.
     let p = d
         .call(Method::POST, &format!("/v1/sandboxes/{a}/pause"), None)
         .expect(200)
@@ -208,6 +194,154 @@ fn userns_sandbox_root_is_unprivileged_on_the_host() {
     assert_eq!(d.residue()["items"], json!([]));
 }
 
+/// The real uid, as the host sees it, of the process named `comm` in sandbox `id`.
+fn host_uid_of(d: &Daemon, id: &str, comm: &str) -> Option<u32> {
+    let init = get(d, id)["init_pid"].as_i64().unwrap();
+    let ns = std::fs::read_link(format!("/proc/{init}/ns/pid")).unwrap();
+    std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+        let p = e.path();
+        let same_ns = std::fs::read_link(p.join("ns/pid")).ok()? == ns;
+        let named = std::fs::read_to_string(p.join("comm")).ok()?.trim() == comm;
+        let status = std::fs::read_to_string(p.join("status")).ok()?;
+        let uid = status.lines().find(|l| l.starts_with("Uid:"))?;
+        (same_ns && named).then(|| uid.split_whitespace().nth(1)?.parse().ok())?
+    })
+}
+
+/// Sandbox root attacks its pid 1: ptrace attach, then its memory. Both must fail, also in a
+/// restored branch (whose pid 1 is dumpable, see grove-init's `guard_from_ptrace`).
+const PTRACE_PID1: &str = r#"python3 - <<'EOF'
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+if libc.ptrace(16, 1, None, None) == 0:
+    os.waitpid(1, 0x40000000)
+    libc.ptrace(17, 1, None, None)
+    print("attached")
+else:
+    print(errno.errorcode[ctypes.get_errno()])
+for f in ("/proc/1/mem", "/proc/1/environ"):
+    try:
+        open(f, "rb").read(1)
+        print("read " + f)
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+EOF"#;
+
+fn counter(d: &Daemon, id: &str) -> u64 {
+    let (rc, out, err) = sh(d, id, "cat /tmp/counter");
+    assert_eq!(rc, 0, "{err}");
+    out.parse()
+        .unwrap_or_else(|_| panic!("counter in {id}: {out:?}"))
+}
+
+/// A snapshot of a userns sandbox forks into branches that each run in a host id range of their
+/// own, not the source's (which CRIU's images name): otherwise one branch's root would own every
+/// other branch's files and processes. Each branch continues the source's processes, its tmpfs
+/// files keep their owners, and a pause to the store resumes into a range too.
+#[test]
+fn userns_snapshots_fork_into_ranges_of_their_own() {
+    let d = daemon();
+    let _shared = common::EXCLUSIVE.read().unwrap();
+    let a = d.create(json!({"userns": true}));
+    let base = host_base(d, &a);
+    let (rc, _, err) = sh(
+        d,
+        &a,
+        "echo base > /root/state && echo t > /tmp/t && chown 1000:1000 /tmp/t",
+    );
+    assert_eq!(rc, 0, "{err}");
+    for shell in [
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done",
+        "exec setpriv --reuid=1000 --regid=1000 --clear-groups sleep 600",
+    ] {
+        d.call(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/processes"),
+            Some(json!({ "shell": shell })),
+        )
+        .expect(201);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(host_uid_of(d, &a, "sleep"), Some(base + 1000));
+    assert_eq!(sh(d, &a, PTRACE_PID1).1, "EPERM\nEACCES\nEACCES");
+    let before = counter(d, &a);
+    let name = format!("userns-{}", common::rand_suffix());
+    d.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{a}/snapshot"),
+        Some(json!({ "name": name })),
+    )
+    .expect(201);
+    let branches = d.fork(&name, json!({"count": 2}));
+    let mut bases = vec![base];
+    for b in &branches {
+        let bb = host_base(d, b);
+        assert!(
+            !bases.contains(&bb),
+            "{b} shares a range: {bb} in {bases:?}"
+        );
+        bases.push(bb);
+        let (rc, out, err) = sh(
+            d,
+            b,
+            "cat /root/state; stat -c %u:%g /tmp/t; id -u; touch /root/mine",
+        );
+        assert_eq!(rc, 0, "{out} {err}");
+        assert_eq!(out, "base\n1000:1000\n0", "{b}");
+        // From the host: the branch's processes and new files are in its own range.
+        let init = get(d, b)["init_pid"].as_i64().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{init}/status")).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert_eq!(uid.split_whitespace().nth(1), Some(bb.to_string().as_str()));
+        assert_eq!(host_uid_of(d, b, "sleep"), Some(bb + 1000), "{b}");
+        let mine = std::fs::metadata(root_on_host(d, b).join("root/mine")).unwrap();
+        assert_eq!((mine.uid(), mine.gid()), (bb, bb));
+        // The restored loop runs on from where the snapshot caught it.
+        let c1 = counter(d, b);
+        assert!(c1 >= before, "{b}: {c1} < {before}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(counter(d, b) > c1, "the restored loop runs on in {b}");
+        assert_eq!(sh(d, b, PTRACE_PID1).1, "EPERM\nEACCES\nEACCES", "{b}");
+    }
+    assert_eq!(sh(d, &a, "cat /root/state").1, "base");
+    assert_eq!(host_uid_of(d, &a, "sleep"), Some(base + 1000));
+
+    // A pause to the store parks the branch (its range freed); the resume maps a range again.
+    let b = &branches[0];
+    let p = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{b}/pause?to=store"),
+            None,
+        )
+        .expect(200)
+        .json();
+    assert!(p["init_pid"].is_null(), "parked, nothing runs: {p}");
+    let r = d
+        .call(Method::POST, &format!("/v1/sandboxes/{b}/resume"), None)
+        .expect(200)
+        .json();
+    assert_eq!(r["state"], "running", "{r}");
+    let rb = host_base(d, b);
+    assert!(
+        !bases[..1].contains(&rb) && rb != bases[2],
+        "resumed into a range in use: {rb} {bases:?}"
+    );
+    assert_eq!(host_uid_of(d, b, "sleep"), Some(rb + 1000));
+    assert_eq!(
+        sh(d, b, "cat /root/state; stat -c %u /tmp/t").1,
+        "base\n1000"
+    );
+
+    for id in branches.iter().chain([&a]) {
+        d.delete(id);
+    }
+    d.call(Method::DELETE, &format!("/v1/snapshots/{name}"), None)
+        .expect(204);
+    assert_eq!(d.residue()["items"], json!([]));
+}
+
 #[test]
 fn userns_must_be_a_bool() {
     let d = daemon();
@@ -217,4 +351,38 @@ fn userns_must_be_a_bool() {
         r#"{"image":"debian12","userns":"yes"}"#,
     );
     r.expect_error(422, Some("userns"));
+}
+
+/// An egress sandbox in a user namespace dumps, but CRIU cannot restore its veth into a branch's
+/// own user namespace: its snapshot is refused (501, naming why) before anything is recorded, and
+/// a pause freezes it instead.
+#[test]
+fn userns_egress_snapshots_are_refused_before_anything_is_kept() {
+    let d = daemon();
+    let _shared = common::EXCLUSIVE.read().unwrap();
+    let net = json!({"mode": "egress", "allow": [{"cidr": "192.0.2.0/24"}]});
+    let a = d.create(json!({"userns": true, "network": net}));
+    let name = format!("userns-egress-{}", common::rand_suffix());
+    let e = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/snapshot"),
+            Some(json!({ "name": name })),
+        )
+        .expect_error(501, None);
+    assert!(e.to_string().contains("user namespace"), "{e}");
+    d.call(Method::GET, &format!("/v1/snapshots/{name}"), None)
+        .expect_error(404, None);
+    let p = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/pause?to=store"),
+            None,
+        )
+        .expect(200)
+        .json();
+    assert!(!p["init_pid"].is_null(), "frozen, not parked: {p}");
+    assert_eq!(sh(d, &a, "echo alive").1, "alive");
+    d.delete(&a);
+    assert_eq!(d.residue()["items"], json!([]));
 }

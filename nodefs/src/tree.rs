@@ -67,8 +67,9 @@ pub struct Tree {
 #[error("bad tree object: {0}")]
 pub struct DecodeError(pub &'static str);
 
-struct W(Vec<u8>);
-impl W {
+/// Writes a tree object's encoding: little-endian integers and length-prefixed bytes.
+struct Encoder(Vec<u8>);
+impl Encoder {
     fn u8(&mut self, v: u8) {
         self.0.push(v)
     }
@@ -96,8 +97,9 @@ impl W {
     }
 }
 
-struct R<'a>(&'a [u8]);
-impl<'a> R<'a> {
+/// Reads a tree object's encoding, failing on a truncated one.
+struct Decoder<'a>(&'a [u8]);
+impl<'a> Decoder<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.0.len() < n {
             return Err(DecodeError("truncated"));
@@ -155,7 +157,7 @@ impl<'a> R<'a> {
 impl Tree {
     /// Canonical encoding: same tree, same bytes, same id.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = W(Vec::with_capacity(64 + self.entries.len() * 96));
+        let mut w = Encoder(Vec::with_capacity(64 + self.entries.len() * 96));
         w.0.extend_from_slice(MAGIC);
         w.meta(&self.meta);
         w.u32(self.entries.len() as u32);
@@ -199,7 +201,7 @@ impl Tree {
 
     /// Decode a tree object; rejects anything not canonical enough to be trusted.
     pub fn decode(data: &[u8]) -> Result<Tree, DecodeError> {
-        let mut r = R(data);
+        let mut r = Decoder(data);
         if r.take(4)? != MAGIC {
             return Err(DecodeError("bad magic"));
         }

@@ -12,6 +12,17 @@ use serde::{Deserialize, Serialize};
 pub const SOCKET_PATH: &str = "/run/grove/init.sock";
 /// Where the init binary is bind-mounted inside the sandbox (CRIU must see the exe).
 pub const INIT_PATH: &str = "/run/grove/init";
+
+/// The character devices every sandbox's /dev holds: (name, major, minor). Made with mknod, or in
+/// a user namespace (where a node cannot be made) bound from the host's /dev.
+pub const DEV_NODES: [(&str, u64, u64); 6] = [
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
 /// Directory for background exec logs inside the sandbox.
 pub const LOG_DIR: &str = "/run/grove/logs";
 /// An empty directory, bound read-only over the host directories a sandbox must not see.

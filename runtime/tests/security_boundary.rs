@@ -483,7 +483,12 @@ print("python ok")
              git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l",
             "1",
         ),
-        ("sleep 5 & ps -o comm= -p $! ; kill $!", "sleep"),
+        // Until the forked shell has exec'd sleep (a loaded machine may show it as `sh` first).
+        (
+            "sleep 5 & p=$!; for i in $(seq 100); do [ \"$(ps -o comm= -p $p)\" = sleep ] && break; \
+             sleep 0.02; done; ps -o comm= -p $p; kill $p",
+            "sleep",
+        ),
         ("echo $(( $(getconf _NPROCESSORS_ONLN) > 0 ))", "1"),
         ("script -qec 'echo $((6*7))' /dev/null | tr -d '\\r'", "42"),
         (

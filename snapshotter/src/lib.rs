@@ -15,6 +15,7 @@ mod record;
 mod snapshotter;
 mod sys;
 mod transfer;
+mod userns_images;
 
 pub use error::Error;
 pub use pause::PauseTiming;

@@ -41,15 +41,6 @@ impl Snapshotter {
                 ),
             });
         }
-        // Unsupported, not the 409 a snapshot gets: a pause (an idle reclaim too) freezes instead.
-        if view.spec.userns {
-            return Err(Error::Unsupported {
-                what: format!(
-                    "pause to the store of {sandbox}: it runs in a user namespace, which is not \
-                     checkpointed yet"
-                ),
-            });
-        }
         let mut cap = self.capture(sandbox, true)?;
         let t_store = Instant::now();
         let base = self.images_base(sandbox.as_str(), &cap.spec, now_ms(), None);

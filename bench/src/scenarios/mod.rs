@@ -15,6 +15,7 @@ pub mod rounds;
 pub mod soak;
 pub mod soak_full_disk;
 pub mod storage;
+mod userns_checkpoint;
 
 use std::path::PathBuf;
 

@@ -19,7 +19,9 @@ struct Args {
 fn main() {
     groved::init_logging();
     let args = Args::parse();
-    if let Err(e) = nodefs::service::serve(&args.store, &args.socket) {
+    // NODEFS_NO_PASSTHROUGH / NODEFS_CLONE_FD: switches for measurements, read here.
+    let options = nodefs::ServerOptions::from_env();
+    if let Err(e) = nodefs::service::serve_with(&args.store, &args.socket, options) {
         eprintln!("grove-fsd: {}", groved::error::chain(&e));
         std::process::exit(1);
     }

@@ -499,6 +499,27 @@ purpose = "groved-tests"
         .json()
     }
 
+    /// Forks `snapshot` with `body` (`{"count": N, ...}`); every branch must succeed. Their ids.
+    pub fn fork(&self, snapshot: &str, body: Value) -> Vec<String> {
+        let f = self
+            .call(
+                Method::POST,
+                &format!("/v1/snapshots/{snapshot}/fork"),
+                Some(body),
+            )
+            .expect(201)
+            .json();
+        f["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                assert!(r["error"].is_null(), "branch failed: {r}\n{}", self.log());
+                r["sandbox"]["id"].as_str().unwrap().to_string()
+            })
+            .collect()
+    }
+
     pub fn delete(&self, id: &str) {
         self.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
             .expect(204);

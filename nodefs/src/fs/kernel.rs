@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use fuser::{Config, MountOption, SessionACL};
 
 /// The FUSE session of one view: its kernel mount options and server threads.
-pub(super) fn session_config(read_only: bool) -> Config {
+pub(super) fn session_config(read_only: bool, clone_fd: bool) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("nodefs".into()),
@@ -28,7 +28,7 @@ pub(super) fn session_config(read_only: bool) -> Config {
     ];
     config.acl = SessionACL::All;
     config.n_threads = Some(2);
-    config.clone_fd = std::env::var_os("NODEFS_CLONE_FD").is_some();
+    config.clone_fd = clone_fd;
     config
 }
 

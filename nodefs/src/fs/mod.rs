@@ -16,4 +16,4 @@ mod upper;
 
 pub use idshift::IdShift;
 pub(crate) use passthrough::{object_name, ObjectWriter, CONTENT_XATTR};
-pub use registry::{Mount, MountOptions, NodeFs, Usage};
+pub use registry::{Mount, MountOptions, NodeFs, ServerOptions, Usage};

@@ -28,13 +28,6 @@ use super::file::Base;
 use crate::store::Store;
 use crate::tree::ChunkRef;
 
-/// Passthrough is allowed unless `NODEFS_NO_PASSTHROUGH` is set: that turns it off for every
-/// mount of the process and for import's whole-file objects. One mount can also go without
-/// it through [`super::MountOptions::passthrough`] (for before/after measurements).
-pub fn enabled() -> bool {
-    std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none()
-}
-
 /// Files at least this big pass through whatever they are: serving their reads costs most.
 pub const LARGE: u64 = 64 << 20;
 
@@ -271,9 +264,10 @@ pub struct ObjectWriter {
 }
 
 impl ObjectWriter {
-    /// Whether a file of `size` bytes gets its object at import.
+    /// Whether a file of `size` bytes gets its object at import (whether or not a server that
+    /// mounts it later passes through).
     pub fn wanted(size: u64) -> bool {
-        enabled() && size >= LARGE
+        size >= LARGE
     }
 
     pub fn new(store: &Store) -> std::io::Result<ObjectWriter> {

@@ -10,10 +10,10 @@ use fuser::Session;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::commit;
 use super::fuse::{Fs, Shared};
 use super::kernel::{detach, nodefs_mountpoints, session_config};
 use super::state::{Quota, State};
-use super::{commit, passthrough};
 use crate::error::{io_err, Error};
 use crate::id::ManifestId;
 use crate::store::Store;
@@ -32,7 +32,7 @@ pub struct MountOptions {
     /// Let the kernel read eligible files (executables, shared libraries, large files)
     /// straight from their whole-file objects through FUSE passthrough (default on; off
     /// serves every read from the server, for before/after measurements).
-    /// `NODEFS_NO_PASSTHROUGH` in the server's environment turns it off for every mount.
+    /// [`ServerOptions::passthrough`] off turns it off for every mount of the server.
     /// Absent in a request from an older client: on.
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
@@ -73,9 +73,40 @@ pub struct Usage {
     pub inodes: u64,
 }
 
+/// What holds for every mount of a server. The daemons' binaries take it from their environment
+/// ([`ServerOptions::from_env`]); the library reads no environment of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// FUSE passthrough where a mount allows it (see [`MountOptions::passthrough`]).
+    pub passthrough: bool,
+    /// A cloned /dev/fuse fd per session thread (fuser's `clone_fd`), for measurements.
+    pub clone_fd: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            passthrough: true,
+            clone_fd: false,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off) and `NODEFS_CLONE_FD` (set: on), for the
+    /// daemons' binaries and the bench to call.
+    pub fn from_env() -> ServerOptions {
+        ServerOptions {
+            passthrough: std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none(),
+            clone_fd: std::env::var_os("NODEFS_CLONE_FD").is_some(),
+        }
+    }
+}
+
 /// The node's FUSE server: any number of mounts, one multi-threaded session each.
 pub struct NodeFs {
     store: Arc<Store>,
+    options: ServerOptions,
     mounts: Mutex<Vec<Arc<Mount>>>,
     /// The id of this server's first mount: lower ids are mounts of a server before it.
     first_id: u64,
@@ -123,6 +154,10 @@ fn first_mount_id() -> u64 {
 
 impl NodeFs {
     pub fn new(store: Arc<Store>) -> Arc<NodeFs> {
+        NodeFs::with_options(store, ServerOptions::default())
+    }
+
+    pub fn with_options(store: Arc<Store>, options: ServerOptions) -> Arc<NodeFs> {
         // fuser gives every session thread a 16 MiB zeroed request buffer. glibc's dynamic
         // mmap threshold can serve that from an arena and memset it (16 MiB resident per
         // thread); a fixed threshold keeps it on fresh, untouched mmap pages.
@@ -133,6 +168,7 @@ impl NodeFs {
         let first_id = first_mount_id();
         Arc::new(NodeFs {
             store,
+            options,
             mounts: Mutex::new(Vec::new()),
             first_id,
             next_id: AtomicU64::new(first_id),
@@ -190,9 +226,9 @@ impl NodeFs {
             state,
             self.store.clone(),
             opts.read_only,
-            opts.passthrough && passthrough::enabled(),
+            opts.passthrough && self.options.passthrough,
         ));
-        let config = session_config(opts.read_only);
+        let config = session_config(opts.read_only, self.options.clone_fd);
         let cleanup = || {
             let _ = std::fs::remove_dir_all(upper);
         };
@@ -234,13 +270,13 @@ impl NodeFs {
         self.mounts.lock().clone()
     }
 
-    /// The live mount with this id.
     /// Whether `id` names a mount of this server (served now or gone), not one of a server
     /// before it.
     pub fn is_own_id(&self, id: u64) -> bool {
         id >= self.first_id
     }
 
+    /// The live mount with this id.
     pub fn find(&self, id: u64) -> Option<Arc<Mount>> {
         self.mounts.lock().iter().find(|m| m.id == id).cloned()
     }

@@ -24,7 +24,12 @@ impl Local {
 
     /// Opens the store in `dir` (exclusively) with a fresh FUSE server.
     pub fn open(dir: &Path) -> Result<Local, Error> {
-        Ok(Local::new(NodeFs::new(Store::open(dir)?)))
+        Local::open_with(dir, crate::ServerOptions::default())
+    }
+
+    /// The same, the server mounting with `options`.
+    pub fn open_with(dir: &Path, options: crate::ServerOptions) -> Result<Local, Error> {
+        Ok(Local::new(NodeFs::with_options(Store::open(dir)?, options)))
     }
 
     pub fn store(&self) -> &Arc<Store> {

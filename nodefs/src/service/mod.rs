@@ -23,7 +23,7 @@ use crate::store::{FsckReport, GcReport, StoreStats};
 pub use client::{Client, Spawn};
 pub use local::Local;
 pub use proto::VERSION;
-pub use server::{serve, ServeError};
+pub use server::{serve, serve_with, ServeError};
 
 /// How an imported directory is cut into chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

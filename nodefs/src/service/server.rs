@@ -51,10 +51,19 @@ struct Server {
 
 /// Serves the store in `store_dir` on `socket` until told to shut down (then exits the process).
 pub fn serve(store_dir: &Path, socket: &Path) -> Result<(), ServeError> {
+    serve_with(store_dir, socket, crate::ServerOptions::default())
+}
+
+/// `serve`, the FUSE server mounting with `options`.
+pub fn serve_with(
+    store_dir: &Path,
+    socket: &Path,
+    options: crate::ServerOptions,
+) -> Result<(), ServeError> {
     if UnixStream::connect(socket).is_ok() {
         return Err(ServeError::AlreadyRunning(socket.to_path_buf()));
     }
-    let svc = Local::open(store_dir).map_err(ServeError::Store)?;
+    let svc = Local::open_with(store_dir, options).map_err(ServeError::Store)?;
     let bind_err = |source| ServeError::Bind {
         path: socket.to_path_buf(),
         source,

@@ -44,11 +44,39 @@ pub fn main() -> ! {
     }
 }
 
+/// Keeps the sandbox's processes (uid 0 without CAP_SYS_PTRACE) from ptracing their pid 1 to stop
+/// it or inject an exit, and from opening its /proc files; the host's CRIU (which has
+/// CAP_SYS_PTRACE) still can, and restores what is set here.
+///
+/// Outside a user namespace pid 1 is not dumpable (children get that back at execve). In one,
+/// that would also shut out CRIU's check of a restored tree: a restored pid 1's memory belongs to
+/// the host's user namespace (CRIU forked it), where the check, run as the namespace's root, holds
+/// no capability. There pid 1 stays dumpable and keeps a saved gid unlike its effective one:
+/// ptrace's id check needs a caller whose ids equal all of the target's, which no caller's can,
+/// so it takes CAP_SYS_PTRACE over the namespace, which only the host's tools hold. execve gives
+/// children saved ids equal to their effective ones again.
+fn guard_from_ptrace() -> Result<(), StepError> {
+    let map =
+        std::fs::read_to_string("/proc/self/uid_map").map_err(io("read /proc/self/uid_map"))?;
+    let host_ns = map.split_whitespace().eq(["0", "0", "4294967295"]);
+    if host_ns {
+        return nix::sys::prctl::set_dumpable(false).map_err(sys("PR_SET_DUMPABLE"));
+    }
+    let ids = nix::unistd::getresgid().map_err(sys("getresgid"))?;
+    let saved = nix::unistd::Gid::from_raw(if ids.effective.as_raw() == NOGROUP {
+        0
+    } else {
+        NOGROUP
+    });
+    nix::unistd::setresgid(ids.real, ids.effective, saved).map_err(sys("setresgid"))?;
+    nix::sys::prctl::set_dumpable(true).map_err(sys("PR_SET_DUMPABLE"))
+}
+
+/// `nogroup`: the saved gid of a user-namespace pid 1 (see `guard_from_ptrace`).
+const NOGROUP: u32 = 65534;
+
 fn serve() -> Result<(), StepError> {
-    // Not dumpable: the sandbox's processes (uid 0 without CAP_SYS_PTRACE) cannot ptrace their
-    // pid 1 to stop it or inject an exit, nor open its /proc files; the host's CRIU can (it has
-    // CAP_SYS_PTRACE) and restores the flag. Children get it back at execve.
-    nix::sys::prctl::set_dumpable(false).map_err(sys("PR_SET_DUMPABLE"))?;
+    guard_from_ptrace()?;
     // Writes to gone clients then fail with EPIPE.
     crate::sys::ignore_signal(libc::SIGPIPE).map_err(io("ignore SIGPIPE"))?;
     let mut mask = SigSet::empty();

@@ -206,14 +206,7 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
     // Device nodes are made with mknod (not bind mounts from the host): CRIU then dumps /dev as plain
     // tmpfs content and needs no external-mount declarations for them. In a user namespace nodes
     // cannot be made (and would not open on its own tmpfs): the host's are bound instead.
-    for (name, major, minor) in [
-        ("null", 1, 3),
-        ("zero", 1, 5),
-        ("full", 1, 7),
-        ("random", 1, 8),
-        ("urandom", 1, 9),
-        ("tty", 5, 0),
-    ] {
+    for (name, major, minor) in crate::proto::DEV_NODES {
         let p = dev.join(name);
         if cfg.userns {
             std::fs::OpenOptions::new()

@@ -273,7 +273,7 @@ pub fn unreaped(pid: i32) -> bool {
 }
 
 /// Whether `pid` runs (not dead, not a zombie).
-fn running(pid: i32) -> bool {
+pub fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('Z')))

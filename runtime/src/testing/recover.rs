@@ -4,12 +4,22 @@
 use super::*;
 use crate::types::SandboxState;
 
+/// SIGKILL, and wait until it took: the signal is delivered asynchronously, and a restart that
+/// came first would find the init still running and rightly adopt it.
 fn kill(pid: i32) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while host::running(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "init {pid} survived SIGKILL"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 #[test]

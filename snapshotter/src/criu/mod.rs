@@ -46,7 +46,7 @@ pub struct Timing {
 }
 
 impl Criu {
-    /// Finds CRIU: `explicit`, else `$GROVE_CRIU`, else [`DEFAULT_BINARY`], else `criu` on PATH;
+    /// Finds CRIU: `explicit`, else [`DEFAULT_BINARY`], else `criu` on PATH;
     /// the first that exists and passes `criu check` wins.
     pub fn locate(explicit: Option<&Path>) -> Result<Criu, Error> {
         let mut tried = Vec::new();
@@ -54,9 +54,6 @@ impl Criu {
         if let Some(p) = explicit {
             candidates.push(p.to_path_buf());
         } else {
-            if let Some(p) = std::env::var_os("GROVE_CRIU").filter(|p| !p.is_empty()) {
-                candidates.push(p.into());
-            }
             candidates.push(DEFAULT_BINARY.into());
             if let Some(path) = std::env::var_os("PATH") {
                 candidates.extend(std::env::split_paths(&path).map(|d| d.join("criu")));

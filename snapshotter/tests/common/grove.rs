@@ -110,6 +110,7 @@ impl Env {
             scratch_dir: None,
             image_cache_bytes: None,
             merge_fork_pages: true,
+            lazy_pages: true,
         };
         let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), svc).unwrap();
         Env {

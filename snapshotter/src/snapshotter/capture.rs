@@ -1,0 +1,255 @@
+//! Taking a snapshot: freeze, CRIU dump (leaving the tree running), commit of the root, thaw,
+//! and the record that makes it forkable.
+
+use super::*;
+
+impl Snapshotter {
+    /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
+    /// → durable record → returned, forkable from the dumped images; they go into the store in
+    /// the background (`durable.rs`) unless `opts.durable` asks to wait. Any failure before
+    /// the record thaws and leaves the source as it was; no scratch is left behind.
+    pub fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        opts: SnapshotOptions,
+    ) -> Result<SnapshotInfo, Error> {
+        if let Some(n) = &opts.name {
+            record::validate_name(n)?;
+            self.check_name_free(n, None)?;
+        }
+        let _busy = self.claim(sandbox)?;
+        let cap = self.capture(sandbox, false)?;
+        let thawed = Instant::now();
+        // Keep gc off the new root until its ref is written.
+        let _pin = Pin::new(&*self.store, cap.fs_root)?;
+        let fs_hex = cap.fs_root.to_hex();
+        let at = now_ms();
+        let info = SnapshotInfo {
+            id: record::capture_id(&fs_hex, &cap.spec, sandbox.as_str(), at),
+            root: None,
+            name: opts.name,
+            source: sandbox.to_string(),
+            created_at_ms: at,
+            fs_root: fs_hex,
+            images_root: String::new(),
+            spec: cap.spec.clone(),
+            dump_ms: cap.dump_ms,
+            bytes_added: 0,
+            store_ms: 0,
+            durable: false,
+            paused: None,
+        };
+        // The dumped images become the materialized copy forks restore from, and the source
+        // of the background import.
+        self.cache.take(&info.id, &cap.images_dir)?;
+        if let Err(e) = self.commit_pending(&info, &cap.fs_root) {
+            self.cache.drop_snapshot(&info.id);
+            return Err(e);
+        }
+        drop(cap);
+        self.queue_import(&info.id);
+        tracing::info!(
+            snapshot = %info.id, %sandbox, frozen_ms = info.dump_ms,
+            after_thaw_ms = thawed.elapsed().as_millis() as u64, "snapshot taken"
+        );
+        if opts.stop {
+            self.runtime.destroy(sandbox)?;
+        }
+        if opts.durable {
+            return self.wait_durable(&info.id, DURABLE_WAIT);
+        }
+        Ok(info)
+    }
+
+    /// Freeze → dump (leaving the tree in place) → commit the root → thaw, unless `keep_frozen`
+    /// (then the caller owns the thaw, see `Capture::thaw`). On failure the sandbox is thawed
+    /// and untouched.
+    pub(crate) fn capture(&self, sandbox: &SandboxId, keep_frozen: bool) -> Result<Capture, Error> {
+        let view = self.runtime.checkpoint_view(sandbox)?;
+        if view.spec.userns && view.veth_host.is_some() {
+            // Its dump succeeds, but CRIU cannot restore the veth into a branch's own user
+            // namespace ("Unknown peer net namespace"): refused before a snapshot no fork can use.
+            return Err(Error::Unsupported {
+                what: format!(
+                    "checkpoint of {sandbox}: egress networking in a user namespace is not \
+                     checkpointed yet (sandboxes with network mode none are)"
+                ),
+            });
+        }
+        let mount = view.root.committer().ok_or_else(|| Error::Unsupported {
+            what: format!("snapshot of {sandbox}: its root is not a nodefs mount"),
+        })?;
+        let was_frozen = self.runtime.get(sandbox)?.state == SandboxState::Paused;
+        // A branch restored lazily has holes in its memory until its daemon is done.
+        self.lazy.wait(sandbox, LAZY_WAIT)?;
+        let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
+        let images_dir = scratch.0.join(plan::IMAGES);
+        let controllers = cgroups::own_controllers(view.init_pid, &view.cgroups);
+        let base = criu::DumpOptions {
+            pid: view.init_pid,
+            images_dir: images_dir.clone(),
+            work_dir: scratch.0.join(plan::LOGS),
+            leave_running: true,
+            external_mounts: view
+                .externals
+                .iter()
+                .map(|e| (e.sandbox_path.clone(), e.key.clone()))
+                .collect(),
+            freeze_cgroup: None,
+            cgroup_yard: self
+                .cgroup_yard
+                .as_ref()
+                .and_then(|y| y.covering(&controllers)),
+            cgroup_controllers: controllers,
+            tcp_established: true,
+            track_mem: false,
+            prev_images_dir: None,
+            // An egress sandbox's namespace holds its veth and is dumped in full. So is a user
+            // namespace's: its branches must own theirs (sysfs mounts only where the mounter's
+            // user namespace owns the network namespace), not join one made by the host.
+            external_net: match (&view.veth_host, view.spec.userns) {
+                (None, false) => Some(
+                    netns::inode_of(view.init_pid)
+                        .map_err(|e| Error::io(format!("/proc/{}/ns/net", view.init_pid), e))?,
+                ),
+                _ => None,
+            },
+        };
+        // Soft-dirty kernels: copy memory while the sandbox runs; the frozen dump then writes
+        // only what changed since. A failed pre-dump only costs the optimization.
+        let mut pre =
+            plan::pre_dump(self.criu.features(), was_frozen, &base, &scratch.0).filter(|p| {
+                match self.criu.pre_dump(p) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(%sandbox, error = %e, "pre-dump failed; dumping in full");
+                        let _ = std::fs::remove_dir_all(&p.images_dir);
+                        false
+                    }
+                }
+            });
+
+        // A per-request control connection (an exec just finishing, a ping) may be open at the
+        // freeze instant; CRIU then refuses the dump. Such connections close within
+        // milliseconds, so retry a few times before reporting a conflict.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let _ = std::fs::remove_dir_all(&images_dir);
+            std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
+            let t0 = Instant::now();
+            if !was_frozen {
+                self.runtime.freeze(sandbox)?;
+            }
+            let opts = criu::DumpOptions {
+                freeze_cgroup: cgroups::frozen(&view.cgroups),
+                ..plan::dump(base.clone(), pre.as_ref())
+            };
+            let frozen = self.dump_and_commit(&opts, mount, pre.as_ref());
+            let thaw = |ok: bool| {
+                if was_frozen || (ok && keep_frozen) {
+                    Ok(())
+                } else {
+                    self.runtime.thaw(sandbox)
+                }
+            };
+            let dump_ms = t0.elapsed().as_millis() as u64;
+            match frozen {
+                Ok(fs_root) => {
+                    thaw(true)?;
+                    return Ok(Capture {
+                        sandbox: sandbox.clone(),
+                        spec: view.spec.clone(),
+                        fs_root,
+                        images_dir,
+                        dump_ms,
+                        thaw_on_drop: keep_frozen && !was_frozen,
+                        runtime: self.runtime.clone(),
+                        _scratch: scratch,
+                    });
+                }
+                Err(Error::Criu(criu::Error::ExternalSocket { .. })) if attempt < DUMP_ATTEMPTS => {
+                    thaw(false)?;
+                    // A failed dump may have reset the dirty bits the pre-dump relies on.
+                    if let Some(p) = pre.take() {
+                        let _ = std::fs::remove_dir_all(&p.images_dir);
+                    }
+                    tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
+                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
+                }
+                Err(e) => {
+                    thaw(false)?;
+                    return Err(self.conflict_or(sandbox, e));
+                }
+            }
+        }
+    }
+
+    /// The frozen part: dump the tree (leaving it running), then commit its root.
+    fn dump_and_commit(
+        &self,
+        opts: &criu::DumpOptions,
+        mount: &dyn CommitRoot,
+        pre: Option<&criu::PreDumpOptions>,
+    ) -> Result<ManifestId, Error> {
+        self.criu.dump(opts)?;
+        if !opts.cgroup_controllers.is_empty() {
+            cgroups::write_dumped_list(&opts.images_dir, &opts.cgroup_controllers)
+                .map_err(|e| Error::io(&opts.images_dir, e))?;
+        }
+        if let Some(p) = pre {
+            plan::nest_parent(&opts.images_dir, &p.images_dir)
+                .map_err(|e| Error::io(&opts.images_dir, e))?;
+        }
+        Ok(nodefs::ObjectId(mount.commit().map_err(Error::Commit)?))
+    }
+
+    pub(crate) fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
+        if !self.busy.lock().insert(sandbox.clone()) {
+            return Err(Error::Conflict {
+                sandbox: sandbox.to_string(),
+                reason: "a snapshot of this sandbox is already in progress".into(),
+            });
+        }
+        Ok(BusyGuard {
+            set: &self.busy,
+            id: sandbox.clone(),
+        })
+    }
+
+    /// A dump that met a socket connected outside the sandbox is a state conflict (typically an
+    /// exec in flight holds the control connection), not an internal failure.
+    fn conflict_or(&self, sandbox: &SandboxId, e: Error) -> Error {
+        match e {
+            Error::Criu(criu::Error::ExternalSocket { log_tail, .. }) => Error::Conflict {
+                sandbox: sandbox.to_string(),
+                reason: format!(
+                    "a connection from outside the sandbox is open (an exec in flight?); retry when it ends ({})",
+                    log_tail.first().map(String::as_str).unwrap_or("")
+                ),
+            },
+            Error::Criu(criu::Error::DumpFailed { ref log_tail, .. })
+                if criu::log::is_rlimit_denied(log_tail) =>
+            {
+                Error::Unsupported {
+                    what: format!(
+                        "checkpointing sandbox {sandbox}: a process in it runs as another user, and \
+                         CRIU reading its rlimits takes CAP_SYS_RESOURCE, which groved lacks ({})",
+                        log_tail.first().map(String::as_str).unwrap_or("")
+                    ),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+pub(crate) struct BusyGuard<'a> {
+    set: &'a Mutex<HashSet<SandboxId>>,
+    id: SandboxId,
+}
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.id);
+    }
+}
