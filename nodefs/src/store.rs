@@ -20,6 +20,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +66,7 @@ static OPEN_STORES: Mutex<Option<HashMap<PathBuf, std::sync::Weak<Store>>>> = Mu
 /// The node's content store in a directory.
 pub struct Store {
     /// Holds an exclusive flock on `<dir>/LOCK` for the store's lifetime.
-    _lock: fs::File,
+    _lock: Flock<fs::File>,
     dir: PathBuf,
     packs: PackSet,
     cache: Mutex<Cache<Vec<u8>>>,
@@ -130,23 +132,17 @@ impl Store {
         // another thread that has not reached exec yet) lets go within moments: wait a little
         // before refusing.
         let deadline = std::time::Instant::now() + LOCK_WAIT;
-        loop {
-            // SAFETY: flock on an fd we own.
-            let r = unsafe {
-                libc::flock(
-                    std::os::fd::AsRawFd::as_raw_fd(&lock),
-                    libc::LOCK_EX | libc::LOCK_NB,
-                )
-            };
-            if r == 0 {
-                break;
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(StoreError::Io {
-                    path: lock_path,
-                    source: err,
-                });
+        let mut lock = lock;
+        let lock = loop {
+            match Flock::lock(lock, FlockArg::LockExclusiveNonblock) {
+                Ok(held) => break held,
+                Err((file, Errno::EWOULDBLOCK)) => lock = file,
+                Err((_, e)) => {
+                    return Err(StoreError::Io {
+                        path: lock_path,
+                        source: e.into(),
+                    })
+                }
             }
             if std::time::Instant::now() >= deadline {
                 return Err(StoreError::Io {
@@ -155,7 +151,7 @@ impl Store {
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        };
         let fmt = dir.join("FORMAT");
         // Compared byte for byte: a damaged file is refused like another version.
         match fs::read(&fmt) {

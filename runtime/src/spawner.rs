@@ -5,9 +5,11 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::proto::{SetupConfig, OWNER_INSTANCE_ARG, OWNER_SANDBOX_ARG};
 use crate::userns::IdRange;
@@ -126,14 +128,9 @@ fn handshake(
         if left.is_zero() {
             return Err(SetupFailure::TimedOut);
         }
-        let mut pfd = libc::pollfd {
-            fd: stdout.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32 + 1) };
-        if n <= 0 {
+        let mut pfd = [PollFd::new(stdout.as_fd(), PollFlags::POLLIN)];
+        let wait = PollTimeout::try_from(left.as_millis() + 1).unwrap_or(PollTimeout::MAX);
+        if !matches!(poll(&mut pfd, wait), Ok(n) if n > 0) {
             continue;
         }
         let mut buf = [0u8; 512];

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 use super::{all_answer, mib, Figures, Params, DIRTY, TOUCH};
 use crate::cleanup;
@@ -22,8 +24,8 @@ pub(in crate::scenarios) struct RawWorkload {
 
 impl Drop for RawWorkload {
     fn drop(&mut self) {
-        // SAFETY: kill on a pid we started; SIGKILL to a pid-ns init ends the whole namespace.
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        // SIGKILL to a pid-ns init ends the whole namespace.
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
     }
@@ -41,9 +43,9 @@ pub(in crate::scenarios) fn start_raw(heap: u64, state: &Path) -> Result<RawWork
     let upid = child.id();
     let mut pid = 0;
     util::wait_until(Duration::from_secs(5), || {
-        pid = std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()))
+        pid = grove_sys::proc::children(upid as i32)
+            .first()
+            .copied()
             .unwrap_or(0);
         pid > 0
     });
@@ -136,8 +138,7 @@ pub(in crate::scenarios) fn criu_restore_n(
 
 pub(in crate::scenarios) fn kill_all(pids: &[i32]) {
     for &p in pids {
-        // SAFETY: pids of namespace inits this bench restored.
-        unsafe { libc::kill(p, libc::SIGKILL) };
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
     }
 }
 pub(super) fn raw_criu_rounds(ctx: &Ctx, p: &Params) -> Figures {
