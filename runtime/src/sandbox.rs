@@ -156,6 +156,21 @@ pub struct Parts {
     pub ids: Option<IdRange>,
 }
 
+impl Parts {
+    /// Everything a live sandbox holds on the host, for its reclaim.
+    pub(crate) fn of(sb: &Sandbox) -> Parts {
+        Parts {
+            dir: Some(sb.dir.clone()),
+            root: Some(sb.root.clone()),
+            cgroups: true,
+            init_pid: None,
+            init: Some(sb.init.clone()),
+            net: sb.net.clone(),
+            ids: sb.ids,
+        }
+    }
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -147,14 +147,11 @@ impl Runtime {
 
     /// Reclaims a pooled sandbox whose id is reserved (eviction, shrink, shutdown, failure).
     pub(crate) fn destroy_pooled(&self, sb: &Sandbox) {
+        // Its network lease, if a hand-over made one, is torn down where that failed.
         let parts = Parts {
-            dir: Some(sb.dir.clone()),
-            root: Some(sb.root.clone()),
-            cgroups: true,
-            init_pid: None,
-            init: Some(sb.init.clone()),
             net: None,
             ids: None,
+            ..Parts::of(sb)
         };
         if let Err(e) = self.reclaim(&sb.id, parts) {
             tracing::error!(sandbox = %sb.id, error = %e, "reclaim of a pooled sandbox is incomplete");

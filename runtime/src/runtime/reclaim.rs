@@ -139,15 +139,7 @@ impl Runtime {
         if let Err(e) = record::discard(&sb.dir) {
             tracing::warn!(sandbox = %id, error = %e, "remove the durable record");
         }
-        let parts = Parts {
-            dir: Some(sb.dir.clone()),
-            root: Some(sb.root.clone()),
-            cgroups: true,
-            init_pid: None,
-            init: Some(sb.init.clone()),
-            net: sb.net.clone(),
-            ids: sb.ids,
-        };
+        let parts = Parts::of(&sb);
         let res = self.reclaim(id, parts);
         self.release(&sb.spec, &sb.limits);
         let landed = match res {
