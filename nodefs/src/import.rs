@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::chunker::{chunk_reader, ChunkError, ChunkPolicy};
+use crate::chunk_writer::ChunkWriter;
+use crate::chunker::{chunk_reader, chunk_slice, ChunkError, ChunkPolicy};
 use crate::error::{io_err, Error};
 use crate::fs::ObjectWriter;
 use crate::id::{ManifestId, ObjectId};
@@ -20,6 +21,8 @@ use crate::tree::{ChunkRef, Entry, Meta, Node, Tree};
 
 /// Chunks are hashed, compressed and appended in batches of about this many bytes.
 const BATCH_BYTES: usize = 8 << 20;
+/// Files up to this size are read whole and cut in memory (see [`chunk_slice`]).
+const SLURP_BYTES: usize = 4 << 20;
 
 /// An in-memory tree being assembled before it is written as objects.
 #[derive(Clone, Debug)]
@@ -236,6 +239,17 @@ impl Store {
         policy: ChunkPolicy,
         size_hint: u64,
     ) -> Result<Node, ChunkError> {
+        self.chunk_stream_to(r, policy, size_hint, None)
+    }
+
+    /// [`Store::chunk_stream`], the chunks stored by `writer`'s threads where one is given.
+    pub(crate) fn chunk_stream_to(
+        &self,
+        r: &mut dyn Read,
+        policy: ChunkPolicy,
+        size_hint: u64,
+        writer: Option<&ChunkWriter<'_>>,
+    ) -> Result<Node, ChunkError> {
         let mut object = ObjectWriter::wanted(size_hint)
             .then(|| ObjectWriter::new(self))
             .and_then(|w| {
@@ -255,11 +269,19 @@ impl Store {
             batch.clear();
             Ok(())
         };
-        chunk_reader(r, policy, &mut |c| {
+        let mut each = |c: &[u8]| -> Result<(), Error> {
             size += c.len() as u64;
             if let Some(Err(e)) = object.as_mut().map(|o| o.write(c)) {
                 tracing::warn!(error = %e, "no whole-file object at import");
                 object = None;
+            }
+            if let Some(w) = writer {
+                let id = w.put(c)?;
+                chunks.push(ChunkRef {
+                    id,
+                    len: c.len() as u32,
+                });
+                return Ok(());
             }
             batch.push(c.to_vec());
             batch_bytes += c.len();
@@ -268,7 +290,22 @@ impl Store {
                 flush(&mut batch, &mut chunks)?;
             }
             Ok(())
-        })?;
+        };
+        if size_hint <= SLURP_BYTES as u64 {
+            // Small, as most files are: read whole and cut in memory. One byte past the limit
+            // tells a hint that lied; the stream path takes over from what was read.
+            let mut head = Vec::with_capacity(size_hint as usize);
+            r.take(SLURP_BYTES as u64 + 1)
+                .read_to_end(&mut head)
+                .map_err(ChunkError::Io)?;
+            if head.len() <= SLURP_BYTES {
+                chunk_slice(&head, policy, &mut each).map_err(ChunkError::Sink)?;
+            } else {
+                chunk_reader(&mut std::io::Cursor::new(head).chain(r), policy, &mut each)?;
+            }
+        } else {
+            chunk_reader(r, policy, &mut each)?;
+        }
         if !batch.is_empty() {
             flush(&mut batch, &mut chunks).map_err(ChunkError::Sink)?;
         }

@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::id::ManifestId;
 use crate::import::MemNode;
 use crate::oci::{check_digest, HashingReader};
+use crate::readahead;
 use crate::store::Store;
 use crate::tree::Node;
 
@@ -54,7 +55,7 @@ impl Store {
         base: Option<&ManifestId>,
         compression: LayerCompression,
         digest: Option<&str>,
-        input: &mut dyn Read,
+        input: &mut (dyn Read + Send),
     ) -> Result<ManifestId, Error> {
         let name = digest.unwrap_or("<layer>").to_string();
         let bad = |why: String| Error::BadLayer {
@@ -73,7 +74,7 @@ impl Store {
         };
         let hashed = HashingReader::new(input);
         let hash = hashed.hasher.clone();
-        let mut r: Box<dyn Read + '_> = match compression {
+        let decoded: Box<dyn Read + Send + '_> = match compression {
             LayerCompression::None => Box::new(hashed),
             LayerCompression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(hashed)),
             LayerCompression::Zstd => {
@@ -82,10 +83,17 @@ impl Store {
         };
         // This layer's new hard-link groups count up from 1; the base's are hashes (odd, 64-bit).
         let mut groups = 0u64;
-        let applied = self.apply_tar(&mut root, &mut r, true, &mut groups);
-        // Read (and hash) what the tar reader left: padding, or the rest of a bad blob.
-        let drained = std::io::copy(&mut r, &mut std::io::sink());
-        drop(r);
+        // The blob is read, hashed and decompressed on a thread of its own, to its end (the
+        // digest covers padding and the rest of a bad blob too) whatever the tar reader took.
+        let (applied, drained) = std::thread::scope(|s| {
+            let (mut ahead, reader) = readahead::spawn(s, decoded);
+            let applied = self.apply_tar(&mut root, &mut ahead, true, &mut groups);
+            drop(ahead);
+            let drained = reader
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (applied, drained)
+        });
         if let Some(d) = digest {
             // A blob that is not what it claims explains any tar error it caused: say that.
             if drained.is_ok() {

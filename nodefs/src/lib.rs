@@ -6,6 +6,7 @@
 //! turns a view back into a manifest.
 
 mod cache;
+mod chunk_writer;
 mod chunker;
 mod error;
 mod export;
@@ -16,6 +17,7 @@ mod layer;
 mod oci;
 mod pack;
 mod pages;
+mod readahead;
 pub mod service;
 mod store;
 mod stream;

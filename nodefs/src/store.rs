@@ -13,6 +13,7 @@ mod gc;
 mod objects;
 mod reach;
 mod refs;
+pub(crate) mod zstd_ctx;
 
 use std::collections::HashMap;
 use std::fs;

@@ -55,7 +55,7 @@ impl Store {
                 .get(&oid)
                 .ok_or(StoreError::Missing { id: oid })?;
             let raw = self.get_object(&oid)?;
-            let z = zstd::bulk::compress(&raw, 3).map_err(werr)?;
+            let z = crate::store::zstd_ctx::compress(&raw, 3).map_err(werr)?;
             out.write_all(&[loc.kind as u8]).map_err(werr)?;
             out.write_all(&oid.0).map_err(werr)?;
             out.write_all(&(raw.len() as u32).to_le_bytes())
@@ -102,7 +102,7 @@ impl Store {
             }
             let mut z = vec![0u8; zlen];
             input.read_exact(&mut z).map_err(rerr)?;
-            let raw = zstd::bulk::decompress(&z, raw_len)
+            let raw = crate::store::zstd_ctx::decompress(&z, raw_len)
                 .map_err(|e| Error::BadStream(format!("object {oid}: {e}")))?;
             if ObjectId::hash(&raw) != oid {
                 return Err(Error::BadStream(format!(

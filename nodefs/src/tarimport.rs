@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 
+use crate::chunk_writer::ChunkWriter;
 use crate::chunker::{ChunkError, ChunkPolicy};
 use crate::error::Error;
 use crate::id::ManifestId;
@@ -23,13 +24,30 @@ impl Store {
         Ok(id)
     }
 
-    /// Apply one tar onto `root`; with `whiteouts`, OCI `.wh.` entries delete.
+    /// Apply one tar onto `root`; with `whiteouts`, OCI `.wh.` entries delete. The file
+    /// contents are compressed and stored on other cores while this thread reads on.
     pub(crate) fn apply_tar(
         &self,
         root: &mut MemNode,
         r: &mut dyn Read,
         whiteouts: bool,
         groups: &mut u64,
+    ) -> Result<(), Error> {
+        std::thread::scope(|s| {
+            let writer = ChunkWriter::start(s, self);
+            let applied = self.apply_tar_with(root, r, whiteouts, groups, &writer);
+            // A store failure (no space, say) stops the tar early: report it, not the stop.
+            writer.finish().and(applied)
+        })
+    }
+
+    fn apply_tar_with(
+        &self,
+        root: &mut MemNode,
+        r: &mut dyn Read,
+        whiteouts: bool,
+        groups: &mut u64,
+        writer: &ChunkWriter<'_>,
     ) -> Result<(), Error> {
         let mut ar = tar::Archive::new(r);
         let entries = ar.entries().map_err(|e| Error::BadTar {
@@ -116,11 +134,14 @@ impl Store {
                 continue;
             } else if et.is_file() || et == tar::EntryType::Continuous {
                 let size = h.size().unwrap_or(0);
-                let node = match self.chunk_stream(&mut ent, ChunkPolicy::Cdc, size) {
-                    Ok(n) => n,
-                    Err(ChunkError::Io(e)) => return Err(bad(&format!("reading content: {e}"))),
-                    Err(ChunkError::Sink(e)) => return Err(e),
-                };
+                let node =
+                    match self.chunk_stream_to(&mut ent, ChunkPolicy::Cdc, size, Some(writer)) {
+                        Ok(n) => n,
+                        Err(ChunkError::Io(e)) => {
+                            return Err(bad(&format!("reading content: {e}")))
+                        }
+                        Err(ChunkError::Sink(e)) => return Err(e),
+                    };
                 if let Node::File { size, .. } = &node {
                     if *size != h.size().unwrap_or(0) {
                         return Err(bad("content shorter than its header says"));

@@ -305,7 +305,11 @@ fn reap(pid: i32) {
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // 1 MiB rather than 64 KiB: an import streams hundreds of MB through it, and each full
+    // pipe is a context switch on both ends. Best effort: a lower pipe-max-size keeps 64 KiB.
+    let _ = nix::fcntl::fcntl(w.as_raw_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+    Ok((r, w))
 }
 
 impl FsService for Client {
@@ -375,7 +379,7 @@ impl FsService for Client {
         base: Option<&ManifestId>,
         compression: crate::LayerCompression,
         digest: Option<&str>,
-        input: &mut dyn Read,
+        input: &mut (dyn Read + Send),
     ) -> Result<ManifestId, Error> {
         let req = Request::ApplyLayer {
             base: base.copied(),

@@ -118,7 +118,7 @@ impl FsService for Local {
         base: Option<&ManifestId>,
         compression: crate::LayerCompression,
         digest: Option<&str>,
-        input: &mut dyn Read,
+        input: &mut (dyn Read + Send),
     ) -> Result<ManifestId, Error> {
         self.store().apply_layer(base, compression, digest, input)
     }

@@ -92,7 +92,7 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
         base: Option<&ManifestId>,
         compression: LayerCompression,
         digest: Option<&str>,
-        input: &mut dyn Read,
+        input: &mut (dyn Read + Send),
     ) -> Result<ManifestId, Error>;
     /// Materializes a manifest as plain files at `dst` (absent).
     fn export_dir(&self, id: &ManifestId, dst: &Path) -> Result<(), Error>;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Store, CHUNK_ZSTD_LEVEL, MAX_DELTA_DEPTH, ZSTD_LEVEL};
+use super::{zstd_ctx, Store, CHUNK_ZSTD_LEVEL, MAX_DELTA_DEPTH, ZSTD_LEVEL};
 use crate::error::{store_io, StoreError};
 use crate::id::{ManifestId, ObjectId};
 use crate::pack::{Codec, Kind, Record};
@@ -21,7 +21,7 @@ impl Store {
         if self.packs.contains(&id) {
             return Ok(id);
         }
-        let plain = zstd::bulk::compress(data, CHUNK_ZSTD_LEVEL).map_err(store_io(&self.dir))?;
+        let plain = zstd_ctx::compress(data, CHUNK_ZSTD_LEVEL).map_err(store_io(&self.dir))?;
         let (mut codec, mut payload, mut base, mut depth) = if plain.len() < data.len() {
             (Codec::Zstd, plain, ObjectId([0; 32]), 0)
         } else {
@@ -69,10 +69,7 @@ impl Store {
                 if self.packs.contains(id) {
                     continue;
                 }
-                *p = Some(match zstd::bulk::compress(data, CHUNK_ZSTD_LEVEL) {
-                    Ok(z) if z.len() < data.len() => (Codec::Zstd, z),
-                    _ => (Codec::Raw, data.clone()),
-                });
+                *p = Some(compress_chunk(data));
             }
         };
         if threads <= 1 {
@@ -110,6 +107,35 @@ impl Store {
         Ok(ids)
     }
 
+    /// Store chunks whose ids the caller hashed (a [`crate::chunk_writer::ChunkWriter`]'s
+    /// worker): compressed on this thread, one pack write.
+    pub(crate) fn put_hashed_chunks(
+        &self,
+        chunks: &[(ObjectId, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        let payloads: Vec<Option<(Codec, Vec<u8>)>> = chunks
+            .iter()
+            .map(|(id, data)| (!self.packs.contains(id)).then(|| compress_chunk(data)))
+            .collect();
+        let recs: Vec<Record<'_>> = chunks
+            .iter()
+            .zip(&payloads)
+            .filter_map(|((id, data), p)| {
+                p.as_ref().map(|(codec, payload)| Record {
+                    id: *id,
+                    kind: Kind::Chunk,
+                    codec: *codec,
+                    depth: 0,
+                    raw_len: data.len() as u32,
+                    base: ObjectId([0; 32]),
+                    payload,
+                })
+            })
+            .collect();
+        self.packs.append_batch(&recs)?;
+        Ok(())
+    }
+
     /// Store a tree object.
     pub fn put_tree(&self, tree: &Tree) -> Result<ObjectId, StoreError> {
         self.put_tree_based(tree, None)
@@ -135,7 +161,7 @@ impl Store {
         } else {
             ZSTD_LEVEL
         };
-        let mut payload = zstd::bulk::compress(&data, level).map_err(store_io(&self.dir))?;
+        let mut payload = zstd_ctx::compress(&data, level).map_err(store_io(&self.dir))?;
         let (mut codec, mut base_id, mut depth) = (Codec::Zstd, ObjectId([0; 32]), 0);
         if let Some((b, bdepth)) = base.and_then(|b| self.tree_delta_base(b, &id)) {
             if let Ok(bdata) = self.get_object(&b) {
@@ -198,7 +224,7 @@ impl Store {
         let corrupt = |why: String| StoreError::Corrupt { id: *id, why };
         let raw = match loc.codec {
             Codec::Raw => payload,
-            Codec::Zstd => zstd::bulk::decompress(&payload, loc.raw_len as usize)
+            Codec::Zstd => zstd_ctx::decompress(&payload, loc.raw_len as usize)
                 .map_err(|e| corrupt(format!("zstd: {e}")))?,
             Codec::Delta => {
                 let base = self.get_object(&loc.base)?;
@@ -291,6 +317,14 @@ fn delta_decompress(
     let mut out = Vec::with_capacity(raw_len);
     dctx.decompress(&mut out, payload).map_err(e)?;
     Ok(out)
+}
+
+/// A chunk's payload: zstd where that is smaller, else the bytes as they are.
+fn compress_chunk(data: &[u8]) -> (Codec, Vec<u8>) {
+    match zstd_ctx::compress(data, CHUNK_ZSTD_LEVEL) {
+        Ok(z) if z.len() < data.len() => (Codec::Zstd, z),
+        _ => (Codec::Raw, data.to_vec()),
+    }
 }
 
 #[cfg(test)]
