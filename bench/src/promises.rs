@@ -1,8 +1,8 @@
 //! The numeric promises of SPECIFICATION.md, each tied to the bench figure that measures it.
 
 use crate::scenarios::{
-    api, checkpoint as ck, density as de, e2b, elastic as el, filesystem as fs, images as im,
-    images_build as ib, lifecycle as lc, rounds as ro, storage as st,
+    api, checkpoint as ck, density as de, e2b, elastic as el, filesystem as fs, fork_memory as fm,
+    images as im, images_build as ib, lifecycle as lc, rounds as ro, storage as st,
 };
 
 /// Which statistic of a figure a promise is about.
@@ -122,6 +122,10 @@ pub fn all() -> Vec<Promise> {
         Promise::at_most("CK-5", "100 rounds of snapshot → fork 4 → destroy: per-round latency, last tenth ÷ first tenth", ro::NAME, ro::GROWTH, "100 rounds", Stat::P50, 1.2),
         Promise::at_most("CK-6", "100 rounds: store bytes each round adds ÷ bytes it touched, last tenth, p50", ro::NAME, ro::STORE, "100 rounds, last tenth", Stat::P50, 1.2),
         Promise::at_most("CK-7", "100 rounds: Grove residue and scratch files left after them", ro::NAME, ro::RESIDUE, "100 rounds", Stat::P50, 0.0),
+        Promise::at_most("CK-8", "8 branches of one snapshot, each dirtying 1 % after the fork: host MemAvailable drop ÷ one copy", ck::NAME, fm::HOST_DROP, "256 MiB heap, 8 branches", Stat::P50, 1.5),
+        Promise::at_most("CK-9", "32 branches of one snapshot, each dirtying 1 % after the fork: host MemAvailable drop ÷ one copy", ck::NAME, fm::HOST_DROP, "256 MiB heap, 32 branches", Stat::P50, 2.0),
+        Promise::at_most("CK-10", "second snapshot after touching 5 % of the heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, "256 MiB heap, second, after touching 5 % of the heap", Stat::P50, 60.0),
+        Promise::at_most("CK-11", "fork into 8 branches, all running and answering, p50 (ms), the tree-search bar", ck::NAME, ck::FORK, "256 MiB heap, 8 branches", Stat::P50, 250.0),
         Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "1024 MiB file", fs::OVERLAY, AtLeast(0.7)),
         Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
         Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "python3.11 stdlib + /usr/share", fs::OVERLAY, AtMost(2.0)),
@@ -158,6 +162,13 @@ mod tests {
         assert!(find("CK-4").starts_with(&ck::heap_param(256 << 20)));
         assert!(find("CK-6").starts_with(&ro::rounds_param(100)));
         assert_eq!(find("CK-7"), ro::rounds_param(100));
+        assert_eq!(find("CK-8"), fm::branches_param(256 << 20, 8));
+        assert_eq!(find("CK-9"), fm::branches_param(256 << 20, 32));
+        assert_eq!(
+            find("CK-10"),
+            format!("{}, {}", ck::heap_param(256 << 20), ck::SECOND)
+        );
+        assert_eq!(find("CK-11"), find("CK-4"));
         assert_eq!(find("API-1"), format!("{}, p50", api::EXEC));
         assert_eq!(find("EB-2"), e2b::POOLED);
     }

@@ -182,6 +182,12 @@ fn end(dir: &Path, mine: Option<Flock<File>>) -> io::Result<()> {
     std::fs::remove_file(&saved)
 }
 
+/// Whether a boost is alive on this host (its saved knobs are on disk until the last one ends):
+/// until then ksmd may still be merging, whatever the memory did in the last seconds.
+pub fn boosting() -> bool {
+    Path::new(KSM_DIR).join("saved").exists()
+}
+
 /// After a crash: a boost that died with its daemon leaves ksmd fast; put it back.
 pub fn recover() {
     if let Err(e) = end(Path::new(KSM_DIR), None) {
