@@ -556,11 +556,9 @@ pub fn chains(layers: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// A store failure is the node's, mapped where every backend error is.
 fn store_api(e: nodefs::Error) -> PullError {
-    PullError::Api(ApiError::from_cause(
-        &e,
-        ApiError::internal(format!("the store: {}", nodefs::chain(&e))),
-    ))
+    PullError::Api(crate::backend::BackendError::Store(e).into())
 }
 
 async fn blocking<T: Send + 'static>(
