@@ -247,7 +247,7 @@ impl Engine {
         }
         let base = if from.eq_ignore_ascii_case("scratch") {
             StageOut {
-                root: self.empty_root().map_err(|r| at(*step, r))?,
+                root: self.empty_root().map_err(|r| at(*step, r.to_string()))?,
                 cfg: ImageConfig::default(),
             }
         } else if let Some(j) = df.stage_index(from, idx) {
@@ -349,7 +349,7 @@ impl Engine {
             Kind::Expose(ports) => {
                 announce(emit, None)?;
                 for p in ports {
-                    let p = normalize_port(&x(p)?).map_err(StepError::Failed)?;
+                    let p = normalize_port(&x(p)?)?;
                     if !s.cfg.exposed_ports.contains(&p) {
                         s.cfg.exposed_ports.push(p);
                     }
@@ -388,7 +388,10 @@ impl Engine {
                 s.root = match cached {
                     Some(r) => r,
                     None => self.in_view(&s.root, &key, |root| {
-                        root.mkdir_all(&w).map_err(|e| format!("making {w}: {e}"))
+                        root.mkdir_all(&w).map_err(|error| StepFailure::Confined {
+                            what: format!("making {w}"),
+                            error,
+                        })
                     })?,
                 };
                 s.cfg.working_dir = Some(w);
@@ -443,13 +446,14 @@ impl Engine {
     }
 
     /// Records `root` as the result of `key` (a ref, so gc keeps it while the cache does).
-    fn remember(&self, key: &str, root: &ManifestId) -> Result<(), String> {
-        self.cache
-            .touch(key, grove_runtime::now_ms())
-            .map_err(|e| e.to_string())?;
+    fn remember(&self, key: &str, root: &ManifestId) -> Result<(), StepFailure> {
+        self.cache.touch(key, grove_runtime::now_ms())?;
         self.store
             .set_ref(&format!("{CACHE_PREFIX}{key}"), root)
-            .map_err(|e| format!("writing the build cache: {}", chain(&e)))
+            .map_err(|error| StepFailure::Store {
+                what: "writing the build cache".into(),
+                error,
+            })
     }
 
     /// Prunes the step cache to `policy` if no build is under way (none can start meanwhile:
@@ -466,22 +470,23 @@ impl Engine {
         r
     }
 
-    fn empty_root(&self) -> Result<ManifestId, String> {
-        std::fs::create_dir_all(&self.uppers)
-            .map_err(|e| format!("{}: {e}", self.uppers.display()))?;
-        let d = tempfile::tempdir_in(&self.uppers).map_err(|e| format!("scratch: {e}"))?;
+    fn empty_root(&self) -> Result<ManifestId, StepFailure> {
+        make_dir(&self.uppers)?;
+        let d = tempfile::tempdir_in(&self.uppers).map_err(StepFailure::Scratch)?;
         self.store
             .import_dir(d.path(), ImportPolicy::Cdc, None)
-            .map_err(|e| format!("making an empty root: {}", chain(&e)))
+            .map_err(|error| StepFailure::Store {
+                what: "making an empty root".into(),
+                error,
+            })
     }
 
-    fn view(&self, root: &ManifestId, read_only: bool) -> Result<View<'_>, String> {
+    fn view(&self, root: &ManifestId, read_only: bool) -> Result<View<'_>, StepFailure> {
         let n = VIEW_SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("v{}-{n}", std::process::id());
         let dir = self.mounts.join(&name);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        std::fs::create_dir_all(&self.uppers)
-            .map_err(|e| format!("{}: {e}", self.uppers.display()))?;
+        make_dir(&dir)?;
+        make_dir(&self.uppers)?;
         let opts = MountOptions {
             quota_bytes: None,
             quota_inodes: None,
@@ -498,11 +503,10 @@ impl Engine {
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&dir);
-                Err(format!(
-                    "mounting a view of {}: {}",
-                    root.to_hex(),
-                    chain(&e)
-                ))
+                Err(StepFailure::Store {
+                    what: format!("mounting a view of {}", root.to_hex()),
+                    error: e,
+                })
             }
         }
     }
@@ -512,19 +516,19 @@ impl Engine {
         &self,
         root: &ManifestId,
         key: &str,
-        f: impl FnOnce(&ConfinedRoot) -> Result<(), String>,
+        f: impl FnOnce(&ConfinedRoot) -> Result<(), StepFailure>,
     ) -> Result<ManifestId, StepError> {
-        let v = self.view(root, false).map_err(StepError::Failed)?;
+        let v = self.view(root, false)?;
         let r = ConfinedRoot::open_dir(&v.dir)
             .map_err(|e| StepError::Failed(format!("opening the view: {e}")))?;
-        f(&r).map_err(StepError::Failed)?;
+        f(&r)?;
         drop(r);
         let id = self
             .store
             .commit(v.info.id)
             .map_err(|e| StepError::Failed(format!("committing: {}", chain(&e))))?;
         // While the view lives its commit is pinned; the ref keeps it after.
-        self.remember(key, &id).map_err(StepError::Failed)?;
+        self.remember(key, &id)?;
         drop(v);
         Ok(id)
     }
@@ -566,8 +570,7 @@ impl Engine {
             Some(u) => {
                 let passwd = self.runtime.read_file(&guard.id, "/etc/passwd").ok();
                 let group = self.runtime.read_file(&guard.id, "/etc/group").ok();
-                let (uid, gid, home) = resolve_user(&u, passwd.as_deref(), group.as_deref())
-                    .map_err(StepError::Failed)?;
+                let (uid, gid, home) = resolve_user(&u, passwd.as_deref(), group.as_deref())?;
                 if let Some(h) = home {
                     env.entry("HOME".into()).or_insert(h);
                 }
@@ -624,7 +627,7 @@ impl Engine {
             .committer()
             .ok_or_else(|| StepError::Failed("RUN needs the nodefs root provider".into()))?;
         let id = nodefs::ObjectId(mount.commit().map_err(|e| f("committing", &e))?);
-        self.remember(key, &id).map_err(StepError::Failed)?;
+        self.remember(key, &id)?;
         drop(view);
         drop(guard);
         Ok(id)
@@ -662,7 +665,7 @@ impl Engine {
                     }
                     None => (inp.base)(from).map_err(failed)?.0,
                 };
-                (Some(self.view(&id, true).map_err(failed)?), Some(id), None)
+                (Some(self.view(&id, true)?), Some(id), None)
             }
         };
         let src_root = match &src_view {
@@ -738,6 +741,51 @@ impl Engine {
 enum StepError {
     Failed(String),
     Cancelled,
+}
+
+/// What a filesystem step's helpers fail with, saying what they were doing and on which
+/// path, user or port; a step renders it into its reason ([`BuildError::Step`]).
+#[derive(Debug, thiserror::Error)]
+enum StepFailure {
+    /// A directory of the node's own (the views' mount points, the upper dirs).
+    #[error("{}: {error}", .path.display())]
+    Dir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The scratch directory an empty root is made from.
+    #[error("scratch: {0}")]
+    Scratch(std::io::Error),
+    /// The content store refused what the step asked of it (`what` it was doing).
+    #[error("{what}: {}", chain(.error))]
+    Store { what: String, error: nodefs::Error },
+    /// The step cache's index.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// A path in a view, refused by its confined root (`what`: the path or the copy).
+    #[error("{what}: {error}")]
+    Confined {
+        what: String,
+        error: grove_runtime::Error,
+    },
+    /// A source file that could not be read.
+    #[error("{path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    /// USER or --chown naming a user the image's /etc/passwd lacks.
+    #[error("user {0:?} is not in the image's /etc/passwd")]
+    UnknownUser(String),
+    /// --chown naming a group the image's /etc/group lacks.
+    #[error("group {0:?} is not in the image's /etc/group")]
+    UnknownGroup(String),
+    /// EXPOSE with what is not a port.
+    #[error("EXPOSE {0:?}: not PORT[/tcp|udp|sctp]")]
+    BadPort(String),
+}
+
+impl From<StepFailure> for StepError {
+    fn from(e: StepFailure) -> Self {
+        StepError::Failed(e.to_string())
+    }
 }
 
 /// One thing to copy: a context-relative source path and where it lands.
@@ -905,9 +953,12 @@ fn apply_item(
     owner: Option<(u32, u32)>,
     chmod: Option<u32>,
     add: bool,
-) -> Result<(), String> {
+) -> Result<(), StepFailure> {
     let shown = format!("/{}", it.src);
-    let e = |e: grove_runtime::Error| format!("{} -> {}: {e}", it.src, it.dst);
+    let e = |error: grove_runtime::Error| StepFailure::Confined {
+        what: format!("{} -> {}", it.src, it.dst),
+        error,
+    };
     if let Some(base) = &it.into_dir {
         if matches!(dst.lstat(&it.dst).map_err(e)?, Some(("dir", _))) {
             let it = Item {
@@ -928,7 +979,11 @@ fn apply_item(
         }
         "file" => {
             let (mut f, _) = src.open_read(&shown).map_err(e)?;
-            if add && is_archive(&mut f).map_err(|x| format!("{shown}: {x}"))? {
+            let read = |error| StepFailure::Read {
+                path: shown.clone(),
+                error,
+            };
+            if add && is_archive(&mut f).map_err(read)? {
                 // ADD unpacks a local tar (plain or gzip) into the destination directory.
                 let mut head = [0u8; 2];
                 let (mut f, _) = src.open_read(&shown).map_err(e)?;
@@ -967,6 +1022,14 @@ fn apply_item(
     Ok(())
 }
 
+/// Makes `path` and its parents.
+fn make_dir(path: &Path) -> Result<(), StepFailure> {
+    std::fs::create_dir_all(path).map_err(|error| StepFailure::Dir {
+        path: path.into(),
+        error,
+    })
+}
+
 /// A tar (ustar magic at 257) or a gzip stream (which ADD takes to be a gzipped tar).
 fn is_archive(f: &mut std::fs::File) -> std::io::Result<bool> {
     let mut head = vec![0u8; 512];
@@ -981,7 +1044,7 @@ fn is_archive(f: &mut std::fs::File) -> std::io::Result<bool> {
 }
 
 /// `user[:group]` by name (the destination's /etc/passwd and /etc/group) or number.
-fn resolve_owner(root: &ConfinedRoot, spec: &str) -> Result<(u32, u32), String> {
+fn resolve_owner(root: &ConfinedRoot, spec: &str) -> Result<(u32, u32), StepFailure> {
     let passwd = root.read("/etc/passwd").ok();
     let group = root.read("/etc/group").ok();
     let (u, g, _) = resolve_user(spec, passwd.as_deref(), group.as_deref())?;
@@ -993,7 +1056,7 @@ fn resolve_user(
     spec: &str,
     passwd: Option<&[u8]>,
     group: Option<&[u8]>,
-) -> Result<(u32, u32, Option<String>), String> {
+) -> Result<(u32, u32, Option<String>), StepFailure> {
     let (user, grp) = match spec.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (spec, None),
@@ -1010,14 +1073,14 @@ fn resolve_user(
         Err(_) => pw
             .as_ref()
             .and_then(|f| f[2].parse().ok())
-            .ok_or_else(|| format!("user {user:?} is not in the image's /etc/passwd"))?,
+            .ok_or_else(|| StepFailure::UnknownUser(user.into()))?,
     };
     let gid = match grp {
         Some(g) => match g.parse::<u32>() {
             Ok(n) => n,
             Err(_) => find(group, g, 2)
                 .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+                .ok_or_else(|| StepFailure::UnknownGroup(g.into()))?,
         },
         None => pw.as_ref().and_then(|f| f[3].parse().ok()).unwrap_or(uid),
     };
@@ -1069,7 +1132,7 @@ fn absolute(cwd: &str, p: &str) -> String {
     s
 }
 
-fn normalize_port(p: &str) -> Result<String, String> {
+fn normalize_port(p: &str) -> Result<String, StepFailure> {
     let (num, proto) = match p.split_once('/') {
         Some((n, pr)) => (n, pr.to_ascii_lowercase()),
         None => (p, "tcp".to_string()),
@@ -1079,7 +1142,7 @@ fn normalize_port(p: &str) -> Result<String, String> {
     if ok {
         Ok(format!("{num}/{proto}"))
     } else {
-        Err(format!("EXPOSE {p:?}: not PORT[/tcp|udp|sctp]"))
+        Err(StepFailure::BadPort(p.into()))
     }
 }
 
