@@ -416,7 +416,8 @@ async fn resolve_at(
     }
     let cdoc: Value =
         serde_json::from_slice(&body).map_err(|e| protocol(&what, format!("not JSON: {e}")))?;
-    let mut config = ImageConfig::from_oci(&cdoc).map_err(|why| protocol(&what, why))?;
+    let mut config =
+        ImageConfig::from_oci(&cdoc).map_err(|why| protocol(&what, why.to_string()))?;
     config.source = Some(r.to_string());
     config.digest = Some(digest.clone());
     config.layers = layers.iter().map(|l| l.digest.clone()).collect();
