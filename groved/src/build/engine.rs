@@ -63,7 +63,37 @@ pub enum Progress<'a> {
 }
 
 /// Finds a `FROM` that is neither `scratch` nor a stage: its root and config.
-pub type BaseFn<'a> = dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), String> + 'a;
+pub type BaseFn<'a> = dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), BaseError> + 'a;
+
+/// Why a `FROM` base was not found, naming it: rendered into the step's reason. (Pull errors
+/// are boxed: they are large, and a base is looked up once a stage.)
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    /// The node's image of that name has a config that cannot be read.
+    #[error("{}", .0.message)]
+    Config(crate::error::ApiError),
+    /// The store could not say whether the node has an image of that name.
+    #[error("image {name:?}: {}", chain(.error))]
+    Store { name: String, error: nodefs::Error },
+    /// Neither an image here nor a reference a registry could serve.
+    #[error("{name:?} is no image on this node nor a registry reference: {why}")]
+    NotAReference { name: String, why: String },
+    /// A reference whose manifest could not be resolved.
+    #[error("no image {name:?} on this node, and pulling it: {error}")]
+    Resolve {
+        name: String,
+        error: Box<crate::registry::pull::PullError>,
+    },
+    /// A reference whose layers could not be pulled.
+    #[error("pulling {name:?}: {error}")]
+    Fetch {
+        name: String,
+        error: Box<crate::registry::pull::PullError>,
+    },
+    /// A pull that ended without a root.
+    #[error("pulling {name:?}: no root")]
+    NoRoot { name: String },
+}
 
 /// Where a build finds things outside the Dockerfile.
 pub struct Inputs<'a> {
@@ -255,7 +285,7 @@ impl Engine {
                 .clone()
                 .expect("stages a stage needs are built first")
         } else {
-            let (root, cfg) = (inp.base)(from).map_err(|r| at(*step, r))?;
+            let (root, cfg) = (inp.base)(from).map_err(|r| at(*step, r.to_string()))?;
             StageOut {
                 root,
                 cfg: cfg.unwrap_or_default(),
@@ -663,7 +693,7 @@ impl Engine {
                     {
                         return Err(failed(format!("--from={from}: a later stage")))
                     }
-                    None => (inp.base)(from).map_err(failed)?.0,
+                    None => (inp.base)(from).map_err(|e| failed(e.to_string()))?.0,
                 };
                 (Some(self.view(&id, true)?), Some(id), None)
             }
@@ -673,11 +703,11 @@ impl Engine {
             None => ConfinedRoot::open_dir(inp.context),
         }
         .map_err(|e| failed(format!("opening the source: {e}")))?;
-        let plan = plan_copy(&src_root, c, dst_dir, ignore).map_err(failed)?;
+        let plan = plan_copy(&src_root, c, dst_dir, ignore)?;
         // Context files are hashed (their content is the key); a stage's are named by its root.
         let digest = match &src_id {
             Some(id) => id.to_hex().into_bytes(),
-            None => digest_plan(&src_root, &plan).map_err(failed)?,
+            None => digest_plan(&src_root, &plan)?,
         };
         let text = format!(
             "{} {:?} {:?} chown={:?} chmod={:?} from={:?}",
@@ -768,9 +798,24 @@ enum StepFailure {
         what: String,
         error: grove_runtime::Error,
     },
-    /// A source file that could not be read.
-    #[error("{path}: {error}")]
-    Read { path: String, error: std::io::Error },
+    /// A source file that could not be read (`what`: the file, or reading it).
+    #[error("{what}: {error}")]
+    Read { what: String, error: std::io::Error },
+    /// A COPY source, refused by the source's confined root.
+    #[error("{0}")]
+    Source(grove_runtime::Error),
+    /// A COPY glob that matches nothing.
+    #[error("no source files match {0:?}")]
+    NoMatch(String),
+    /// A COPY source the context (or stage) lacks, or that .dockerignore excludes.
+    #[error("{0:?} is not in the source")]
+    NotInSource(String),
+    /// A COPY source that was there a moment ago.
+    #[error("{0:?} vanished")]
+    Vanished(String),
+    /// Several COPY sources into a destination not marked as a directory.
+    #[error("copying several sources, the destination {0:?} must end with /")]
+    DestNotDir(String),
     /// USER or --chown naming a user the image's /etc/passwd lacks.
     #[error("user {0:?} is not in the image's /etc/passwd")]
     UnknownUser(String),
@@ -805,7 +850,7 @@ fn plan_copy(
     c: &Copy,
     dst_dir: bool,
     ignore: Option<&Ignore>,
-) -> Result<Vec<Item>, String> {
+) -> Result<Vec<Item>, StepFailure> {
     let excluded = |p: &str| ignore.is_some_and(|i| !p.is_empty() && i.excluded(p));
     let mut tops: Vec<String> = Vec::new();
     for pat in &c.srcs {
@@ -817,34 +862,32 @@ fn plan_copy(
                 .map(|(p, _)| p)
                 .collect();
             if found.is_empty() {
-                return Err(format!("no source files match {pat:?}"));
+                return Err(StepFailure::NoMatch(pat));
             }
             found.sort();
             tops.extend(found);
         } else {
             if excluded(&pat) || src.lstat(&format!("/{pat}")).ok().flatten().is_none() {
-                return Err(format!(
-                    "{:?} is not in the source",
-                    if pat.is_empty() { "." } else { &pat }
-                ));
+                return Err(StepFailure::NotInSource(if pat.is_empty() {
+                    ".".into()
+                } else {
+                    pat
+                }));
             }
             tops.push(pat);
         }
     }
     let many = tops.len() > 1 || c.srcs.iter().any(|p| glob::has_magic(p));
     if many && !dst_dir {
-        return Err(format!(
-            "copying several sources, the destination {:?} must end with /",
-            c.dst
-        ));
+        return Err(StepFailure::DestNotDir(c.dst.clone()));
     }
     let mut items = Vec::new();
     for top in tops {
         let shown = format!("/{top}");
         let (kind, _) = src
             .lstat(&shown)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{top:?} vanished"))?;
+            .map_err(StepFailure::Source)?
+            .ok_or_else(|| StepFailure::Vanished(top.clone()))?;
         if kind == "dir" {
             // A directory's contents go into the destination, not the directory itself.
             items.push(Item {
@@ -884,13 +927,16 @@ fn plan_copy(
 }
 
 /// Every entry below `dir` (relative paths, parents first); symlinks are listed, never followed.
-fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, String> {
+fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, StepFailure> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_string()];
     while let Some(d) = stack.pop() {
         let entries = root
             .list(&format!("/{d}"))
-            .map_err(|e| format!("listing {d:?}: {e}"))?;
+            .map_err(|error| StepFailure::Confined {
+                what: format!("listing {d:?}"),
+                error,
+            })?;
         for e in entries {
             let p = if d.is_empty() {
                 e.name.clone()
@@ -914,31 +960,36 @@ fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, S
 }
 
 /// The digest of what a context COPY takes: paths, kinds, modes, contents, link targets.
-fn digest_plan(src: &ConfinedRoot, plan: &[Item]) -> Result<Vec<u8>, String> {
+fn digest_plan(src: &ConfinedRoot, plan: &[Item]) -> Result<Vec<u8>, StepFailure> {
     let mut h = Sha256::new();
     for it in plan {
         let shown = format!("/{}", it.src);
         let mode = src
             .lstat(&shown)
-            .map_err(|e| e.to_string())?
+            .map_err(StepFailure::Source)?
             .map(|(_, m)| m)
             .unwrap_or(0);
         h.update(format!("{}\0{}\0{}\0{mode:o}\0", it.src, it.dst, it.kind).as_bytes());
         match it.kind {
             "file" => {
-                let (mut f, _) = src.open_read(&shown).map_err(|e| e.to_string())?;
+                let (mut f, _) = src.open_read(&shown).map_err(StepFailure::Source)?;
                 let mut buf = vec![0u8; 256 << 10];
                 loop {
-                    let n = f
-                        .read(&mut buf)
-                        .map_err(|e| format!("reading {shown}: {e}"))?;
+                    let n = f.read(&mut buf).map_err(|error| StepFailure::Read {
+                        what: format!("reading {shown}"),
+                        error,
+                    })?;
                     if n == 0 {
                         break;
                     }
                     h.update(&buf[..n]);
                 }
             }
-            "symlink" => h.update(src.read_link(&shown).map_err(|e| e.to_string())?.as_bytes()),
+            "symlink" => h.update(
+                src.read_link(&shown)
+                    .map_err(StepFailure::Source)?
+                    .as_bytes(),
+            ),
             _ => {}
         }
         h.update(b"\n");
@@ -980,7 +1031,7 @@ fn apply_item(
         "file" => {
             let (mut f, _) = src.open_read(&shown).map_err(e)?;
             let read = |error| StepFailure::Read {
-                path: shown.clone(),
+                what: shown.clone(),
                 error,
             };
             if add && is_archive(&mut f).map_err(read)? {
@@ -1219,6 +1270,23 @@ mod tests {
         assert_eq!(resolve_user("app:staff", Some(pw), Some(gr)).unwrap().1, 50);
         assert_eq!(resolve_user("7:8", None, None).unwrap(), (7, 8, None));
         assert!(resolve_user("nobody2", Some(pw), Some(gr)).is_err());
+        // The step's reason names what was wrong, as the text it always was.
+        assert_eq!(
+            normalize_port("80/xyz").unwrap_err().to_string(),
+            "EXPOSE \"80/xyz\": not PORT[/tcp|udp|sctp]"
+        );
+        assert_eq!(
+            resolve_user("nobody2", Some(pw), Some(gr))
+                .unwrap_err()
+                .to_string(),
+            "user \"nobody2\" is not in the image's /etc/passwd"
+        );
+        assert_eq!(
+            resolve_user("app:wheel", Some(pw), Some(gr))
+                .unwrap_err()
+                .to_string(),
+            "group \"wheel\" is not in the image's /etc/group"
+        );
     }
 
     #[test]
