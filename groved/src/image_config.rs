@@ -436,15 +436,32 @@ mod tests {
 
     #[test]
     fn refuses_fields_of_the_wrong_type() {
-        for bad in [
-            serde_json::json!({"config": {"Env": "PATH=/bin"}}),
-            serde_json::json!({"config": {"Env": ["=x"]}}),
-            serde_json::json!({"config": {"Cmd": [1]}}),
-            serde_json::json!({"config": {"WorkingDir": "relative"}}),
-            serde_json::json!({"config": {"Labels": {"a": 1}}}),
-            serde_json::json!({"config": []}),
+        // Each names the field and what is wrong with it.
+        for (bad, why) in [
+            (
+                serde_json::json!({"config": {"Env": "PATH=/bin"}}),
+                "config.Env is not a list of strings",
+            ),
+            (
+                serde_json::json!({"config": {"Env": ["=x"]}}),
+                "config.Env: \"=x\" is not NAME=VALUE",
+            ),
+            (
+                serde_json::json!({"config": {"Cmd": [1]}}),
+                "config.Cmd holds a non-string",
+            ),
+            (
+                serde_json::json!({"config": {"WorkingDir": "relative"}}),
+                "config.WorkingDir \"relative\" is not an absolute path",
+            ),
+            (
+                serde_json::json!({"config": {"Labels": {"a": 1}}}),
+                "config.Labels.a is not a string",
+            ),
+            (serde_json::json!({"config": []}), "config is not an object"),
         ] {
-            assert!(ImageConfig::from_oci(&bad).is_err(), "{bad}");
+            let e = ImageConfig::from_oci(&bad).unwrap_err();
+            assert_eq!(e.to_string(), why, "{bad}");
         }
         assert_eq!(
             ImageConfig::from_oci(&serde_json::json!({})).unwrap(),

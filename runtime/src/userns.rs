@@ -167,12 +167,19 @@ mod tests {
             p.check().unwrap();
             assert!(p.first >= g.first + g.ranges * RANGE_SIZE);
         }
-        assert!(IdPool {
-            first: u32::MAX - 10,
-            ranges: 1
-        }
-        .check()
-        .is_err());
+        assert_eq!(
+            IdPool {
+                first: u32::MAX - 10,
+                ranges: 1
+            }
+            .check()
+            .unwrap_err()
+            .to_string(),
+            format!(
+                "pool of 1 ranges from {} must start above 0 and end below 2^32-1",
+                u32::MAX - 10
+            )
+        );
         assert!(IdPool {
             first: 0,
             ranges: 1

@@ -413,5 +413,13 @@ mod tests {
         for bad in ["/etc/passwd", "../x", "a/../../x", "a\\..\\x", ""] {
             assert!(member_name(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            member_name("../x").unwrap_err().to_string(),
+            "member \"../x\" escapes the target directory"
+        );
+        assert_eq!(
+            member_name("./").unwrap_err().to_string(),
+            "member \".\" has no name"
+        );
     }
 }
