@@ -5,26 +5,72 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use axum::http::StatusCode;
 use grove_runtime::{SandboxId, SandboxInfo};
 use nodefs::ObjectId;
 
 use crate::api_shapes::{ForkRequest, Image, Snapshot, SnapshotRequest};
-use crate::error::{ApiError, ApiResult};
+
+/// What the image and snapshot backends fail with: the domain's conditions, with what and which
+/// name or field, and the stores' own typed errors. The HTTP status and body of each is decided in
+/// one place, `impl From<BackendError> for ApiError` in `error.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No such image (the snapshotter reports missing snapshots itself).
+    #[error("{what} {name:?} not found")]
+    NotFound { what: &'static str, name: String },
+    /// The name is taken: a new image may not replace one.
+    #[error("{what} {name:?} exists")]
+    Exists { what: &'static str, name: String },
+    /// A value of the request the backend refuses, named by its field.
+    #[error("{reason}")]
+    InvalidInput { field: String, reason: String },
+    /// An uploaded tar that does not unpack: the request's fault, not the node's.
+    #[error("unpacking: {error}")]
+    BadTar { error: std::io::Error },
+    /// What only the nodefs image store can do, asked of plain overlay directories.
+    #[error("{what} needs the nodefs image store")]
+    Unsupported { what: &'static str },
+    /// A durable snapshot whose images could not be stored (it is deleted again): a full store
+    /// is told apart from other failures by the error's chain of causes, not its text.
+    #[error(transparent)]
+    NotDurable(grove_snapshotter::Error),
+    /// A file operation of the overlay backend on the node's own directories.
+    #[error("{what}: {error}")]
+    Io {
+        what: &'static str,
+        error: std::io::Error,
+    },
+    /// A store operation the request cannot have got wrong (naming a checked ref, reading
+    /// refs): the node's failure, whatever the store's variant.
+    #[error("the store")]
+    Store(#[source] nodefs::Error),
+    /// The content store's own errors, mapped by their variant.
+    #[error(transparent)]
+    Images(#[from] nodefs::Error),
+    /// The snapshotter's own errors (and the runtime's and store's it wraps).
+    #[error(transparent)]
+    Snapshots(#[from] grove_snapshotter::Error),
+    /// The runtime's errors (a durable snapshot's source stopped).
+    #[error(transparent)]
+    Runtime(#[from] grove_runtime::Error),
+}
+
+/// A backend's answer.
+pub type BackendResult<T> = Result<T, BackendError>;
 
 /// Image storage: import, list, delete, and store maintenance.
 pub trait Images: Send + Sync {
     /// "nodefs" or "overlay".
     fn kind(&self) -> &'static str;
-    fn list(&self) -> ApiResult<Vec<Image>>;
-    fn import_dir(&self, name: &str, path: &Path) -> ApiResult<Image>;
-    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image>;
-    fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> ApiResult<Image>;
-    fn delete(&self, name: &str) -> ApiResult<()>;
+    fn list(&self) -> BackendResult<Vec<Image>>;
+    fn import_dir(&self, name: &str, path: &Path) -> BackendResult<Image>;
+    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> BackendResult<Image>;
+    fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> BackendResult<Image>;
+    fn delete(&self, name: &str) -> BackendResult<()>;
     /// Frees unreferenced content; returns the store's report.
-    fn gc(&self) -> ApiResult<serde_json::Value>;
+    fn gc(&self) -> BackendResult<serde_json::Value>;
     /// Checks the store; returns (clean, report).
-    fn fsck(&self) -> ApiResult<(bool, serde_json::Value)>;
+    fn fsck(&self) -> BackendResult<(bool, serde_json::Value)>;
     /// The content store behind the images, for work that builds trees in it layer by layer
     /// (registry pulls); None when images are plain directories.
     fn store(&self) -> Option<std::sync::Arc<dyn nodefs::service::FsService>> {
@@ -34,12 +80,13 @@ pub trait Images: Send + Sync {
 
 /// Snapshots of running sandboxes and forks of them.
 pub trait Snapshots: Send + Sync {
-    fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> ApiResult<Snapshot>;
+    fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> BackendResult<Snapshot>;
     /// One result per branch.
-    fn fork(&self, name: &str, req: &ForkRequest) -> ApiResult<Vec<ApiResult<SandboxInfo>>>;
-    fn list(&self) -> ApiResult<Vec<Snapshot>>;
-    fn get(&self, name: &str) -> ApiResult<Snapshot>;
-    fn delete(&self, name: &str) -> ApiResult<()>;
+    fn fork(&self, name: &str, req: &ForkRequest)
+        -> BackendResult<Vec<BackendResult<SandboxInfo>>>;
+    fn list(&self) -> BackendResult<Vec<Snapshot>>;
+    fn get(&self, name: &str) -> BackendResult<Snapshot>;
+    fn delete(&self, name: &str) -> BackendResult<()>;
     /// The whole snapshot, or with `only` just those of its objects (a delta for a receiver that
     /// holds the rest).
     fn export(
@@ -47,17 +94,17 @@ pub trait Snapshots: Send + Sync {
         name: &str,
         only: Option<&HashSet<ObjectId>>,
         out: &mut dyn Write,
-    ) -> ApiResult<()>;
+    ) -> BackendResult<()>;
     /// Every object the snapshot reaches.
-    fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>>;
+    fn objects(&self, name: &str) -> BackendResult<Vec<ObjectId>>;
     /// The ones among `ids` this node lacks.
-    fn missing(&self, ids: &[ObjectId]) -> ApiResult<Vec<ObjectId>>;
-    fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot>;
+    fn missing(&self, ids: &[ObjectId]) -> BackendResult<Vec<ObjectId>>;
+    fn import(&self, input: &mut dyn Read) -> BackendResult<Snapshot>;
     /// Pause to the store: the sandbox's processes stop and its memory is freed.
     /// 501 `unsupported` for sandboxes that cannot be checkpointed.
-    fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
+    fn pause(&self, id: &SandboxId) -> BackendResult<SandboxInfo>;
     /// Restore a sandbox paused to the store, under its id.
-    fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo>;
+    fn resume(&self, id: &SandboxId) -> BackendResult<SandboxInfo>;
     /// At an orderly stop with no sandbox left: removes the snapshotter's scratch it can.
     fn close(&self);
     /// Snapshots (by name) whose background import failed, with the reason.
@@ -71,7 +118,7 @@ pub trait Snapshots: Send + Sync {
 }
 
 /// Names of images and snapshots: what a ref may be called.
-pub fn check_name(field: &str, name: &str) -> ApiResult<()> {
+pub fn check_name(field: &str, name: &str) -> BackendResult<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && !name.starts_with(['.', '-'])
@@ -82,11 +129,10 @@ pub fn check_name(field: &str, name: &str) -> ApiResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(
-            field,
-            format!("{name:?}: 1-128 chars of [A-Za-z0-9._-], not starting with . or -"),
-        )
-        .with_field(field))
+        Err(BackendError::InvalidInput {
+            field: field.into(),
+            reason: format!("{name:?}: 1-128 chars of [A-Za-z0-9._-], not starting with . or -"),
+        })
     }
 }
 
@@ -97,45 +143,25 @@ const ROUTE_IMAGE_NAMES: &[&str] = &["pull", "build"];
 const ROUTE_SNAPSHOT_NAMES: &[&str] = &["gc", "missing", "pull"];
 
 /// [`check_name`] for a new image, which may not take a name the routes use.
-pub fn check_new_image_name(field: &str, name: &str) -> ApiResult<()> {
+pub fn check_new_image_name(field: &str, name: &str) -> BackendResult<()> {
     check_name(field, name)?;
     reserved(field, name, ROUTE_IMAGE_NAMES, "/v1/images")
 }
 
 /// [`check_name`] for a new snapshot, which may not take a name the routes use.
-pub fn check_new_snapshot_name(field: &str, name: &str) -> ApiResult<()> {
+pub fn check_new_snapshot_name(field: &str, name: &str) -> BackendResult<()> {
     check_name(field, name)?;
     reserved(field, name, ROUTE_SNAPSHOT_NAMES, "/v1/snapshots")
 }
 
-fn reserved(field: &str, name: &str, taken: &[&str], under: &str) -> ApiResult<()> {
+fn reserved(field: &str, name: &str, taken: &[&str], under: &str) -> BackendResult<()> {
     if taken.contains(&name) {
-        return Err(ApiError::invalid(
-            field,
-            format!("{name:?} is reserved: {under}/{name} is a route of the API"),
-        )
-        .with_field(field));
+        return Err(BackendError::InvalidInput {
+            field: field.into(),
+            reason: format!("{name:?} is reserved: {under}/{name} is a route of the API"),
+        });
     }
     Ok(())
-}
-
-/// A host path given in a request: absolute and existing.
-pub fn check_host_dir(field: &str, path: &str) -> ApiResult<PathBuf> {
-    let p = PathBuf::from(path);
-    if !p.is_absolute() {
-        return Err(ApiError::invalid(
-            field,
-            format!("{path:?} is not an absolute path"),
-        ));
-    }
-    if !p.is_dir() {
-        return Err(ApiError::not_found(
-            "path_not_found",
-            format!("{path:?} is not a directory on the node"),
-        )
-        .with_field(field));
-    }
-    Ok(p)
 }
 
 /// Images as directories under `<state>/images/<name>`, mounted with the runtime's kernel-overlayfs root
@@ -163,23 +189,21 @@ impl OverlayImages {
         }
     }
 
-    fn vacant(&self, name: &str) -> ApiResult<PathBuf> {
+    fn vacant(&self, name: &str) -> BackendResult<PathBuf> {
         check_name("name", name)?;
         let p = self.dir.join(name);
         if p.symlink_metadata().is_ok() {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "image_exists",
-                format!("image {name:?} exists"),
-            )
-            .with_field("name"));
+            return Err(BackendError::Exists {
+                what: "image",
+                name: name.into(),
+            });
         }
         Ok(p)
     }
 }
 
-fn io_err(what: &str, e: std::io::Error) -> ApiError {
-    ApiError::internal(format!("{what}: {e}"))
+fn io_err(what: &'static str) -> impl FnOnce(std::io::Error) -> BackendError {
+    move |error| BackendError::Io { what, error }
 }
 
 impl Images for OverlayImages {
@@ -187,10 +211,10 @@ impl Images for OverlayImages {
         "overlay"
     }
 
-    fn list(&self) -> ApiResult<Vec<Image>> {
+    fn list(&self) -> BackendResult<Vec<Image>> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.dir).map_err(|e| io_err("listing images", e))? {
-            let e = e.map_err(|e| io_err("listing images", e))?;
+        for e in std::fs::read_dir(&self.dir).map_err(io_err("listing images"))? {
+            let e = e.map_err(io_err("listing images"))?;
             let name = e.file_name().to_string_lossy().into_owned();
             if !name.starts_with('.') {
                 out.push(self.image(&name));
@@ -200,14 +224,14 @@ impl Images for OverlayImages {
         Ok(out)
     }
 
-    fn import_dir(&self, name: &str, path: &Path) -> ApiResult<Image> {
+    fn import_dir(&self, name: &str, path: &Path) -> BackendResult<Image> {
         let target = self.vacant(name)?;
-        let src = std::fs::canonicalize(path).map_err(|e| io_err("resolving the source", e))?;
-        std::os::unix::fs::symlink(&src, &target).map_err(|e| io_err("linking the image", e))?;
+        let src = std::fs::canonicalize(path).map_err(io_err("resolving the source"))?;
+        std::os::unix::fs::symlink(&src, &target).map_err(io_err("linking the image"))?;
         Ok(self.image(name))
     }
 
-    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image> {
+    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> BackendResult<Image> {
         let target = self.vacant(name)?;
         let tmp = self
             .dir
@@ -222,51 +246,40 @@ impl Images for OverlayImages {
         })();
         if let Err(e) = res {
             let _ = std::fs::remove_dir_all(&tmp);
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_tar",
-                format!("unpacking: {e}"),
-            )
-            .with_field("body"));
+            return Err(BackendError::BadTar { error: e });
         }
         Ok(self.image(name))
     }
 
-    fn import_oci(&self, _name: &str, _dir: &Path, _reference: Option<&str>) -> ApiResult<Image> {
-        Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "unsupported",
-            "OCI import needs the nodefs image store",
-        ))
+    fn import_oci(
+        &self,
+        _name: &str,
+        _dir: &Path,
+        _reference: Option<&str>,
+    ) -> BackendResult<Image> {
+        Err(BackendError::Unsupported { what: "OCI import" })
     }
 
-    fn delete(&self, name: &str) -> ApiResult<()> {
+    fn delete(&self, name: &str) -> BackendResult<()> {
         check_name("name", name)?;
         let p = self.dir.join(name);
-        let meta = p.symlink_metadata().map_err(|_| {
-            ApiError::not_found("image_not_found", format!("image {name:?} not found"))
+        let meta = p.symlink_metadata().map_err(|_| BackendError::NotFound {
+            what: "image",
+            name: name.into(),
         })?;
         let res = if meta.file_type().is_symlink() {
             std::fs::remove_file(&p)
         } else {
             std::fs::remove_dir_all(&p)
         };
-        res.map_err(|e| io_err("removing the image", e))
+        res.map_err(io_err("removing the image"))
     }
 
-    fn gc(&self) -> ApiResult<serde_json::Value> {
-        Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "unsupported",
-            "gc needs the nodefs image store",
-        ))
+    fn gc(&self) -> BackendResult<serde_json::Value> {
+        Err(BackendError::Unsupported { what: "gc" })
     }
 
-    fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
-        Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "unsupported",
-            "fsck needs the nodefs image store",
-        ))
+    fn fsck(&self) -> BackendResult<(bool, serde_json::Value)> {
+        Err(BackendError::Unsupported { what: "fsck" })
     }
 }

@@ -234,6 +234,14 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// Each of a batch's backend results (a fork's branches) as the API answers it.
+pub fn api_each<T>(results: Vec<crate::backend::BackendResult<T>>) -> Vec<ApiResult<T>> {
+    results
+        .into_iter()
+        .map(|r| r.map_err(ApiError::from))
+        .collect()
+}
+
 /// The image store's errors: what the request got wrong (4xx) by variant, the rest 500 unless
 /// the chain shows a full disk or a dependency that is down.
 impl From<nodefs::Error> for ApiError {
@@ -280,6 +288,51 @@ impl From<grove_snapshotter::Error> for ApiError {
     }
 }
 
+/// The image and snapshot backends' errors: the one place their HTTP status and body are decided.
+/// The stores' own errors map as above; a failure of the node rather than the request is a 500
+/// (507 or 503 by its cause where the stores' mapping says so).
+impl From<crate::backend::BackendError> for ApiError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        use crate::backend::BackendError as B;
+        match e {
+            B::NotFound { what, .. } => {
+                ApiError::not_found(&format!("{what}_not_found"), e.to_string()).with_field("name")
+            }
+            B::Exists { what, .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                &format!("{what}_exists"),
+                e.to_string(),
+            )
+            .with_field("name"),
+            B::InvalidInput { field, reason } => ApiError::invalid(&field, reason),
+            B::BadTar { .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_tar", e.to_string())
+                    .with_field("body")
+            }
+            B::Unsupported { .. } => {
+                ApiError::new(StatusCode::NOT_IMPLEMENTED, "unsupported", e.to_string())
+            }
+            B::NotDurable(s) => match cause(&s) {
+                Some(Cause::NoSpace) => ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "insufficient_storage",
+                    format!(
+                        "the store is out of space, no snapshot was made: {}",
+                        chain(&s)
+                    ),
+                )
+                .with_field("durable"),
+                _ => ApiError::internal(chain(&s)),
+            },
+            B::Io { .. } => ApiError::internal(e.to_string()),
+            B::Store(ref s) => ApiError::from_cause(s, ApiError::internal(chain(&e))),
+            B::Images(s) => s.into(),
+            B::Snapshots(s) => s.into(),
+            B::Runtime(r) => r.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,5 +366,180 @@ mod tests {
             errno: None,
         };
         assert_eq!(cause(&other), None);
+    }
+
+    /// One backend error's status and body.
+    fn answer(e: crate::backend::BackendError) -> (u16, ErrorBody) {
+        let a = ApiError::from(e);
+        (a.status.as_u16(), a.body())
+    }
+
+    fn body(code: &str, message: &str, field: Option<&str>) -> ErrorBody {
+        ErrorBody {
+            code: code.into(),
+            message: message.into(),
+            field: field.map(str::to_string),
+        }
+    }
+
+    /// The backend's own conditions: each its status, its code, the field it names and why.
+    #[test]
+    fn backend_errors_map_to_status_and_body() {
+        use crate::backend::BackendError as B;
+        let cases = [
+            (
+                B::NotFound {
+                    what: "image",
+                    name: "app".into(),
+                },
+                404,
+                body("image_not_found", "image \"app\" not found", Some("name")),
+            ),
+            (
+                B::Exists {
+                    what: "image",
+                    name: "app".into(),
+                },
+                409,
+                body("image_exists", "image \"app\" exists", Some("name")),
+            ),
+            (
+                B::InvalidInput {
+                    field: "from".into(),
+                    reason: "\"..\": not a name".into(),
+                },
+                422,
+                body("invalid_spec", "\"..\": not a name", Some("from")),
+            ),
+            (
+                B::BadTar {
+                    error: std::io::Error::other("truncated archive"),
+                },
+                400,
+                body("invalid_tar", "unpacking: truncated archive", Some("body")),
+            ),
+            (
+                B::Unsupported { what: "gc" },
+                501,
+                body("unsupported", "gc needs the nodefs image store", None),
+            ),
+            (
+                B::Io {
+                    what: "listing images",
+                    error: std::io::Error::from_raw_os_error(libc::EACCES),
+                },
+                500,
+                body(
+                    "internal",
+                    "listing images: Permission denied (os error 13)",
+                    None,
+                ),
+            ),
+            (
+                B::Store(nodefs::Error::BadRefName("x".into())),
+                500,
+                body("internal", "the store: invalid ref name \"x\"", None),
+            ),
+        ];
+        for (e, status, want) in cases {
+            let what = format!("{e:?}");
+            let (got_status, got) = answer(e);
+            assert_eq!((got_status, &got), (status, &want), "{what}");
+        }
+    }
+
+    /// A name the backend refuses names its field, whichever request it came in.
+    #[test]
+    fn a_bad_name_is_422_naming_its_field() {
+        let e = crate::backend::check_name("commit", "-x").unwrap_err();
+        let (status, b) = answer(e);
+        assert_eq!(status, 422);
+        assert_eq!(b.code, "invalid_spec");
+        assert_eq!(b.field.as_deref(), Some("commit"));
+        assert!(
+            b.message.starts_with("\"-x\": 1-128 chars"),
+            "{}",
+            b.message
+        );
+        let e = crate::backend::check_new_image_name("name", "pull").unwrap_err();
+        let (status, b) = answer(e);
+        assert_eq!((status, b.field.as_deref()), (422, Some("name")));
+        assert!(b.message.contains("is reserved"), "{}", b.message);
+    }
+
+    /// A store failure the request cannot have caused is the node's (500), unless the disk is
+    /// full (507) or grove-fsd is gone (503); the stores' own errors keep their mapping.
+    #[test]
+    fn store_errors_map_by_cause_and_by_variant() {
+        use crate::backend::BackendError as B;
+        let full = || nodefs::Error::Io {
+            path: "/store/packs/1".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        let (status, b) = answer(B::Store(full()));
+        assert_eq!((status, b.code.as_str()), (507, "insufficient_storage"));
+        assert!(b.message.contains("the store: "), "{}", b.message);
+        let a = ApiError::from(B::Store(nodefs::Error::Unreachable("gone".into())));
+        assert_eq!((a.status.as_u16(), a.retry_after), (503, Some(1)));
+        assert_eq!(a.code, "unavailable");
+        let (status, b) = answer(B::Images(nodefs::Error::UnknownRef("app".into())));
+        assert_eq!((status, b.code.as_str()), (404, "image_not_found"));
+        let (status, b) = answer(B::Images(nodefs::Error::BadRefName("a b".into())));
+        assert_eq!((status, b.code.as_str()), (422, "invalid_spec"));
+        let (status, b) = answer(B::Images(full()));
+        assert_eq!((status, b.code.as_str()), (507, "insufficient_storage"));
+        let (status, b) = answer(B::Snapshots(grove_snapshotter::Error::NotFound {
+            snapshot: "s".into(),
+        }));
+        assert_eq!((status, b.code.as_str()), (404, "not_found"));
+        let (status, b) = answer(B::Runtime(grove_runtime::Error::NotFound {
+            id: "sb-1".into(),
+        }));
+        assert_eq!((status, b.code.as_str()), (404, "not_found"));
+    }
+
+    /// A durable snapshot whose images could not be stored: 507 naming `durable` when the
+    /// import failed for a full store (in process or through grove-fsd), else 500; told by the
+    /// import error's type, not its text.
+    #[test]
+    fn a_durable_snapshot_not_stored_is_507_only_for_a_full_store() {
+        use crate::backend::BackendError as B;
+        let not_stored = |e: grove_snapshotter::Error| {
+            B::NotDurable(grove_snapshotter::Error::NotStored {
+                snapshot: "s1".into(),
+                source: std::sync::Arc::new(e),
+            })
+        };
+        let local = grove_snapshotter::Error::Store(nodefs::Error::Io {
+            path: "/store/packs/1".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        });
+        let remote = grove_snapshotter::Error::Store(nodefs::Error::Fsd {
+            message: "import: quota".into(),
+            errno: Some(libc::EDQUOT),
+        });
+        for e in [local, remote] {
+            let (status, b) = answer(not_stored(e));
+            assert_eq!(status, 507, "{b:?}");
+            assert_eq!(b.code, "insufficient_storage");
+            assert_eq!(b.field.as_deref(), Some("durable"));
+            assert!(
+                b.message.starts_with(
+                    "the store is out of space, no snapshot was made: not supported: snapshot s1: its images could not be stored: "
+                ),
+                "{}",
+                b.message
+            );
+        }
+        // Says "No space left" in its text, but is not a full store.
+        let other = grove_snapshotter::Error::Unsupported {
+            what: "images left scratch space (No space left on device?)".into(),
+        };
+        let (status, b) = answer(not_stored(other));
+        assert_eq!((status, b.code.as_str(), b.field), (500, "internal", None));
+        assert_eq!(
+            b.message,
+            "not supported: snapshot s1: its images could not be stored: not supported: images left scratch space (No space left on device?)"
+        );
     }
 }

@@ -47,16 +47,70 @@ pub struct ImageConfig {
     pub layers: Vec<String>,
 }
 
+/// Why an image's config could not be read: which field of the document, or which file or
+/// blob of an OCI layout, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A field of the wrong type (`want`: "an object", "a string", ...).
+    #[error("{field} is not {want}")]
+    WrongType { field: String, want: &'static str },
+    /// A list that should hold only strings.
+    #[error("{field} holds a non-string")]
+    NonString { field: String },
+    /// An environment entry that is not `NAME=VALUE`.
+    #[error("config.Env: {entry:?} is not NAME=VALUE")]
+    BadEnv { entry: String },
+    /// A working directory that is not an absolute path.
+    #[error("config.WorkingDir {dir:?} is not an absolute path")]
+    RelativeWorkdir { dir: String },
+    /// A layout's file that could not be read.
+    #[error("{}: {error}", .path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// A descriptor's digest that is not `sha256:<hex>`.
+    #[error("bad digest {0:?}")]
+    BadDigest(String),
+    /// A blob whose content does not hash to its name.
+    #[error("blob {0} does not match its digest")]
+    DigestMismatch(String),
+    /// A document (`what`: index.json or a blob) that is not the JSON it should be.
+    #[error("{what}: {error}")]
+    BadJson {
+        what: String,
+        error: serde_json::Error,
+    },
+    /// index.json holding no image of the reference (or several, with none asked for).
+    #[error("no single image in index.json")]
+    NoImage,
+    /// A nested index listing no manifest.
+    #[error("empty index")]
+    EmptyIndex,
+    /// Indexes within indexes past the depth followed.
+    #[error("indexes nested too deep")]
+    TooDeep,
+}
+
+impl ConfigError {
+    fn wrong_type(field: impl Into<String>, want: &'static str) -> Self {
+        ConfigError::WrongType {
+            field: field.into(),
+            want,
+        }
+    }
+}
+
 impl ImageConfig {
     /// From an OCI (or Docker) image config document: its `config` object. Fields of the wrong
     /// type are refused, naming them, rather than dropped.
-    pub fn from_oci(doc: &Value) -> Result<ImageConfig, String> {
+    pub fn from_oci(doc: &Value) -> Result<ImageConfig, ConfigError> {
         let c = match doc.get("config") {
             None | Some(Value::Null) => return Ok(ImageConfig::default()),
             Some(c @ Value::Object(_)) => c,
-            Some(_) => return Err("config is not an object".into()),
+            Some(_) => return Err(ConfigError::wrong_type("config", "an object")),
         };
-        let strings = |key: &str| -> Result<Option<Vec<String>>, String> {
+        let strings = |key: &str| -> Result<Option<Vec<String>>, ConfigError> {
             match c.get(key) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::Array(a)) => a
@@ -64,26 +118,34 @@ impl ImageConfig {
                     .map(|v| {
                         v.as_str()
                             .map(String::from)
-                            .ok_or_else(|| format!("config.{key} holds a non-string"))
+                            .ok_or_else(|| ConfigError::NonString {
+                                field: format!("config.{key}"),
+                            })
                     })
                     .collect::<Result<Vec<_>, _>>()
                     .map(Some),
-                Some(_) => Err(format!("config.{key} is not a list of strings")),
+                Some(_) => Err(ConfigError::wrong_type(
+                    format!("config.{key}"),
+                    "a list of strings",
+                )),
             }
         };
-        let string = |key: &str| -> Result<Option<String>, String> {
+        let string = |key: &str| -> Result<Option<String>, ConfigError> {
             match c.get(key) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::String(s)) if s.is_empty() => Ok(None),
                 Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(format!("config.{key} is not a string")),
+                Some(_) => Err(ConfigError::wrong_type(format!("config.{key}"), "a string")),
             }
         };
-        let keys = |key: &str| -> Result<Vec<String>, String> {
+        let keys = |key: &str| -> Result<Vec<String>, ConfigError> {
             match c.get(key) {
                 None | Some(Value::Null) => Ok(Vec::new()),
                 Some(Value::Object(m)) => Ok(m.keys().cloned().collect()),
-                Some(_) => Err(format!("config.{key} is not an object")),
+                Some(_) => Err(ConfigError::wrong_type(
+                    format!("config.{key}"),
+                    "an object",
+                )),
             }
         };
         let mut labels = BTreeMap::new();
@@ -91,17 +153,17 @@ impl ImageConfig {
             None | Some(Value::Null) => {}
             Some(Value::Object(m)) => {
                 for (k, v) in m {
-                    let v = v
-                        .as_str()
-                        .ok_or_else(|| format!("config.Labels.{k} is not a string"))?;
+                    let v = v.as_str().ok_or_else(|| {
+                        ConfigError::wrong_type(format!("config.Labels.{k}"), "a string")
+                    })?;
                     labels.insert(k.clone(), v.to_string());
                 }
             }
-            Some(_) => return Err("config.Labels is not an object".into()),
+            Some(_) => return Err(ConfigError::wrong_type("config.Labels", "an object")),
         }
         let env = strings("Env")?.unwrap_or_default();
         if let Some(bad) = env.iter().find(|e| !valid_env(e)) {
-            return Err(format!("config.Env: {bad:?} is not NAME=VALUE"));
+            return Err(ConfigError::BadEnv { entry: bad.clone() });
         }
         let cfg = ImageConfig {
             env,
@@ -115,7 +177,7 @@ impl ImageConfig {
         };
         if let Some(w) = &cfg.working_dir {
             if !w.starts_with('/') || w.contains('\0') {
-                return Err(format!("config.WorkingDir {w:?} is not an absolute path"));
+                return Err(ConfigError::RelativeWorkdir { dir: w.clone() });
             }
         }
         Ok(cfg)
@@ -281,28 +343,37 @@ pub fn with_config(
 
 /// The config of the image an OCI layout holds (`reference` picked as `Store::import_oci`
 /// picks it: by ref name, or the only one; nested indexes to linux/amd64 or the first).
-pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, String> {
-    let read = |digest: &str| -> Result<Value, String> {
+pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, ConfigError> {
+    let io = |path: PathBuf| move |error: std::io::Error| ConfigError::Io { path, error };
+    let read = |digest: &str| -> Result<Value, ConfigError> {
         let (alg, hex) = digest
             .split_once(':')
             .filter(|(a, h)| {
                 *a == "sha256" && !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit())
             })
-            .ok_or_else(|| format!("bad digest {digest:?}"))?;
+            .ok_or_else(|| ConfigError::BadDigest(digest.into()))?;
         let p = dir.join("blobs").join(alg).join(hex);
-        let f = std::fs::File::open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let f = std::fs::File::open(&p).map_err(io(p.clone()))?;
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_CONFIG_BYTES), &mut buf)
-            .map_err(|e| format!("{}: {e}", p.display()))?;
+            .map_err(io(p.clone()))?;
         use sha2::Digest as _;
         if !hex::encode(sha2::Sha256::digest(&buf)).eq_ignore_ascii_case(hex) {
-            return Err(format!("blob {digest} does not match its digest"));
+            return Err(ConfigError::DigestMismatch(digest.into()));
         }
-        serde_json::from_slice(&buf).map_err(|e| format!("blob {digest}: {e}"))
+        serde_json::from_slice(&buf).map_err(|error| ConfigError::BadJson {
+            what: format!("blob {digest}"),
+            error,
+        })
     };
     let index: Value = std::fs::read(dir.join("index.json"))
-        .map_err(|e| format!("index.json: {e}"))
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("index.json: {e}")))?;
+        .map_err(io("index.json".into()))
+        .and_then(|b| {
+            serde_json::from_slice(&b).map_err(|error| ConfigError::BadJson {
+                what: "index.json".into(),
+                error,
+            })
+        })?;
     let ms = index["manifests"].as_array().cloned().unwrap_or_default();
     let mut desc = match reference {
         Some(r) => ms
@@ -312,7 +383,7 @@ pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, S
         None if ms.len() == 1 => ms.first().cloned(),
         None => None,
     }
-    .ok_or_else(|| "no single image in index.json".to_string())?;
+    .ok_or(ConfigError::NoImage)?;
     for _ in 0..8 {
         let m = read(desc["digest"].as_str().unwrap_or(""))?;
         if let Some(ms) = m["manifests"].as_array() {
@@ -323,7 +394,7 @@ pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, S
                 })
                 .or_else(|| ms.first())
                 .cloned()
-                .ok_or_else(|| "empty index".to_string())?;
+                .ok_or(ConfigError::EmptyIndex)?;
             continue;
         }
         let Some(c) = m["config"]["digest"].as_str() else {
@@ -333,7 +404,7 @@ pub fn from_layout(dir: &Path, reference: Option<&str>) -> Result<ImageConfig, S
         cfg.digest = desc["digest"].as_str().map(String::from);
         return Ok(cfg);
     }
-    Err("indexes nested too deep".into())
+    Err(ConfigError::TooDeep)
 }
 
 #[cfg(test)]
@@ -365,15 +436,32 @@ mod tests {
 
     #[test]
     fn refuses_fields_of_the_wrong_type() {
-        for bad in [
-            serde_json::json!({"config": {"Env": "PATH=/bin"}}),
-            serde_json::json!({"config": {"Env": ["=x"]}}),
-            serde_json::json!({"config": {"Cmd": [1]}}),
-            serde_json::json!({"config": {"WorkingDir": "relative"}}),
-            serde_json::json!({"config": {"Labels": {"a": 1}}}),
-            serde_json::json!({"config": []}),
+        // Each names the field and what is wrong with it.
+        for (bad, why) in [
+            (
+                serde_json::json!({"config": {"Env": "PATH=/bin"}}),
+                "config.Env is not a list of strings",
+            ),
+            (
+                serde_json::json!({"config": {"Env": ["=x"]}}),
+                "config.Env: \"=x\" is not NAME=VALUE",
+            ),
+            (
+                serde_json::json!({"config": {"Cmd": [1]}}),
+                "config.Cmd holds a non-string",
+            ),
+            (
+                serde_json::json!({"config": {"WorkingDir": "relative"}}),
+                "config.WorkingDir \"relative\" is not an absolute path",
+            ),
+            (
+                serde_json::json!({"config": {"Labels": {"a": 1}}}),
+                "config.Labels.a is not a string",
+            ),
+            (serde_json::json!({"config": []}), "config is not an object"),
         ] {
-            assert!(ImageConfig::from_oci(&bad).is_err(), "{bad}");
+            let e = ImageConfig::from_oci(&bad).unwrap_err();
+            assert_eq!(e.to_string(), why, "{bad}");
         }
         assert_eq!(
             ImageConfig::from_oci(&serde_json::json!({})).unwrap(),

@@ -167,7 +167,7 @@ pub fn delete_unneeded(
         });
         let Some(i) = next else { break };
         let s = all.remove(i);
-        match snaps.delete(&s.id) {
+        match snaps.delete(&s.id).map_err(ApiError::from) {
             Ok(()) => {}
             // Someone else deleted it meanwhile: gone either way.
             Err(e) if e.status == axum::http::StatusCode::NOT_FOUND => {}

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use axum::http::StatusCode;
 use grove_nodefs_root::NodefsRoot;
 use grove_runtime::{Runtime, SandboxId, SandboxInfo};
 use grove_snapshotter::{
@@ -17,10 +16,10 @@ use nodefs::service::{Client, FsService, ImportPolicy, Local, Spawn};
 use nodefs::{ManifestId, ObjectId};
 
 use crate::api_shapes::{ForkRequest, Image, Snapshot, SnapshotRequest};
-use crate::backend::{check_name, Images, Snapshots};
+use crate::backend::{check_name, BackendError, BackendResult, Images, Snapshots};
 use crate::backend_build::Backend;
 use crate::config::Config;
-use crate::error::{chain, ApiError, ApiResult};
+use crate::error::chain;
 
 /// `grove-fsd` next to the running executable or where `grove install` puts it; `GROVE_FSD_BINARY`
 /// overrides.
@@ -132,29 +131,12 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
 /// How long a `durable` snapshot waits for its images to be stored.
 const DURABLE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// A durable snapshot that could not be made: 507 when the store is full (the snapshotter reports
-/// the import's failure as text), else what the snapshotter said.
-fn durable_err(e: grove_snapshotter::Error) -> ApiError {
-    let msg = chain(&e);
-    let full = [
-        "No space left on device",
-        "(os error 28)",
-        "(os error 122)",
-        "ENOSPC",
-    ]
-    .iter()
-    .any(|s| msg.contains(s));
-    if full {
-        return ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "insufficient_storage",
-            format!("the store is out of space, no snapshot was made: {msg}"),
-        )
-        .with_field("durable");
-    }
-    match ApiError::from(e) {
-        a if a.status == StatusCode::NOT_IMPLEMENTED => ApiError::internal(a.message),
-        a => a,
+/// A durable snapshot that could not be made: its images not stored is [`BackendError::NotDurable`]
+/// (507 when the store is full, told by the error's causes), the rest the snapshotter's own.
+fn durable_err(e: grove_snapshotter::Error) -> BackendError {
+    match e {
+        e @ grove_snapshotter::Error::NotStored { .. } => BackendError::NotDurable(e),
+        e => e.into(),
     }
 }
 
@@ -165,21 +147,19 @@ pub struct NodefsImages {
 }
 
 impl NodefsImages {
-    fn vacant(&self, name: &str) -> ApiResult<()> {
+    fn vacant(&self, name: &str) -> BackendResult<()> {
         check_name("name", name)?;
-        if self.store.get_ref(name).map_err(ApiError::from)?.is_some() {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "image_exists",
-                format!("image {name:?} exists"),
-            )
-            .with_field("name"));
+        if self.store.get_ref(name)?.is_some() {
+            return Err(BackendError::Exists {
+                what: "image",
+                name: name.into(),
+            });
         }
         Ok(())
     }
 
-    fn commit(&self, name: &str, id: ManifestId) -> ApiResult<Image> {
-        self.store.set_ref(name, &id).map_err(ApiError::from)?;
+    fn commit(&self, name: &str, id: ManifestId) -> BackendResult<Image> {
+        self.store.set_ref(name, &id)?;
         let size_bytes = self.store.manifest_bytes(&id).ok();
         Ok(Image {
             name: name.into(),
@@ -195,8 +175,8 @@ impl Images for NodefsImages {
         "nodefs"
     }
 
-    fn list(&self) -> ApiResult<Vec<Image>> {
-        let refs = self.store.refs().map_err(ApiError::from)?;
+    fn list(&self) -> BackendResult<Vec<Image>> {
+        let refs = self.store.refs()?;
         Ok(refs
             .into_iter()
             .filter(|(n, _)| !n.contains('/'))
@@ -209,54 +189,47 @@ impl Images for NodefsImages {
             .collect())
     }
 
-    fn import_dir(&self, name: &str, path: &Path) -> ApiResult<Image> {
+    fn import_dir(&self, name: &str, path: &Path) -> BackendResult<Image> {
         self.vacant(name)?;
-        let id = self
-            .store
-            .import_dir(path, ImportPolicy::Cdc, None)
-            .map_err(ApiError::from)?;
+        let id = self.store.import_dir(path, ImportPolicy::Cdc, None)?;
         self.commit(name, id)
     }
 
-    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> ApiResult<Image> {
+    fn import_tar(&self, name: &str, tar: &mut dyn Read) -> BackendResult<Image> {
         self.vacant(name)?;
-        let id = self.store.import_tar(tar).map_err(ApiError::from)?;
+        let id = self.store.import_tar(tar)?;
         self.commit(name, id)
     }
 
-    fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> ApiResult<Image> {
+    fn import_oci(&self, name: &str, dir: &Path, reference: Option<&str>) -> BackendResult<Image> {
         self.vacant(name)?;
-        let id = self
-            .store
-            .import_oci(dir, reference)
-            .map_err(ApiError::from)?;
+        let id = self.store.import_oci(dir, reference)?;
         self.commit(name, id)
     }
 
-    fn delete(&self, name: &str) -> ApiResult<()> {
+    fn delete(&self, name: &str) -> BackendResult<()> {
         check_name("name", name)?;
-        if self.store.get_ref(name).map_err(ApiError::from)?.is_none() {
-            return Err(ApiError::not_found(
-                "image_not_found",
-                format!("image {name:?} not found"),
-            )
-            .with_field("name"));
+        if self.store.get_ref(name)?.is_none() {
+            return Err(BackendError::NotFound {
+                what: "image",
+                name: name.into(),
+            });
         }
-        self.store.delete_ref(name).map_err(ApiError::from)
+        self.store.delete_ref(name).map_err(BackendError::from)
     }
 
-    fn gc(&self) -> ApiResult<serde_json::Value> {
+    fn gc(&self) -> BackendResult<serde_json::Value> {
         let live: Vec<ManifestId> = self
             .snapshotter
             .as_ref()
             .map(|s| s.live_manifests())
             .unwrap_or_default();
-        let r = self.store.gc(&live).map_err(ApiError::from)?;
+        let r = self.store.gc(&live)?;
         Ok(serde_json::to_value(r).unwrap_or_default())
     }
 
-    fn fsck(&self) -> ApiResult<(bool, serde_json::Value)> {
-        let r = self.store.fsck().map_err(ApiError::from)?;
+    fn fsck(&self) -> BackendResult<(bool, serde_json::Value)> {
+        let r = self.store.fsck()?;
         Ok((r.is_clean(), serde_json::to_value(&r).unwrap_or_default()))
     }
 
@@ -294,13 +267,13 @@ impl Snapshots for NodefsSnapshots {
     /// `durable` waits here rather than in the snapshotter: a snapshot whose images cannot be
     /// stored is deleted again (a failed request leaves nothing), and the source is stopped only
     /// once its snapshot is durable.
-    fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> ApiResult<Snapshot> {
+    fn snapshot(&self, id: &SandboxId, req: &SnapshotRequest) -> BackendResult<Snapshot> {
         let opts = SnapshotOptions {
             name: req.name.clone(),
             stop: req.stop && !req.durable,
             durable: false,
         };
-        let info = self.s.snapshot(id, opts).map_err(ApiError::from)?;
+        let info = self.s.snapshot(id, opts)?;
         if !req.durable {
             return Ok(to_wire(&info));
         }
@@ -314,26 +287,30 @@ impl Snapshots for NodefsSnapshots {
             }
         };
         if req.stop {
-            self.runtime.destroy(id).map_err(ApiError::from)?;
+            self.runtime.destroy(id)?;
         }
         Ok(to_wire(&info))
     }
 
-    fn fork(&self, name: &str, req: &ForkRequest) -> ApiResult<Vec<ApiResult<SandboxInfo>>> {
+    fn fork(
+        &self,
+        name: &str,
+        req: &ForkRequest,
+    ) -> BackendResult<Vec<BackendResult<SandboxInfo>>> {
         let opts = ForkOptions {
             labels: req.labels.clone(),
             ttl_secs: req.ttl_secs,
             hostname_prefix: req.hostname_prefix.clone(),
             queue_timeout_ms: req.queue_timeout_ms,
         };
-        let results = self.s.fork(name, req.count, opts).map_err(ApiError::from)?;
+        let results = self.s.fork(name, req.count, opts)?;
         Ok(results
             .into_iter()
-            .map(|r| r.map_err(ApiError::from))
+            .map(|r| r.map_err(BackendError::from))
             .collect())
     }
 
-    fn list(&self) -> ApiResult<Vec<Snapshot>> {
+    fn list(&self) -> BackendResult<Vec<Snapshot>> {
         let mut failed = self.s.import_failures();
         Ok(self
             .s
@@ -343,8 +320,8 @@ impl Snapshots for NodefsSnapshots {
             .collect())
     }
 
-    fn get(&self, name: &str) -> ApiResult<Snapshot> {
-        let i = self.s.get(name).map_err(ApiError::from)?;
+    fn get(&self, name: &str) -> BackendResult<Snapshot> {
+        let i = self.s.get(name)?;
         let error = self.s.import_failures().remove(&i.id);
         Ok(to_wire_with(&i, error))
     }
@@ -362,8 +339,8 @@ impl Snapshots for NodefsSnapshots {
         self.s.retry_imports()
     }
 
-    fn delete(&self, name: &str) -> ApiResult<()> {
-        self.s.delete(name).map_err(ApiError::from)
+    fn delete(&self, name: &str) -> BackendResult<()> {
+        self.s.delete(name).map_err(BackendError::from)
     }
 
     fn export(
@@ -371,36 +348,39 @@ impl Snapshots for NodefsSnapshots {
         name: &str,
         only: Option<&HashSet<ObjectId>>,
         out: &mut dyn Write,
-    ) -> ApiResult<()> {
+    ) -> BackendResult<()> {
         match only {
             None => self.s.export(name, out),
             Some(only) => self.s.export_delta(name, Some(only), out),
         }
         .map(|_| ())
-        .map_err(ApiError::from)
+        .map_err(BackendError::from)
     }
 
-    fn objects(&self, name: &str) -> ApiResult<Vec<ObjectId>> {
-        self.s.objects(name).map_err(ApiError::from)
+    fn objects(&self, name: &str) -> BackendResult<Vec<ObjectId>> {
+        self.s.objects(name).map_err(BackendError::from)
     }
 
-    fn missing(&self, ids: &[ObjectId]) -> ApiResult<Vec<ObjectId>> {
-        self.s.lacking(ids).map_err(ApiError::from)
+    fn missing(&self, ids: &[ObjectId]) -> BackendResult<Vec<ObjectId>> {
+        self.s.lacking(ids).map_err(BackendError::from)
     }
 
-    fn import(&self, input: &mut dyn Read) -> ApiResult<Snapshot> {
+    fn import(&self, input: &mut dyn Read) -> BackendResult<Snapshot> {
         self.s
             .import(input)
             .map(|i| to_wire(&i))
-            .map_err(ApiError::from)
+            .map_err(BackendError::from)
     }
 
-    fn pause(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
-        self.s.pause(id).map(|(i, _)| i).map_err(ApiError::from)
+    fn pause(&self, id: &SandboxId) -> BackendResult<SandboxInfo> {
+        self.s.pause(id).map(|(i, _)| i).map_err(BackendError::from)
     }
 
-    fn resume(&self, id: &SandboxId) -> ApiResult<SandboxInfo> {
-        self.s.resume(id).map(|(i, _)| i).map_err(ApiError::from)
+    fn resume(&self, id: &SandboxId) -> BackendResult<SandboxInfo> {
+        self.s
+            .resume(id)
+            .map(|(i, _)| i)
+            .map_err(BackendError::from)
     }
 
     fn close(&self) {

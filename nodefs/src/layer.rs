@@ -98,7 +98,7 @@ impl Store {
             // A blob that is not what it claims explains any tar error it caused: say that.
             if drained.is_ok() {
                 let got = hash.lock().clone();
-                check_digest(d, &sha2::Digest::finalize(got)).map_err(bad)?;
+                check_digest(d, &sha2::Digest::finalize(got)).map_err(|e| bad(e.to_string()))?;
             }
         }
         applied.map_err(|e| match e {

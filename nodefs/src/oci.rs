@@ -121,7 +121,7 @@ impl Store {
                 .map_err(|e| bad(format!("layer {digest}: {e}")))?;
             drop(r);
             let got = hash.lock().clone().finalize();
-            check_digest(digest, &got).map_err(bad)?;
+            check_digest(digest, &got).map_err(|e| bad(e.to_string()))?;
         }
         let id = self.store_mem(&root)?;
         self.seal_import(&id)?;
@@ -152,11 +152,26 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-pub(crate) fn check_digest(digest: &str, got: &[u8]) -> Result<(), String> {
+/// A blob that is not what its digest names; the import refuses it as a bad layout or layer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DigestError {
+    /// Its content hashes to something else.
+    #[error("blob {digest} does not match its digest")]
+    Mismatch { digest: String },
+    /// Named by a digest other than sha256.
+    #[error("unsupported digest algorithm in {digest:?}")]
+    Algorithm { digest: String },
+}
+
+pub(crate) fn check_digest(digest: &str, got: &[u8]) -> Result<(), DigestError> {
     match digest.split_once(':') {
         Some(("sha256", hex)) if hex.eq_ignore_ascii_case(&hex::encode(got)) => Ok(()),
-        Some(("sha256", _)) => Err(format!("blob {digest} does not match its digest")),
-        _ => Err(format!("unsupported digest algorithm in {digest:?}")),
+        Some(("sha256", _)) => Err(DigestError::Mismatch {
+            digest: digest.into(),
+        }),
+        _ => Err(DigestError::Algorithm {
+            digest: digest.into(),
+        }),
     }
 }
 
@@ -176,10 +191,10 @@ fn read_json(layout: &Path, p: &Path) -> Result<Value, Error> {
             .and_then(|d| d.parent())
             .is_some_and(|b| b.ends_with("blobs"))
         {
-            check_digest(&format!("{alg}:{hex}"), &Sha256::digest(&s)).map_err(|why| {
+            check_digest(&format!("{alg}:{hex}"), &Sha256::digest(&s)).map_err(|e| {
                 Error::BadOci {
                     path: layout.to_path_buf(),
-                    why,
+                    why: e.to_string(),
                 }
             })?;
         }

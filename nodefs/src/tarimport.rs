@@ -74,7 +74,7 @@ impl Store {
             let comps =
                 clean_path(&path).ok_or_else(|| bad("path escapes the archive root (..)"))?;
             let h = ent.header().clone();
-            let meta = tar_meta(&mut ent, &h).map_err(|e| bad(&e))?;
+            let meta = tar_meta(&mut ent, &h).map_err(|e| bad(&e.to_string()))?;
             let et = h.entry_type();
             if comps.is_empty() {
                 if et.is_dir() {
@@ -254,11 +254,24 @@ fn prune_children(
     });
 }
 
-fn tar_meta<R: Read>(ent: &mut tar::Entry<'_, R>, h: &tar::Header) -> Result<Meta, String> {
-    let mode = h.mode().map_err(|e| format!("bad mode: {e}"))? & 0o7777;
-    let uid = h.uid().map_err(|e| format!("bad uid: {e}"))? as u32;
-    let gid = h.gid().map_err(|e| format!("bad gid: {e}"))? as u32;
-    let mtime = h.mtime().map_err(|e| format!("bad mtime: {e}"))? as i64;
+/// A tar header whose fields do not parse; the import refuses the entry as a bad tar.
+#[derive(Debug, thiserror::Error)]
+enum HeaderError {
+    /// `field` (mode, uid, gid, mtime) is not a number the tar crate reads.
+    #[error("bad {field}: {error}")]
+    Field {
+        field: &'static str,
+        error: std::io::Error,
+    },
+}
+
+fn tar_meta<R: Read>(ent: &mut tar::Entry<'_, R>, h: &tar::Header) -> Result<Meta, HeaderError> {
+    let bad =
+        |field: &'static str| move |error: std::io::Error| HeaderError::Field { field, error };
+    let mode = h.mode().map_err(bad("mode"))? & 0o7777;
+    let uid = h.uid().map_err(bad("uid"))? as u32;
+    let gid = h.gid().map_err(bad("gid"))? as u32;
+    let mtime = h.mtime().map_err(bad("mtime"))? as i64;
     let mut meta = Meta {
         mode,
         uid,

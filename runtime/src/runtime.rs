@@ -130,7 +130,7 @@ impl Runtime {
         let id_pool = config.id_pool();
         id_pool
             .check()
-            .map_err(|reason| Error::invalid("userns_pool", reason))?;
+            .map_err(|e| Error::invalid("userns_pool", e.to_string()))?;
         // Disk for sandbox writes: root providers keep upper layers under the state dir.
         let total = admission::detect(&config.capacity, &[&config.state_dir]);
         let rt = Arc::new(Runtime {

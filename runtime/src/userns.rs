@@ -56,16 +56,24 @@ impl IdPool {
 
     /// Whether the pool is usable: not host root's ids, and inside the 32-bit id space (the last
     /// id, u32::MAX, is invalid).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), PoolError> {
         let end = u64::from(self.first) + u64::from(self.ranges) * u64::from(RANGE_SIZE);
         if self.first == 0 || self.ranges == 0 || end > u64::from(u32::MAX) {
-            return Err(format!(
-                "pool of {} ranges from {} must start above 0 and end below 2^32-1",
-                self.ranges, self.first
-            ));
+            return Err(PoolError::OutOfRange {
+                first: self.first,
+                ranges: self.ranges,
+            });
         }
         Ok(())
     }
+}
+
+/// A configured id pool that cannot be used (the runtime refuses to start with it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// It would hand out host root's ids or run past the 32-bit id space.
+    #[error("pool of {ranges} ranges from {first} must start above 0 and end below 2^32-1")]
+    OutOfRange { first: u32, ranges: u32 },
 }
 
 /// The pool's ranges in use, by index.
@@ -159,12 +167,19 @@ mod tests {
             p.check().unwrap();
             assert!(p.first >= g.first + g.ranges * RANGE_SIZE);
         }
-        assert!(IdPool {
-            first: u32::MAX - 10,
-            ranges: 1
-        }
-        .check()
-        .is_err());
+        assert_eq!(
+            IdPool {
+                first: u32::MAX - 10,
+                ranges: 1
+            }
+            .check()
+            .unwrap_err()
+            .to_string(),
+            format!(
+                "pool of 1 ranges from {} must start above 0 and end below 2^32-1",
+                u32::MAX - 10
+            )
+        );
         assert!(IdPool {
             first: 0,
             ranges: 1

@@ -27,8 +27,8 @@ use crate::snapshotter::{Pin, Snapshotter};
 #[derive(Default)]
 pub(crate) struct Imports {
     queue: Mutex<Option<Sender<String>>>,
-    /// Snapshots whose import failed, with the reason (until the next start retries them).
-    failed: Mutex<HashMap<String, String>>,
+    /// Snapshots whose import failed, with the error (until the next start retries them).
+    failed: Mutex<HashMap<String, Arc<Error>>>,
     /// Signalled whenever an import ends.
     ended: Condvar,
     ended_lock: Mutex<()>,
@@ -88,7 +88,7 @@ impl Snapshotter {
             self.imports
                 .failed
                 .lock()
-                .insert(id.to_string(), "no import worker".into());
+                .insert(id.to_string(), Arc::new(Error::NoImportWorker));
         }
     }
 
@@ -98,7 +98,7 @@ impl Snapshotter {
             self.imports
                 .failed
                 .lock()
-                .insert(id.to_string(), nodefs::chain(&e));
+                .insert(id.to_string(), Arc::new(e));
         }
         let _g = self.imports.ended_lock.lock();
         self.imports.ended.notify_all();
@@ -154,7 +154,12 @@ impl Snapshotter {
 
     /// Snapshots (by id) whose background import failed, with the reason, until retried.
     pub fn import_failures(&self) -> HashMap<String, String> {
-        self.imports.failed.lock().clone()
+        self.imports
+            .failed
+            .lock()
+            .iter()
+            .map(|(id, e)| (id.clone(), nodefs::chain(&**e)))
+            .collect()
     }
 
     /// Queues every failed import again (space may have come back); returns how many.
@@ -181,12 +186,10 @@ impl Snapshotter {
             if info.durable {
                 return Ok(info);
             }
-            if let Some(why) = self.imports.failed.lock().get(&info.id) {
-                return Err(Error::Unsupported {
-                    what: format!(
-                        "snapshot {}: its images could not be stored: {why}",
-                        info.id
-                    ),
+            if let Some(e) = self.imports.failed.lock().get(&info.id) {
+                return Err(Error::NotStored {
+                    snapshot: info.id,
+                    source: e.clone(),
                 });
             }
             if self.imports.ended.wait_until(&mut g, deadline).timed_out() {

@@ -17,6 +17,18 @@ pub enum Error {
     InvalidInput { field: &'static str, reason: String },
     #[error("not supported: {what}")]
     Unsupported { what: String },
+    /// A snapshot's images could not be stored (its background import failed). The import's
+    /// error is kept whole, so a caller tells a full store from the rest by type, not by text.
+    /// (Worded as when it was reported as `Unsupported`.)
+    #[error("not supported: snapshot {snapshot}: its images could not be stored")]
+    NotStored {
+        snapshot: String,
+        #[source]
+        source: std::sync::Arc<Error>,
+    },
+    /// No worker runs to store snapshots' images (it could not be started).
+    #[error("no import worker")]
+    NoImportWorker,
     #[error("checkpoint/restore")]
     Criu(#[from] criu::Error),
     #[error("content store")]
@@ -53,7 +65,9 @@ impl Error {
             Error::NotFound { .. } => "not_found",
             Error::Conflict { .. } | Error::NameTaken { .. } => "conflict",
             Error::InvalidInput { .. } => "invalid_input",
-            Error::Unsupported { .. } => "unsupported",
+            Error::Unsupported { .. } | Error::NotStored { .. } | Error::NoImportWorker => {
+                "unsupported"
+            }
             Error::Criu(_) => "criu",
             Error::Store(_) | Error::Commit(_) => "store",
             Error::Runtime(e) => e.code(),

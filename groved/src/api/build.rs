@@ -18,7 +18,7 @@ use crate::api_shapes::{network_from_wire, EgressRuleRequest, Image, NetworkRequ
 use crate::app::{blocking, App};
 use crate::backend::check_name;
 use crate::build::cache::{CacheError, Pruned};
-use crate::build::engine::{BuildError, Engine, Inputs, Progress};
+use crate::build::engine::{BaseError, BuildError, Engine, Inputs, Progress};
 use crate::build::{self, ImageConfig};
 use crate::error::{chain, ApiError, ApiResult};
 use crate::image_config::{with_config, ImageConfigs};
@@ -245,29 +245,41 @@ pub async fn build(
         let configs = app2.image_configs.clone();
         // A Grove image of that name, else a registry reference, pulled (its layers stay in the
         // store as the pull keeps them; the build needs no name for its base).
-        let base = |name: &str| -> Result<(nodefs::ManifestId, Option<ImageConfig>), String> {
+        let base = |name: &str| -> Result<(nodefs::ManifestId, Option<ImageConfig>), BaseError> {
             if check_name("from", name).is_ok() {
                 match eng.store.get_ref(name) {
                     Ok(Some(id)) => {
-                        let cfg = configs.get(name).map_err(|e| e.message)?;
+                        let cfg = configs.get(name).map_err(BaseError::Config)?;
                         return Ok((id, cfg));
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(format!("image {name:?}: {}", chain(&e))),
+                    Err(error) => {
+                        return Err(BaseError::Store {
+                            name: name.into(),
+                            error,
+                        })
+                    }
                 }
             }
-            let r = Reference::parse(name).map_err(|why| {
-                format!("{name:?} is no image on this node nor a registry reference: {why}")
+            let r = Reference::parse(name).map_err(|why| BaseError::NotAReference {
+                name: name.into(),
+                why,
             })?;
             let resolved = handle
                 .block_on(pull::resolve(registries.clone(), &r, &Platform::default()))
-                .map_err(|e| format!("no image {name:?} on this node, and pulling it: {e}"))?;
+                .map_err(|error| BaseError::Resolve {
+                    name: name.into(),
+                    error: Box::new(error),
+                })?;
             let fetched = handle
                 .block_on(pull::fetch(eng.store.clone(), &resolved, &None))
-                .map_err(|e| format!("pulling {name:?}: {e}"))?;
+                .map_err(|error| BaseError::Fetch {
+                    name: name.into(),
+                    error: Box::new(error),
+                })?;
             let root = fetched
                 .root
-                .ok_or_else(|| format!("pulling {name:?}: no root"))?;
+                .ok_or_else(|| BaseError::NoRoot { name: name.into() })?;
             Ok((root, Some(resolved.config)))
         };
         let inputs = Inputs {

@@ -1,5 +1,6 @@
 //! Images: import (host directory, OCI layout, tar upload), list, delete.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -9,7 +10,7 @@ use axum::Json;
 
 use crate::api_shapes::{Image, ImageImportRequest, ImageList};
 use crate::app::{blocking, App};
-use crate::backend::{check_host_dir, check_name};
+use crate::backend::check_name;
 use crate::error::{ApiError, ApiResult};
 use crate::pipe::ChanReader;
 use crate::request_parse::ApiJson;
@@ -17,7 +18,7 @@ use crate::request_parse::ApiJson;
 pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<ImageList>> {
     let images = app.images.clone();
     Ok(Json(ImageList {
-        items: blocking(move || images.list()).await?,
+        items: blocking(move || Ok(images.list()?)).await?,
     }))
 }
 
@@ -43,10 +44,10 @@ pub async fn import(
             // A layout whose config cannot be read still imports (nodefs judges the layers).
             let cfg = crate::image_config::from_layout(&dir, req.reference.as_deref()).ok();
             crate::image_config::with_config(&configs, &req.name, cfg.as_ref(), || {
-                images.import_oci(&req.name, &dir, req.reference.as_deref())
+                Ok(images.import_oci(&req.name, &dir, req.reference.as_deref())?)
             })
         }
-        _ => images.import_dir(&req.name, &dir),
+        _ => Ok(images.import_dir(&req.name, &dir)?),
     })
     .await?;
     Ok((StatusCode::CREATED, Json(img)))
@@ -61,7 +62,7 @@ pub async fn import_tar(
     crate::backend::check_new_image_name("name", &name)?;
     let images = app.images.clone();
     let mut reader = ChanReader::spawn(body);
-    let img = blocking(move || images.import_tar(&name, &mut reader)).await?;
+    let img = blocking(move || Ok(images.import_tar(&name, &mut reader)?)).await?;
     Ok((StatusCode::CREATED, Json(img)))
 }
 
@@ -108,4 +109,23 @@ pub async fn delete(
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A host path given in a request: absolute and existing.
+fn check_host_dir(field: &str, path: &str) -> ApiResult<PathBuf> {
+    let p = PathBuf::from(path);
+    if !p.is_absolute() {
+        return Err(ApiError::invalid(
+            field,
+            format!("{path:?} is not an absolute path"),
+        ));
+    }
+    if !p.is_dir() {
+        return Err(ApiError::not_found(
+            "path_not_found",
+            format!("{path:?} is not a directory on the node"),
+        )
+        .with_field(field));
+    }
+    Ok(p)
 }

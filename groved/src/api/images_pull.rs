@@ -20,7 +20,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::api_shapes::Image;
 use crate::app::{blocking, App};
-use crate::backend::check_new_image_name;
+use crate::backend::{check_new_image_name, BackendError};
 use crate::error::{ApiError, ApiResult};
 use crate::image_config::{with_config, ImageConfigs};
 use crate::registry::pull::{self, Platform, PullEvent, Resolved};
@@ -121,16 +121,15 @@ async fn vacant(store: Arc<dyn FsService>, name: &str) -> ApiResult<()> {
         store
             .get_ref(&n)
             .map(|r| r.is_some())
-            .map_err(|e| ApiError::internal(nodefs::chain(&e)))
+            .map_err(|e| ApiError::from(BackendError::Store(e)))
     })
     .await?;
     if taken {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "image_exists",
-            format!("image {name:?} exists"),
-        )
-        .with_field("name"));
+        return Err(BackendError::Exists {
+            what: "image",
+            name: name.into(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -150,17 +149,15 @@ async fn finish(
     let cfg = resolved.config.clone();
     let img = blocking(move || {
         with_config(&configs, &name, Some(&cfg), || {
-            let err = |e: nodefs::Error| ApiError::internal(nodefs::chain(&e));
             // Someone else made an image of this name meanwhile: theirs stays.
-            if store.get_ref(&name).map_err(err)?.is_some() {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "image_exists",
-                    format!("image {name:?} exists"),
-                )
-                .with_field("name"));
+            if store.get_ref(&name).map_err(BackendError::Store)?.is_some() {
+                return Err(BackendError::Exists {
+                    what: "image",
+                    name: name.clone(),
+                }
+                .into());
             }
-            store.set_ref(&name, &root).map_err(err)?;
+            store.set_ref(&name, &root).map_err(BackendError::Store)?;
             Ok(Image {
                 name: name.clone(),
                 root: Some(root.to_hex()),

@@ -162,12 +162,12 @@ pub async fn residue(State(app): State<Arc<App>>) -> ApiResult<Json<ResidueWire>
 
 pub async fn gc(State(app): State<Arc<App>>) -> ApiResult<Json<MaintenanceReport>> {
     let images = app.images.clone();
-    let report = blocking(move || images.gc()).await?;
+    let report = blocking(move || Ok(images.gc()?)).await?;
     Ok(Json(MaintenanceReport { ok: true, report }))
 }
 
 pub async fn fsck(State(app): State<Arc<App>>) -> ApiResult<Json<MaintenanceReport>> {
     let images = app.images.clone();
-    let (ok, report) = blocking(move || images.fsck()).await?;
+    let (ok, report) = blocking(move || Ok(images.fsck()?)).await?;
     Ok(Json(MaintenanceReport { ok, report }))
 }

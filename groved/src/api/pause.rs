@@ -71,7 +71,7 @@ pub(crate) async fn pause_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<Sandb
         Op::Pause,
         blocking(move || {
             if let Some(s) = &snaps {
-                match s.pause(&id) {
+                match s.pause(&id).map_err(ApiError::from) {
                     Err(e) if e.status == StatusCode::NOT_IMPLEMENTED => {
                         tracing::info!(sandbox = %id, reason = %e.message, "pause freezes instead");
                     }
@@ -93,7 +93,7 @@ pub(crate) async fn resume_any(app: &Arc<App>, id: &SandboxId) -> ApiResult<Sand
         Op::Resume,
         blocking(move || match (rt.state_of(&id), &snaps) {
             (Some(SlotState::Parking | SlotState::Parked | SlotState::Restoring), Some(s)) => {
-                s.resume(&id)
+                Ok(s.resume(&id)?)
             }
             _ => rt.resume(&id).map_err(Into::into),
         }),

@@ -38,7 +38,7 @@ pub async fn pull(
     let snaps = app.snapshots()?;
     {
         let (snaps, name) = (snaps.clone(), req.name.clone());
-        if blocking(move || snaps.get(&name)).await.is_ok() {
+        if blocking(move || Ok(snaps.get(&name)?)).await.is_ok() {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "conflict",
@@ -68,7 +68,7 @@ pub async fn pull(
     let ids = parse_ids("objects", &listed.objects)?;
     let missing = {
         let snaps = snaps.clone();
-        blocking(move || snaps.missing(&ids)).await?
+        blocking(move || Ok(snaps.missing(&ids)?)).await?
     };
     let ask = DeltaExportRequest {
         missing: missing.iter().map(|i| i.to_hex()).collect(),
@@ -83,7 +83,7 @@ pub async fn pull(
         inner: ChanReader::spawn(Body::new(stream)),
         n: received.clone(),
     };
-    let snap = blocking(move || snaps.import(&mut reader)).await?;
+    let snap = blocking(move || Ok(snaps.import(&mut reader)?)).await?;
     app.emit(own(
         "snapshot_imported",
         None,

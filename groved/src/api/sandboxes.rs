@@ -17,7 +17,7 @@ use crate::api_shapes::{
     SandboxList, TtlRequest,
 };
 use crate::app::{blocking, App};
-use crate::error::{ApiError, ApiResult};
+use crate::error::{api_each, ApiError, ApiResult};
 use crate::idempotency::{self, Tag};
 use crate::metrics::Op;
 use crate::request_parse::{query_one, query_pairs, ApiJson};
@@ -163,7 +163,14 @@ async fn from_snapshot(
     fork.count = fork.count.saturating_sub(made.len() as u32);
     let mut results: Vec<ApiResult<SandboxInfo>> = made.into_iter().map(Ok).collect();
     if fork.count > 0 {
-        results.extend(timed(&app, op, blocking(move || snaps.fork(&name, &fork))).await?);
+        results.extend(
+            timed(
+                &app,
+                op,
+                blocking(move || Ok(api_each(snaps.fork(&name, &fork)?))),
+            )
+            .await?,
+        );
     }
     if single {
         let info = results

@@ -19,7 +19,7 @@ use crate::api_shapes::{
 };
 use crate::app::{blocking, App};
 use crate::backend::check_name;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{api_each, ApiError, ApiResult};
 use crate::events::own;
 use crate::idempotency::{self, Tag};
 use crate::metrics::Op;
@@ -70,7 +70,7 @@ pub async fn create(
 
 pub async fn list(State(app): State<Arc<App>>) -> ApiResult<Json<SnapshotList>> {
     let snaps = app.snapshots()?;
-    let items = blocking(move || snaps.list()).await?;
+    let items = blocking(move || Ok(snaps.list()?)).await?;
     let items = items
         .into_iter()
         .map(|s| crate::lifetimes::decorate(&app, s))
@@ -84,7 +84,7 @@ pub async fn get(
 ) -> ApiResult<Json<Snapshot>> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
-    let s = blocking(move || snaps.get(&name)).await?;
+    let s = blocking(move || Ok(snaps.get(&name)?)).await?;
     Ok(Json(crate::lifetimes::decorate(&app, s)))
 }
 
@@ -129,7 +129,7 @@ pub async fn delete(
         let mut deleted = Vec::new();
         let mut ids = Vec::new();
         for s in crate::lifetimes::with_descendants(&all, &root) {
-            match snaps.delete(&s.id) {
+            match snaps.delete(&s.id).map_err(ApiError::from) {
                 Ok(()) => {}
                 Err(e) if e.status == StatusCode::NOT_FOUND => continue,
                 Err(e) => {
@@ -182,7 +182,7 @@ pub async fn gc(
     })
     .await?;
     let images = app.images.clone();
-    let store = blocking(move || images.gc()).await?;
+    let store = blocking(move || Ok(images.gc()?)).await?;
     let count = deleted.len();
     Ok(Json(SnapshotsDeleted {
         deleted,
@@ -218,7 +218,14 @@ pub async fn fork(
     let mut results: Vec<ApiResult<_>> = made.into_iter().map(Ok).collect();
     if req.count > 0 {
         let n = name.clone();
-        results.extend(timed(&app, Op::Fork, blocking(move || snaps.fork(&n, &req))).await?);
+        results.extend(
+            timed(
+                &app,
+                Op::Fork,
+                blocking(move || Ok(api_each(snaps.fork(&n, &req)?))),
+            )
+            .await?,
+        );
     }
     let failed = results.iter().filter(|r| r.is_err()).count();
     let reason = (failed > 0).then(|| format!("{failed} of {} branches failed", results.len()));
@@ -247,7 +254,7 @@ pub async fn objects(
 ) -> ApiResult<Json<ObjectList>> {
     check_name("name", &name)?;
     let snaps = app.snapshots()?;
-    let ids = blocking(move || snaps.objects(&name)).await?;
+    let ids = blocking(move || Ok(snaps.objects(&name)?)).await?;
     Ok(Json(ObjectList {
         objects: ids.iter().map(|i| i.to_hex()).collect(),
     }))
@@ -260,7 +267,7 @@ pub async fn missing(
 ) -> ApiResult<Json<ObjectList>> {
     let ids = parse_ids("objects", &req.objects)?;
     let snaps = app.snapshots()?;
-    let lacking = blocking(move || snaps.missing(&ids)).await?;
+    let lacking = blocking(move || Ok(snaps.missing(&ids)?)).await?;
     Ok(Json(ObjectList {
         objects: lacking.iter().map(|i| i.to_hex()).collect(),
     }))
@@ -285,13 +292,16 @@ async fn stream_export(
     let snaps = app.snapshots()?;
     {
         let (snaps, name) = (snaps.clone(), name.clone());
-        blocking(move || snaps.get(&name)).await?;
+        blocking(move || Ok(snaps.get(&name)?)).await?;
     }
     let (mut w, body) = ChanWriter::new();
     tokio::task::spawn_blocking(move || {
-        let r = snaps.export(&name, only.as_ref(), &mut w).and_then(|()| {
-            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(e.to_string()))
-        });
+        let r = snaps
+            .export(&name, only.as_ref(), &mut w)
+            .map_err(ApiError::from)
+            .and_then(|()| {
+                std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(e.to_string()))
+            });
         if let Err(e) = r {
             tracing::warn!(snapshot = %name, "export failed mid-stream: {}", e.message);
             w.fail(e.message);
@@ -306,7 +316,7 @@ pub async fn import(
 ) -> ApiResult<(StatusCode, Json<Snapshot>)> {
     let snaps = app.snapshots()?;
     let mut reader = ChanReader::spawn(body);
-    let snap = blocking(move || snaps.import(&mut reader)).await?;
+    let snap = blocking(move || Ok(snaps.import(&mut reader)?)).await?;
     app.emit(own(
         "snapshot_imported",
         None,

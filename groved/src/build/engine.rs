@@ -63,7 +63,37 @@ pub enum Progress<'a> {
 }
 
 /// Finds a `FROM` that is neither `scratch` nor a stage: its root and config.
-pub type BaseFn<'a> = dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), String> + 'a;
+pub type BaseFn<'a> = dyn Fn(&str) -> Result<(ManifestId, Option<ImageConfig>), BaseError> + 'a;
+
+/// Why a `FROM` base was not found, naming it: rendered into the step's reason. (Pull errors
+/// are boxed: they are large, and a base is looked up once a stage.)
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    /// The node's image of that name has a config that cannot be read.
+    #[error("{}", .0.message)]
+    Config(crate::error::ApiError),
+    /// The store could not say whether the node has an image of that name.
+    #[error("image {name:?}: {}", chain(.error))]
+    Store { name: String, error: nodefs::Error },
+    /// Neither an image here nor a reference a registry could serve.
+    #[error("{name:?} is no image on this node nor a registry reference: {why}")]
+    NotAReference { name: String, why: String },
+    /// A reference whose manifest could not be resolved.
+    #[error("no image {name:?} on this node, and pulling it: {error}")]
+    Resolve {
+        name: String,
+        error: Box<crate::registry::pull::PullError>,
+    },
+    /// A reference whose layers could not be pulled.
+    #[error("pulling {name:?}: {error}")]
+    Fetch {
+        name: String,
+        error: Box<crate::registry::pull::PullError>,
+    },
+    /// A pull that ended without a root.
+    #[error("pulling {name:?}: no root")]
+    NoRoot { name: String },
+}
 
 /// Where a build finds things outside the Dockerfile.
 pub struct Inputs<'a> {
@@ -247,7 +277,7 @@ impl Engine {
         }
         let base = if from.eq_ignore_ascii_case("scratch") {
             StageOut {
-                root: self.empty_root().map_err(|r| at(*step, r))?,
+                root: self.empty_root().map_err(|r| at(*step, r.to_string()))?,
                 cfg: ImageConfig::default(),
             }
         } else if let Some(j) = df.stage_index(from, idx) {
@@ -255,7 +285,7 @@ impl Engine {
                 .clone()
                 .expect("stages a stage needs are built first")
         } else {
-            let (root, cfg) = (inp.base)(from).map_err(|r| at(*step, r))?;
+            let (root, cfg) = (inp.base)(from).map_err(|r| at(*step, r.to_string()))?;
             StageOut {
                 root,
                 cfg: cfg.unwrap_or_default(),
@@ -349,7 +379,7 @@ impl Engine {
             Kind::Expose(ports) => {
                 announce(emit, None)?;
                 for p in ports {
-                    let p = normalize_port(&x(p)?).map_err(StepError::Failed)?;
+                    let p = normalize_port(&x(p)?)?;
                     if !s.cfg.exposed_ports.contains(&p) {
                         s.cfg.exposed_ports.push(p);
                     }
@@ -388,7 +418,10 @@ impl Engine {
                 s.root = match cached {
                     Some(r) => r,
                     None => self.in_view(&s.root, &key, |root| {
-                        root.mkdir_all(&w).map_err(|e| format!("making {w}: {e}"))
+                        root.mkdir_all(&w).map_err(|error| StepFailure::Confined {
+                            what: format!("making {w}"),
+                            error,
+                        })
                     })?,
                 };
                 s.cfg.working_dir = Some(w);
@@ -443,13 +476,14 @@ impl Engine {
     }
 
     /// Records `root` as the result of `key` (a ref, so gc keeps it while the cache does).
-    fn remember(&self, key: &str, root: &ManifestId) -> Result<(), String> {
-        self.cache
-            .touch(key, grove_runtime::now_ms())
-            .map_err(|e| e.to_string())?;
+    fn remember(&self, key: &str, root: &ManifestId) -> Result<(), StepFailure> {
+        self.cache.touch(key, grove_runtime::now_ms())?;
         self.store
             .set_ref(&format!("{CACHE_PREFIX}{key}"), root)
-            .map_err(|e| format!("writing the build cache: {}", chain(&e)))
+            .map_err(|error| StepFailure::Store {
+                what: "writing the build cache".into(),
+                error,
+            })
     }
 
     /// Prunes the step cache to `policy` if no build is under way (none can start meanwhile:
@@ -466,22 +500,23 @@ impl Engine {
         r
     }
 
-    fn empty_root(&self) -> Result<ManifestId, String> {
-        std::fs::create_dir_all(&self.uppers)
-            .map_err(|e| format!("{}: {e}", self.uppers.display()))?;
-        let d = tempfile::tempdir_in(&self.uppers).map_err(|e| format!("scratch: {e}"))?;
+    fn empty_root(&self) -> Result<ManifestId, StepFailure> {
+        make_dir(&self.uppers)?;
+        let d = tempfile::tempdir_in(&self.uppers).map_err(StepFailure::Scratch)?;
         self.store
             .import_dir(d.path(), ImportPolicy::Cdc, None)
-            .map_err(|e| format!("making an empty root: {}", chain(&e)))
+            .map_err(|error| StepFailure::Store {
+                what: "making an empty root".into(),
+                error,
+            })
     }
 
-    fn view(&self, root: &ManifestId, read_only: bool) -> Result<View<'_>, String> {
+    fn view(&self, root: &ManifestId, read_only: bool) -> Result<View<'_>, StepFailure> {
         let n = VIEW_SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("v{}-{n}", std::process::id());
         let dir = self.mounts.join(&name);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        std::fs::create_dir_all(&self.uppers)
-            .map_err(|e| format!("{}: {e}", self.uppers.display()))?;
+        make_dir(&dir)?;
+        make_dir(&self.uppers)?;
         let opts = MountOptions {
             quota_bytes: None,
             quota_inodes: None,
@@ -498,11 +533,10 @@ impl Engine {
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&dir);
-                Err(format!(
-                    "mounting a view of {}: {}",
-                    root.to_hex(),
-                    chain(&e)
-                ))
+                Err(StepFailure::Store {
+                    what: format!("mounting a view of {}", root.to_hex()),
+                    error: e,
+                })
             }
         }
     }
@@ -512,19 +546,19 @@ impl Engine {
         &self,
         root: &ManifestId,
         key: &str,
-        f: impl FnOnce(&ConfinedRoot) -> Result<(), String>,
+        f: impl FnOnce(&ConfinedRoot) -> Result<(), StepFailure>,
     ) -> Result<ManifestId, StepError> {
-        let v = self.view(root, false).map_err(StepError::Failed)?;
+        let v = self.view(root, false)?;
         let r = ConfinedRoot::open_dir(&v.dir)
             .map_err(|e| StepError::Failed(format!("opening the view: {e}")))?;
-        f(&r).map_err(StepError::Failed)?;
+        f(&r)?;
         drop(r);
         let id = self
             .store
             .commit(v.info.id)
             .map_err(|e| StepError::Failed(format!("committing: {}", chain(&e))))?;
         // While the view lives its commit is pinned; the ref keeps it after.
-        self.remember(key, &id).map_err(StepError::Failed)?;
+        self.remember(key, &id)?;
         drop(v);
         Ok(id)
     }
@@ -566,8 +600,7 @@ impl Engine {
             Some(u) => {
                 let passwd = self.runtime.read_file(&guard.id, "/etc/passwd").ok();
                 let group = self.runtime.read_file(&guard.id, "/etc/group").ok();
-                let (uid, gid, home) = resolve_user(&u, passwd.as_deref(), group.as_deref())
-                    .map_err(StepError::Failed)?;
+                let (uid, gid, home) = resolve_user(&u, passwd.as_deref(), group.as_deref())?;
                 if let Some(h) = home {
                     env.entry("HOME".into()).or_insert(h);
                 }
@@ -624,7 +657,7 @@ impl Engine {
             .committer()
             .ok_or_else(|| StepError::Failed("RUN needs the nodefs root provider".into()))?;
         let id = nodefs::ObjectId(mount.commit().map_err(|e| f("committing", &e))?);
-        self.remember(key, &id).map_err(StepError::Failed)?;
+        self.remember(key, &id)?;
         drop(view);
         drop(guard);
         Ok(id)
@@ -660,9 +693,9 @@ impl Engine {
                     {
                         return Err(failed(format!("--from={from}: a later stage")))
                     }
-                    None => (inp.base)(from).map_err(failed)?.0,
+                    None => (inp.base)(from).map_err(|e| failed(e.to_string()))?.0,
                 };
-                (Some(self.view(&id, true).map_err(failed)?), Some(id), None)
+                (Some(self.view(&id, true)?), Some(id), None)
             }
         };
         let src_root = match &src_view {
@@ -670,11 +703,11 @@ impl Engine {
             None => ConfinedRoot::open_dir(inp.context),
         }
         .map_err(|e| failed(format!("opening the source: {e}")))?;
-        let plan = plan_copy(&src_root, c, dst_dir, ignore).map_err(failed)?;
+        let plan = plan_copy(&src_root, c, dst_dir, ignore)?;
         // Context files are hashed (their content is the key); a stage's are named by its root.
         let digest = match &src_id {
             Some(id) => id.to_hex().into_bytes(),
-            None => digest_plan(&src_root, &plan).map_err(failed)?,
+            None => digest_plan(&src_root, &plan)?,
         };
         let text = format!(
             "{} {:?} {:?} chown={:?} chmod={:?} from={:?}",
@@ -740,6 +773,66 @@ enum StepError {
     Cancelled,
 }
 
+/// What a filesystem step's helpers fail with, saying what they were doing and on which
+/// path, user or port; a step renders it into its reason ([`BuildError::Step`]).
+#[derive(Debug, thiserror::Error)]
+enum StepFailure {
+    /// A directory of the node's own (the views' mount points, the upper dirs).
+    #[error("{}: {error}", .path.display())]
+    Dir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The scratch directory an empty root is made from.
+    #[error("scratch: {0}")]
+    Scratch(std::io::Error),
+    /// The content store refused what the step asked of it (`what` it was doing).
+    #[error("{what}: {}", chain(.error))]
+    Store { what: String, error: nodefs::Error },
+    /// The step cache's index.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// A path in a view, refused by its confined root (`what`: the path or the copy).
+    #[error("{what}: {error}")]
+    Confined {
+        what: String,
+        error: grove_runtime::Error,
+    },
+    /// A source file that could not be read (`what`: the file, or reading it).
+    #[error("{what}: {error}")]
+    Read { what: String, error: std::io::Error },
+    /// A COPY source, refused by the source's confined root.
+    #[error("{0}")]
+    Source(grove_runtime::Error),
+    /// A COPY glob that matches nothing.
+    #[error("no source files match {0:?}")]
+    NoMatch(String),
+    /// A COPY source the context (or stage) lacks, or that .dockerignore excludes.
+    #[error("{0:?} is not in the source")]
+    NotInSource(String),
+    /// A COPY source that was there a moment ago.
+    #[error("{0:?} vanished")]
+    Vanished(String),
+    /// Several COPY sources into a destination not marked as a directory.
+    #[error("copying several sources, the destination {0:?} must end with /")]
+    DestNotDir(String),
+    /// USER or --chown naming a user the image's /etc/passwd lacks.
+    #[error("user {0:?} is not in the image's /etc/passwd")]
+    UnknownUser(String),
+    /// --chown naming a group the image's /etc/group lacks.
+    #[error("group {0:?} is not in the image's /etc/group")]
+    UnknownGroup(String),
+    /// EXPOSE with what is not a port.
+    #[error("EXPOSE {0:?}: not PORT[/tcp|udp|sctp]")]
+    BadPort(String),
+}
+
+impl From<StepFailure> for StepError {
+    fn from(e: StepFailure) -> Self {
+        StepError::Failed(e.to_string())
+    }
+}
+
 /// One thing to copy: a context-relative source path and where it lands.
 #[derive(Debug)]
 struct Item {
@@ -757,7 +850,7 @@ fn plan_copy(
     c: &Copy,
     dst_dir: bool,
     ignore: Option<&Ignore>,
-) -> Result<Vec<Item>, String> {
+) -> Result<Vec<Item>, StepFailure> {
     let excluded = |p: &str| ignore.is_some_and(|i| !p.is_empty() && i.excluded(p));
     let mut tops: Vec<String> = Vec::new();
     for pat in &c.srcs {
@@ -769,34 +862,32 @@ fn plan_copy(
                 .map(|(p, _)| p)
                 .collect();
             if found.is_empty() {
-                return Err(format!("no source files match {pat:?}"));
+                return Err(StepFailure::NoMatch(pat));
             }
             found.sort();
             tops.extend(found);
         } else {
             if excluded(&pat) || src.lstat(&format!("/{pat}")).ok().flatten().is_none() {
-                return Err(format!(
-                    "{:?} is not in the source",
-                    if pat.is_empty() { "." } else { &pat }
-                ));
+                return Err(StepFailure::NotInSource(if pat.is_empty() {
+                    ".".into()
+                } else {
+                    pat
+                }));
             }
             tops.push(pat);
         }
     }
     let many = tops.len() > 1 || c.srcs.iter().any(|p| glob::has_magic(p));
     if many && !dst_dir {
-        return Err(format!(
-            "copying several sources, the destination {:?} must end with /",
-            c.dst
-        ));
+        return Err(StepFailure::DestNotDir(c.dst.clone()));
     }
     let mut items = Vec::new();
     for top in tops {
         let shown = format!("/{top}");
         let (kind, _) = src
             .lstat(&shown)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{top:?} vanished"))?;
+            .map_err(StepFailure::Source)?
+            .ok_or_else(|| StepFailure::Vanished(top.clone()))?;
         if kind == "dir" {
             // A directory's contents go into the destination, not the directory itself.
             items.push(Item {
@@ -836,13 +927,16 @@ fn plan_copy(
 }
 
 /// Every entry below `dir` (relative paths, parents first); symlinks are listed, never followed.
-fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, String> {
+fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, StepFailure> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_string()];
     while let Some(d) = stack.pop() {
         let entries = root
             .list(&format!("/{d}"))
-            .map_err(|e| format!("listing {d:?}: {e}"))?;
+            .map_err(|error| StepFailure::Confined {
+                what: format!("listing {d:?}"),
+                error,
+            })?;
         for e in entries {
             let p = if d.is_empty() {
                 e.name.clone()
@@ -866,31 +960,36 @@ fn walk(root: &ConfinedRoot, dir: &str) -> Result<Vec<(String, &'static str)>, S
 }
 
 /// The digest of what a context COPY takes: paths, kinds, modes, contents, link targets.
-fn digest_plan(src: &ConfinedRoot, plan: &[Item]) -> Result<Vec<u8>, String> {
+fn digest_plan(src: &ConfinedRoot, plan: &[Item]) -> Result<Vec<u8>, StepFailure> {
     let mut h = Sha256::new();
     for it in plan {
         let shown = format!("/{}", it.src);
         let mode = src
             .lstat(&shown)
-            .map_err(|e| e.to_string())?
+            .map_err(StepFailure::Source)?
             .map(|(_, m)| m)
             .unwrap_or(0);
         h.update(format!("{}\0{}\0{}\0{mode:o}\0", it.src, it.dst, it.kind).as_bytes());
         match it.kind {
             "file" => {
-                let (mut f, _) = src.open_read(&shown).map_err(|e| e.to_string())?;
+                let (mut f, _) = src.open_read(&shown).map_err(StepFailure::Source)?;
                 let mut buf = vec![0u8; 256 << 10];
                 loop {
-                    let n = f
-                        .read(&mut buf)
-                        .map_err(|e| format!("reading {shown}: {e}"))?;
+                    let n = f.read(&mut buf).map_err(|error| StepFailure::Read {
+                        what: format!("reading {shown}"),
+                        error,
+                    })?;
                     if n == 0 {
                         break;
                     }
                     h.update(&buf[..n]);
                 }
             }
-            "symlink" => h.update(src.read_link(&shown).map_err(|e| e.to_string())?.as_bytes()),
+            "symlink" => h.update(
+                src.read_link(&shown)
+                    .map_err(StepFailure::Source)?
+                    .as_bytes(),
+            ),
             _ => {}
         }
         h.update(b"\n");
@@ -905,9 +1004,12 @@ fn apply_item(
     owner: Option<(u32, u32)>,
     chmod: Option<u32>,
     add: bool,
-) -> Result<(), String> {
+) -> Result<(), StepFailure> {
     let shown = format!("/{}", it.src);
-    let e = |e: grove_runtime::Error| format!("{} -> {}: {e}", it.src, it.dst);
+    let e = |error: grove_runtime::Error| StepFailure::Confined {
+        what: format!("{} -> {}", it.src, it.dst),
+        error,
+    };
     if let Some(base) = &it.into_dir {
         if matches!(dst.lstat(&it.dst).map_err(e)?, Some(("dir", _))) {
             let it = Item {
@@ -928,7 +1030,11 @@ fn apply_item(
         }
         "file" => {
             let (mut f, _) = src.open_read(&shown).map_err(e)?;
-            if add && is_archive(&mut f).map_err(|x| format!("{shown}: {x}"))? {
+            let read = |error| StepFailure::Read {
+                what: shown.clone(),
+                error,
+            };
+            if add && is_archive(&mut f).map_err(read)? {
                 // ADD unpacks a local tar (plain or gzip) into the destination directory.
                 let mut head = [0u8; 2];
                 let (mut f, _) = src.open_read(&shown).map_err(e)?;
@@ -967,6 +1073,14 @@ fn apply_item(
     Ok(())
 }
 
+/// Makes `path` and its parents.
+fn make_dir(path: &Path) -> Result<(), StepFailure> {
+    std::fs::create_dir_all(path).map_err(|error| StepFailure::Dir {
+        path: path.into(),
+        error,
+    })
+}
+
 /// A tar (ustar magic at 257) or a gzip stream (which ADD takes to be a gzipped tar).
 fn is_archive(f: &mut std::fs::File) -> std::io::Result<bool> {
     let mut head = vec![0u8; 512];
@@ -981,7 +1095,7 @@ fn is_archive(f: &mut std::fs::File) -> std::io::Result<bool> {
 }
 
 /// `user[:group]` by name (the destination's /etc/passwd and /etc/group) or number.
-fn resolve_owner(root: &ConfinedRoot, spec: &str) -> Result<(u32, u32), String> {
+fn resolve_owner(root: &ConfinedRoot, spec: &str) -> Result<(u32, u32), StepFailure> {
     let passwd = root.read("/etc/passwd").ok();
     let group = root.read("/etc/group").ok();
     let (u, g, _) = resolve_user(spec, passwd.as_deref(), group.as_deref())?;
@@ -993,7 +1107,7 @@ fn resolve_user(
     spec: &str,
     passwd: Option<&[u8]>,
     group: Option<&[u8]>,
-) -> Result<(u32, u32, Option<String>), String> {
+) -> Result<(u32, u32, Option<String>), StepFailure> {
     let (user, grp) = match spec.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (spec, None),
@@ -1010,14 +1124,14 @@ fn resolve_user(
         Err(_) => pw
             .as_ref()
             .and_then(|f| f[2].parse().ok())
-            .ok_or_else(|| format!("user {user:?} is not in the image's /etc/passwd"))?,
+            .ok_or_else(|| StepFailure::UnknownUser(user.into()))?,
     };
     let gid = match grp {
         Some(g) => match g.parse::<u32>() {
             Ok(n) => n,
             Err(_) => find(group, g, 2)
                 .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+                .ok_or_else(|| StepFailure::UnknownGroup(g.into()))?,
         },
         None => pw.as_ref().and_then(|f| f[3].parse().ok()).unwrap_or(uid),
     };
@@ -1069,7 +1183,7 @@ fn absolute(cwd: &str, p: &str) -> String {
     s
 }
 
-fn normalize_port(p: &str) -> Result<String, String> {
+fn normalize_port(p: &str) -> Result<String, StepFailure> {
     let (num, proto) = match p.split_once('/') {
         Some((n, pr)) => (n, pr.to_ascii_lowercase()),
         None => (p, "tcp".to_string()),
@@ -1079,7 +1193,7 @@ fn normalize_port(p: &str) -> Result<String, String> {
     if ok {
         Ok(format!("{num}/{proto}"))
     } else {
-        Err(format!("EXPOSE {p:?}: not PORT[/tcp|udp|sctp]"))
+        Err(StepFailure::BadPort(p.into()))
     }
 }
 
@@ -1156,6 +1270,23 @@ mod tests {
         assert_eq!(resolve_user("app:staff", Some(pw), Some(gr)).unwrap().1, 50);
         assert_eq!(resolve_user("7:8", None, None).unwrap(), (7, 8, None));
         assert!(resolve_user("nobody2", Some(pw), Some(gr)).is_err());
+        // The step's reason names what was wrong, as the text it always was.
+        assert_eq!(
+            normalize_port("80/xyz").unwrap_err().to_string(),
+            "EXPOSE \"80/xyz\": not PORT[/tcp|udp|sctp]"
+        );
+        assert_eq!(
+            resolve_user("nobody2", Some(pw), Some(gr))
+                .unwrap_err()
+                .to_string(),
+            "user \"nobody2\" is not in the image's /etc/passwd"
+        );
+        assert_eq!(
+            resolve_user("app:wheel", Some(pw), Some(gr))
+                .unwrap_err()
+                .to_string(),
+            "group \"wheel\" is not in the image's /etc/group"
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ fn other(e: impl std::error::Error) -> CliError {
 
 pub async fn run(a: MountArgs) -> CliResult {
     if let Some(n) = &a.commit {
-        crate::backend::check_name("commit", n).map_err(|e| CliError::Usage(e.message))?;
+        crate::backend::check_name("commit", n).map_err(|e| CliError::Usage(e.to_string()))?;
     }
     if !a.dir.is_dir() {
         return Err(CliError::Usage(format!(

@@ -259,7 +259,8 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
             queue_timeout_ms: None,
         };
         let snaps = app.snapshots().map_err(E2bError::from)?;
-        let mut made = blocking(move || snaps.fork(&snap, &fork)).await?;
+        let mut made =
+            blocking(move || Ok(crate::error::api_each(snaps.fork(&snap, &fork)?))).await?;
         made.pop()
             .unwrap_or_else(|| Err(crate::error::ApiError::internal("fork made nothing")))?
     } else {
@@ -291,7 +292,7 @@ async fn create(State(app): State<Arc<App>>, raw: Bytes) -> E2bResult<Response> 
 /// The Grove image a template names; `base` is the node's base image.
 async fn image_for(app: &Arc<App>, template: &str) -> E2bResult<String> {
     let images = app.images.clone();
-    let names: Vec<String> = blocking(move || images.list())
+    let names: Vec<String> = blocking(move || Ok(images.list()?))
         .await?
         .into_iter()
         .map(|i| i.name)
@@ -691,9 +692,9 @@ async fn fork(
         let made = snaps.fork(&snap.name, &req);
         // The snapshot was only the means: the forks hold what they need of it.
         if let Err(e) = snaps.delete(&snap.name) {
-            tracing::warn!(snapshot = %snap.name, "removing a fork's snapshot: {}", e.message);
+            tracing::warn!(snapshot = %snap.name, "removing a fork's snapshot: {}", crate::error::chain(&e));
         }
-        made
+        Ok(crate::error::api_each(made?))
     })
     .await?;
     let out: Vec<Value> = results
@@ -723,7 +724,8 @@ async fn snapshot(
     let id = sandbox_id(&id)?;
     let s: SnapshotBody = body(&raw)?;
     if let Some(n) = &s.name {
-        crate::backend::check_new_snapshot_name("name", n).map_err(E2bError::from)?;
+        crate::backend::check_new_snapshot_name("name", n)
+            .map_err(|e| E2bError::from(crate::error::ApiError::from(e)))?;
     }
     let i = info_of(&app, &id).await?;
     if i.state == SandboxState::Paused {
@@ -731,7 +733,7 @@ async fn snapshot(
     }
     let snaps = app.snapshots().map_err(E2bError::from)?;
     let snap = blocking(move || {
-        snaps.snapshot(
+        Ok(snaps.snapshot(
             &id,
             &SnapshotRequest {
                 name: s.name,
@@ -739,7 +741,7 @@ async fn snapshot(
                 durable: false,
                 ttl_secs: None,
             },
-        )
+        )?)
     })
     .await?;
     Ok((
@@ -779,7 +781,7 @@ async fn list_snapshots(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> E
     let Some(snaps) = app.snapshots.clone() else {
         return Ok(Json(Vec::<Value>::new()).into_response());
     };
-    let mut all = blocking(move || snaps.list()).await?;
+    let mut all = blocking(move || Ok(snaps.list()?)).await?;
     all.sort_by(|a, b| a.name.cmp(&b.name));
     let mut page: Vec<_> = all
         .into_iter()
@@ -818,7 +820,7 @@ async fn delete_snapshot(
         return Err(E2bError::not_found(format!("snapshot '{name}' not found")));
     };
     let snaps = app.snapshots().map_err(E2bError::from)?;
-    blocking(move || snaps.delete(&snap)).await?;
+    blocking(move || Ok(snaps.delete(&snap)?)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -416,7 +416,8 @@ async fn resolve_at(
     }
     let cdoc: Value =
         serde_json::from_slice(&body).map_err(|e| protocol(&what, format!("not JSON: {e}")))?;
-    let mut config = ImageConfig::from_oci(&cdoc).map_err(|why| protocol(&what, why))?;
+    let mut config =
+        ImageConfig::from_oci(&cdoc).map_err(|why| protocol(&what, why.to_string()))?;
     config.source = Some(r.to_string());
     config.digest = Some(digest.clone());
     config.layers = layers.iter().map(|l| l.digest.clone()).collect();
@@ -556,11 +557,9 @@ pub fn chains(layers: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// A store failure is the node's, mapped where every backend error is.
 fn store_api(e: nodefs::Error) -> PullError {
-    PullError::Api(ApiError::from_cause(
-        &e,
-        ApiError::internal(format!("the store: {}", nodefs::chain(&e))),
-    ))
+    PullError::Api(crate::backend::BackendError::Store(e).into())
 }
 
 async fn blocking<T: Send + 'static>(

@@ -24,6 +24,40 @@ const MAX_UPLOAD: u64 = 1 << 30;
 const MAX_MEMBERS: u64 = 1_000_000;
 const MAX_DIRECTORY: u64 = 128 << 20;
 
+/// Why an uploaded zip cannot be unpacked: which part of the archive or which member, and why.
+/// The request's fault (the archive it sent), answered as 422 on `file`.
+#[derive(Debug, thiserror::Error)]
+enum ZipError {
+    /// Reading the spooled archive failed.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// Reading one structure of it (`what`) failed.
+    #[error("{what}: {error}")]
+    Read {
+        what: &'static str,
+        error: std::io::Error,
+    },
+    /// A structure missing or damaged (`0` says which).
+    #[error("{0}")]
+    Damaged(&'static str),
+    #[error("{count} members: at most {MAX_MEMBERS}")]
+    TooManyMembers { count: u64 },
+    #[error("a central directory of {size} bytes: at most {MAX_DIRECTORY}")]
+    DirectoryTooLarge { size: u64 },
+    #[error("{name:?} is encrypted")]
+    Encrypted { name: String },
+    /// A link, device or other special member: only files and directories are unpacked.
+    #[error("{name:?}: only files and directories are unpacked")]
+    NotAFile { name: String },
+    #[error("compression method {method} (only stored and deflate)")]
+    Method { method: u16 },
+    /// A member name that would land outside the target (zip-slip).
+    #[error("member {name:?} escapes the target directory")]
+    Escapes { name: String },
+    #[error("member {name:?} has no name")]
+    NoName { name: String },
+}
+
 fn bad(field: &str, m: impl Into<String>) -> RexError {
     ApiError::invalid(field, m).into()
 }
@@ -107,7 +141,7 @@ fn unpack(rt: &Runtime, id: &SandboxId, dir: &str, f: File) -> RexResult<()> {
     let dir = dir.trim_end_matches('/');
     mkdir_p(rt, id, dir)?;
     for m in z.members.clone() {
-        let name = member_name(&m.name).map_err(|e| bad("file", e))?;
+        let name = member_name(&m.name).map_err(|e| bad("file", e.to_string()))?;
         let path = format!("{dir}/{name}");
         if m.is_dir {
             mkdir_p(rt, id, &path)?;
@@ -132,17 +166,17 @@ fn mkdir_p(rt: &Runtime, id: &SandboxId, dir: &str) -> RexResult<()> {
 }
 
 /// A member's name as a relative path: no absolute path, `..`, NUL or backslash (zip-slip).
-fn member_name(n: &str) -> Result<String, String> {
+fn member_name(n: &str) -> Result<String, ZipError> {
     let n = n.trim_end_matches('/');
     if n.starts_with('/') || n.contains(['\0', '\\']) || n.split('/').any(|c| c == "..") {
-        return Err(format!("member {n:?} escapes the target directory"));
+        return Err(ZipError::Escapes { name: n.into() });
     }
     let parts: Vec<&str> = n
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
     if parts.is_empty() {
-        return Err(format!("member {n:?} has no name"));
+        return Err(ZipError::NoName { name: n.into() });
     }
     Ok(parts.join("/"))
 }
@@ -178,58 +212,61 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 impl Zip {
-    fn open(mut f: File) -> Result<Zip, String> {
-        let len = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    fn open(mut f: File) -> Result<Zip, ZipError> {
+        let len = f.seek(SeekFrom::End(0)).map_err(ZipError::Io)?;
         let tail_len = len.min(22 + 65535);
         let mut tail = vec![0u8; tail_len as usize];
         f.seek(SeekFrom::Start(len - tail_len))
             .and_then(|_| f.read_exact(&mut tail))
-            .map_err(|e| e.to_string())?;
+            .map_err(ZipError::Io)?;
         let eocd = (0..tail.len().saturating_sub(21))
             .rev()
             .find(|&i| u32_at(&tail, i) == 0x0605_4b50)
-            .ok_or("no end of central directory")?;
+            .ok_or(ZipError::Damaged("no end of central directory"))?;
         let mut count = u64::from(u16_at(&tail, eocd + 10));
         let mut cd_size = u64::from(u32_at(&tail, eocd + 12));
         let mut cd_off = u64::from(u32_at(&tail, eocd + 16));
         if count == 0xffff || cd_size == 0xffff_ffff || cd_off == 0xffff_ffff {
             // The zip64 locator sits just before the end record.
-            let loc = eocd.checked_sub(20).ok_or("zip64 locator missing")?;
+            let loc = eocd
+                .checked_sub(20)
+                .ok_or(ZipError::Damaged("zip64 locator missing"))?;
             if u32_at(&tail, loc) != 0x0706_4b50 {
-                return Err("zip64 locator missing".into());
+                return Err(ZipError::Damaged("zip64 locator missing"));
             }
             let rec_off = u64_at(&tail, loc + 8);
             let mut rec = [0u8; 56];
             f.seek(SeekFrom::Start(rec_off))
                 .and_then(|_| f.read_exact(&mut rec))
-                .map_err(|e| format!("zip64 record: {e}"))?;
+                .map_err(|error| ZipError::Read {
+                    what: "zip64 record",
+                    error,
+                })?;
             if u32_at(&rec, 0) != 0x0606_4b50 {
-                return Err("zip64 record missing".into());
+                return Err(ZipError::Damaged("zip64 record missing"));
             }
             count = u64_at(&rec, 32);
             cd_size = u64_at(&rec, 40);
             cd_off = u64_at(&rec, 48);
         }
         if count > MAX_MEMBERS {
-            return Err(format!("{count} members: at most {MAX_MEMBERS}"));
+            return Err(ZipError::TooManyMembers { count });
         }
         if cd_size > MAX_DIRECTORY {
-            return Err(format!(
-                "a central directory of {cd_size} bytes: at most {MAX_DIRECTORY}"
-            ));
+            return Err(ZipError::DirectoryTooLarge { size: cd_size });
         }
         if cd_off.checked_add(cd_size).is_none_or(|e| e > len) {
-            return Err("central directory outside the file".into());
+            return Err(ZipError::Damaged("central directory outside the file"));
         }
         let mut cd = vec![0u8; cd_size as usize];
         f.seek(SeekFrom::Start(cd_off))
             .and_then(|_| f.read_exact(&mut cd))
-            .map_err(|e| e.to_string())?;
+            .map_err(ZipError::Io)?;
         let mut members = Vec::with_capacity(count as usize);
         let mut at = 0usize;
         for _ in 0..count {
             if at + 46 > cd.len() || u32_at(&cd, at) != 0x0201_4b50 {
-                return Err("damaged central directory".into());
+                return Err(ZipError::Damaged("damaged central directory"));
             }
             let made_by_unix = u16_at(&cd, at + 4) >> 8 == 3;
             let flags = u16_at(&cd, at + 8);
@@ -246,7 +283,7 @@ impl Zip {
             let mut local_offset = u64::from(u32_at(&cd, at + 42));
             let end = at + 46 + nlen + xlen + clen;
             if end > cd.len() {
-                return Err("damaged central directory".into());
+                return Err(ZipError::Damaged("damaged central directory"));
             }
             let name = String::from_utf8_lossy(&cd[at + 46..at + 46 + nlen]).into_owned();
             let extra = &cd[at + 46 + nlen..at + 46 + nlen + xlen];
@@ -254,7 +291,9 @@ impl Zip {
             let mut x = 0;
             while x + 4 <= extra.len() {
                 let (tag, n) = (u16_at(extra, x), u16_at(extra, x + 2) as usize);
-                let body = extra.get(x + 4..x + 4 + n).ok_or("damaged extra field")?;
+                let body = extra
+                    .get(x + 4..x + 4 + n)
+                    .ok_or(ZipError::Damaged("damaged extra field"))?;
                 if tag == 1 {
                     let mut p = 0;
                     for v in [&mut size, &mut compressed, &mut local_offset] {
@@ -267,13 +306,13 @@ impl Zip {
                 x += 4 + n;
             }
             if flags & 1 != 0 {
-                return Err(format!("{name:?} is encrypted"));
+                return Err(ZipError::Encrypted { name });
             }
             let unix_mode = attrs >> 16;
             let kind = unix_mode & 0o170000;
             let is_dir = name.ends_with('/') || (made_by_unix && kind == 0o040000);
             if made_by_unix && kind != 0 && kind != 0o100000 && kind != 0o040000 {
-                return Err(format!("{name:?}: only files and directories are unpacked"));
+                return Err(ZipError::NotAFile { name });
             }
             let mode = if made_by_unix && unix_mode & 0o777 != 0 {
                 unix_mode & 0o755
@@ -296,30 +335,28 @@ impl Zip {
     }
 
     /// The member's bytes, checked against its size and CRC as they are read.
-    fn reader(&mut self, m: &Member) -> Result<MemberReader, String> {
+    fn reader(&mut self, m: &Member) -> Result<MemberReader, ZipError> {
         let mut h = [0u8; 30];
         self.f
             .seek(SeekFrom::Start(m.local_offset))
             .and_then(|_| self.f.read_exact(&mut h))
-            .map_err(|e| format!("local header: {e}"))?;
+            .map_err(|error| ZipError::Read {
+                what: "local header",
+                error,
+            })?;
         if u32_at(&h, 0) != 0x0403_4b50 {
-            return Err("damaged local header".into());
+            return Err(ZipError::Damaged("damaged local header"));
         }
         let skip = u64::from(u16_at(&h, 26)) + u64::from(u16_at(&h, 28));
         let start = m.local_offset + 30 + skip;
-        let f = self.f.try_clone().map_err(|e| e.to_string())?;
+        let f = self.f.try_clone().map_err(ZipError::Io)?;
         let mut raw = f;
-        raw.seek(SeekFrom::Start(start))
-            .map_err(|e| e.to_string())?;
+        raw.seek(SeekFrom::Start(start)).map_err(ZipError::Io)?;
         let raw = raw.take(m.compressed);
         let inner: Box<dyn Read + Send> = match m.method {
             0 => Box::new(raw),
             8 => Box::new(flate2::read::DeflateDecoder::new(raw)),
-            other => {
-                return Err(format!(
-                    "compression method {other} (only stored and deflate)"
-                ))
-            }
+            other => return Err(ZipError::Method { method: other }),
         };
         Ok(MemberReader {
             inner: inner.take(m.size + 1),
@@ -376,5 +413,13 @@ mod tests {
         for bad in ["/etc/passwd", "../x", "a/../../x", "a\\..\\x", ""] {
             assert!(member_name(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            member_name("../x").unwrap_err().to_string(),
+            "member \"../x\" escapes the target directory"
+        );
+        assert_eq!(
+            member_name("./").unwrap_err().to_string(),
+            "member \".\" has no name"
+        );
     }
 }
