@@ -503,6 +503,10 @@ pub struct Snapshot {
     /// The snapshot its source sandbox was forked from (null: taken from a sandbox made from an image).
     #[serde(default)]
     pub parent: Option<String>,
+    /// How its memory was dumped: "full" (every page, while frozen) or "soft_dirty" (a
+    /// pre-dump, then only the pages dirtied since); absent where the backend has no dumps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_dump: Option<String>,
 }
 
 /// POST /v1/snapshots/gc: expired snapshots, and with `labels` those carrying all of them, are

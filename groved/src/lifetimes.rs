@@ -244,6 +244,7 @@ mod tests {
             error: None,
             expires_at_ms: None,
             parent: None,
+            memory_dump: None,
         }
     }
 

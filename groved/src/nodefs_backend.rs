@@ -260,6 +260,7 @@ fn to_wire_with(i: &SnapshotInfo, error: Option<String>) -> Snapshot {
         labels: i.spec.labels.clone(),
         expires_at_ms: None,
         parent: None,
+        memory_dump: Some(i.memory_dump.as_str().into()),
     }
 }
 

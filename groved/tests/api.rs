@@ -905,6 +905,10 @@ fn snapshot_fork_export_import() {
         .json();
     assert_eq!(s["name"], name.as_str());
     assert_eq!(s["source_sandbox"], id.as_str());
+    assert!(
+        s["memory_dump"] == "full" || s["memory_dump"] == "soft_dirty",
+        "the snapshot names its memory path: {s}"
+    );
     d.call(
         Method::POST,
         &format!("/v1/sandboxes/{id}/snapshot"),

@@ -19,5 +19,5 @@ mod userns_images;
 
 pub use error::Error;
 pub use pause::PauseTiming;
-pub use record::SnapshotInfo;
+pub use record::{MemoryDump, SnapshotInfo};
 pub use snapshotter::{ForkOptions, SnapshotOptions, Snapshotter, SnapshotterConfig, MAX_FORK};

@@ -67,6 +67,7 @@ impl Snapshotter {
             root: None,
             durable: true,
             paused: None,
+            memory_dump: cap.memory_dump,
         };
         parked.init_pid = None;
         parked.address = None;

@@ -48,6 +48,32 @@ pub struct SnapshotInfo {
     /// when the sandbox is destroyed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<SandboxInfo>,
+    /// How its memory was dumped (records from before this field: in full).
+    #[serde(default)]
+    pub memory_dump: MemoryDump,
+}
+
+/// How a snapshot's memory was dumped: what its record, the API and the `snapshot_created`
+/// event say, so a slow snapshot can be told from a kernel that cannot track dirty pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryDump {
+    /// Every page, while frozen: the kernel tracks no dirty pages, or the pre-dump failed, or
+    /// its tracking state was lost (a dump that had to be retried). Never an incremental dump
+    /// on tracking state nobody can vouch for.
+    #[default]
+    Full,
+    /// A pre-dump while the sandbox ran, then, frozen, only the pages soft-dirty since.
+    SoftDirty,
+}
+
+impl MemoryDump {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryDump::Full => "full",
+            MemoryDump::SoftDirty => "soft_dirty",
+        }
+    }
 }
 
 fn durable_default() -> bool {
@@ -225,7 +251,22 @@ mod tests {
             root: None,
             durable: true,
             paused: None,
+            memory_dump: MemoryDump::Full,
         }
+    }
+
+    #[test]
+    fn a_record_from_before_memory_dump_reads_as_a_full_dump() {
+        let mut v = serde_json::to_value(info(&"1".repeat(64), 2)).unwrap();
+        assert_eq!(v["memory_dump"], "full");
+        v.as_object_mut().unwrap().remove("memory_dump");
+        let old: SnapshotInfo = serde_json::from_value(v).unwrap();
+        assert_eq!(old.memory_dump, MemoryDump::Full);
+        let mut inc = info(&"2".repeat(64), 3);
+        inc.memory_dump = MemoryDump::SoftDirty;
+        let v = serde_json::to_value(&inc).unwrap();
+        assert_eq!(v["memory_dump"], MemoryDump::SoftDirty.as_str());
+        assert_eq!(serde_json::from_value::<SnapshotInfo>(v).unwrap(), inc);
     }
 
     #[test]

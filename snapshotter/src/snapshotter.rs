@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::images::{self, ImageCache};
 use crate::ksm;
 use crate::lazy::{self, LazyCopies};
-use crate::record::{self, RecordDir, SnapshotInfo};
+use crate::record::{self, MemoryDump, RecordDir, SnapshotInfo};
 use crate::{cgroups, netns, plan, userns_images};
 
 mod capture;
@@ -237,6 +237,7 @@ pub(crate) struct Capture {
     pub fs_root: ManifestId,
     pub images_dir: PathBuf,
     pub dump_ms: u64,
+    pub memory_dump: MemoryDump,
     /// Captured with `keep_frozen` from a running sandbox: thawed on drop unless `release`d.
     thaw_on_drop: bool,
     runtime: Arc<Runtime>,

@@ -4,7 +4,7 @@ mod common;
 
 use common::app::{self, ask, DATA};
 use common::grove::{self, Env};
-use grove_snapshotter::{Error, ForkOptions, SnapshotOptions};
+use grove_snapshotter::{Error, ForkOptions, MemoryDump, SnapshotOptions};
 
 /// PTRACE_ATTACH to pid 1 from inside; prints the errno's name (or "attached", then detaches).
 const PTRACE_INIT: &str = "python3 -c 'import ctypes, errno, os
@@ -45,6 +45,14 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         .unwrap();
     assert_eq!(snap.source, src.id.to_string());
     assert!(snap.bytes_added > 0);
+    // The memory path the record names is the one this kernel allows: a soft-dirty pre-dump
+    // where CRIU finds the tracking, else every page while frozen.
+    let want = if env.snap.criu().features().mem_dirty_track {
+        MemoryDump::SoftDirty
+    } else {
+        MemoryDump::Full
+    };
+    assert_eq!(snap.memory_dump, want);
     assert_eq!(env.snap.get("fork-test").unwrap().id, snap.id);
     assert_eq!(env.snap.get(&snap.id).unwrap(), snap);
     assert!(env.snap.live_manifests().len() >= 2);

@@ -63,7 +63,9 @@ pub async fn create(
         "snapshot_created",
         Some(id.to_string()),
         Some(snap.name.clone()),
-        None,
+        snap.memory_dump
+            .as_ref()
+            .map(|m| format!("memory dump: {m}")),
     ));
     Ok((StatusCode::CREATED, Json(snap)))
 }

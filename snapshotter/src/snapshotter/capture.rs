@@ -38,6 +38,7 @@ impl Snapshotter {
             store_ms: 0,
             durable: false,
             paused: None,
+            memory_dump: cap.memory_dump,
         };
         // The dumped images become the materialized copy forks restore from, and the source
         // of the background import.
@@ -50,6 +51,7 @@ impl Snapshotter {
         self.queue_import(&info.id);
         tracing::info!(
             snapshot = %info.id, %sandbox, frozen_ms = info.dump_ms,
+            memory_dump = info.memory_dump.as_str(),
             after_thaw_ms = thawed.elapsed().as_millis() as u64, "snapshot taken"
         );
         if opts.stop {
@@ -163,6 +165,11 @@ impl Snapshotter {
                         fs_root,
                         images_dir,
                         dump_ms,
+                        memory_dump: if pre.is_some() {
+                            MemoryDump::SoftDirty
+                        } else {
+                            MemoryDump::Full
+                        },
                         thaw_on_drop: keep_frozen && !was_frozen,
                         runtime: self.runtime.clone(),
                         _scratch: scratch,
