@@ -73,7 +73,7 @@ impl<'a> RequestWithSender<'a> {
     fn sender(&self) -> ReplySender {
         match &self.target {
             Some(t) => ReplySender::Target(self.ch.clone(), t.clone()),
-            None => self.sender(),
+            None => ReplySender::Channel(self.ch.clone()),
         }
     }
 
