@@ -22,6 +22,9 @@ use crate::scenarios::filesystem::View;
 
 /// The peer row of the filesystem scenario: the same nodefs mount with FUSE passthrough off.
 pub const NODEFS_PT_OFF: &str = "nodefs, passthrough off";
+/// The peer row of the filesystem scenario: the same nodefs mount served from /dev/fuse reads
+/// instead of FUSE over io_uring.
+pub const NODEFS_DEV_FUSE: &str = "nodefs, /dev/fuse transport";
 
 /// Lazily opened Grove pieces shared by the scenarios of one run.
 pub struct GroveEnv {
@@ -75,9 +78,10 @@ impl GroveEnv {
         }
     }
 
-    /// Two writable nodefs views of `tree` (imported once into the run's store): Grove as it
-    /// runs (FUSE passthrough on), then the same tree with passthrough off ([`NODEFS_PT_OFF`]),
-    /// the "before" peer. Or why not.
+    /// Three writable nodefs views of `tree` (imported once into the run's store): Grove as it
+    /// runs (FUSE passthrough on, requests over io_uring where the kernel offers it), then the
+    /// same tree with passthrough off ([`NODEFS_PT_OFF`]) and with requests read from /dev/fuse
+    /// ([`NODEFS_DEV_FUSE`]), the "before" peers. Or why not.
     pub fn nodefs_views(&self, tree: &Path, work: &Path) -> Result<Vec<View>, String> {
         let st = self.stack()?;
         let fs = st
@@ -92,7 +96,13 @@ impl GroveEnv {
         let import_ms = t.elapsed().as_secs_f64() * 1e3;
         let env_off = std::env::var_os("NODEFS_NO_PASSTHROUGH").is_some();
         let mut views = Vec::new();
-        for passthrough in [true, false] {
+        // (name, passthrough, io_uring)
+        let variants = [
+            ("nodefs", true, true),
+            (NODEFS_PT_OFF, false, true),
+            (NODEFS_DEV_FUSE, true, false),
+        ];
+        for (name, passthrough, uring) in variants {
             let dir = tempfile::Builder::new()
                 .prefix("fs-nodefs-")
                 .tempdir_in(work)
@@ -103,23 +113,33 @@ impl GroveEnv {
             let opts = MountOptions {
                 upper_dir: dir.join("upper"),
                 passthrough,
+                uring,
                 ..Default::default()
             };
             let m = fs
                 .mount(&id, &mnt, opts)
-                .map_err(|e| format!("nodefs mount (passthrough {passthrough}): {e}"))?;
+                .map_err(|e| format!("nodefs mount ({name}): {e}"))?;
+            let transport = m.transport();
             let guard = Guard::new(format!("nodefs mount {}", mnt.display()), move || {
                 m.unmount().map_err(|e| e.to_string())
             });
-            let note = if passthrough {
+            let is_grove = name == "nodefs";
+            let note = if is_grove {
                 Some(format!(
                     "nodefs: the tree imported into the store in {:.1} s, then mounted writable \
-                     twice: \"nodefs\" (FUSE passthrough for executables, shared libraries and \
-                     files of 64 MiB or more) and \"{NODEFS_PT_OFF}\" (every read served by the \
-                     server: the before of passthrough){}",
+                     three times: \"nodefs\" (FUSE passthrough for executables, shared libraries \
+                     and files of 64 MiB or more; requests over {transport}), \"{NODEFS_PT_OFF}\" \
+                     (every read served by the server: the before of passthrough) and \
+                     \"{NODEFS_DEV_FUSE}\" (requests read from and answered on /dev/fuse: the \
+                     before of FUSE over io_uring){}{}",
                     import_ms / 1e3,
                     if env_off {
-                        "; NODEFS_NO_PASSTHROUGH is set, so both run without passthrough"
+                        "; NODEFS_NO_PASSTHROUGH is set, so all run without passthrough"
+                    } else {
+                        ""
+                    },
+                    if transport == nodefs::Transport::DevFuse {
+                        "; this kernel offers no FUSE over io_uring, so every row reads /dev/fuse"
                     } else {
                         ""
                     }
@@ -128,12 +148,8 @@ impl GroveEnv {
                 None
             };
             views.push(View {
-                name: if passthrough {
-                    "nodefs".into()
-                } else {
-                    NODEFS_PT_OFF.into()
-                },
-                is_grove: passthrough,
+                name: name.into(),
+                is_grove,
                 root: mnt.clone(),
                 write_dir: mnt,
                 _guard: Some(guard),

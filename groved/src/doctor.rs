@@ -75,6 +75,16 @@ pub fn checks() -> Vec<Check> {
             passthrough(),
         ),
         Check::new(
+            "fuse over io_uring",
+            Optional,
+            "kernel >= 6.14 with CONFIG_FUSE_IO_URING, and Y in \
+             /sys/module/fuse/parameters/enable_uring (groved sets it at start when it can)",
+            fuse_uring(
+                std::fs::read_to_string(ENABLE_URING).ok().as_deref(),
+                std::env::var_os("NODEFS_NO_URING").is_some(),
+            ),
+        ),
+        Check::new(
             "cgroups",
             Required,
             "mount cgroup v2 at /sys/fs/cgroup, or v1 hierarchies for cpu, memory, pids, freezer",
@@ -179,6 +189,23 @@ fn passthrough() -> Result<String, String> {
             v.0, v.1
         )),
         None => Err("unknown kernel version".into()),
+    }
+}
+
+/// The fuse module's switch for FUSE over io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Which transport new nodefs mounts use, from the module switch's text (`None`: the kernel has
+/// no such switch) and whether `NODEFS_NO_URING` turns the ring off. A mount's own transport is
+/// in its `MountInfo`.
+fn fuse_uring(param: Option<&str>, disabled: bool) -> Result<String, String> {
+    match param.map(str::trim) {
+        None => Err("this kernel has no FUSE over io_uring: nodefs mounts read /dev/fuse".into()),
+        Some(_) if disabled => Err("NODEFS_NO_URING is set: nodefs mounts read /dev/fuse".into()),
+        Some("Y") => Ok("on: nodefs mounts take FUSE requests over io_uring".into()),
+        Some(_) => {
+            Err("off: nodefs mounts read /dev/fuse unless groved can switch it on at start".into())
+        }
     }
 }
 
@@ -388,6 +415,20 @@ mod tests {
         // This host, for real.
         let host = checks().into_iter().find(|c| c.name == "devices").unwrap();
         assert!(host.ok, "{}", host.detail);
+    }
+
+    #[test]
+    fn fuse_uring_says_which_transport_mounts_use() {
+        assert!(fuse_uring(Some("Y\n"), false).unwrap().contains("io_uring"));
+        assert!(fuse_uring(Some("N\n"), false)
+            .unwrap_err()
+            .contains("/dev/fuse"));
+        assert!(fuse_uring(Some("Y\n"), true)
+            .unwrap_err()
+            .contains("NODEFS_NO_URING"));
+        assert!(fuse_uring(None, false)
+            .unwrap_err()
+            .contains("no FUSE over io_uring"));
     }
 
     #[test]

@@ -91,6 +91,7 @@ fn mount_write_commit() {
         upper_dir: tmp.path().join("view-upper"),
         read_only: true,
         passthrough: true,
+        uring: true,
         id_shift: None,
     };
     let m = fs.mount(&committed, &view, opts).unwrap();

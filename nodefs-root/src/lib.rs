@@ -60,6 +60,7 @@ impl RootProvider for NodefsRoot {
             upper_dir: self.upper_dir(id),
             read_only: false,
             passthrough: true,
+            uring: true,
             id_shift: ids.map(|r| nodefs::IdShift {
                 base: r.base,
                 size: r.size,

@@ -1,5 +1,6 @@
 //! Debug helper: `mount STORE_DIR SRC_DIR_OR_REF MOUNTPOINT` imports (if a directory) and
-//! mounts until stdin closes, then unmounts.
+//! mounts until stdin closes, then unmounts. The server's options come from the environment
+//! (`NODEFS_NO_URING`, `NODEFS_NO_PASSTHROUGH`: see `ServerOptions::from_env`).
 
 use std::path::Path;
 
@@ -17,7 +18,7 @@ fn main() {
         store.resolve(&args[2]).expect("resolve")
     };
     eprintln!("manifest {id} ({:?})", t.elapsed());
-    let fs = nodefs::NodeFs::new(store);
+    let fs = nodefs::NodeFs::with_options(store, nodefs::ServerOptions::from_env());
     let upper = std::env::temp_dir().join(format!("nodefs-upper-{}", std::process::id()));
     let t = std::time::Instant::now();
     let m = fs
@@ -30,7 +31,7 @@ fn main() {
             },
         )
         .expect("mount");
-    eprintln!("mounted in {:?}", t.elapsed());
+    eprintln!("mounted in {:?} over {}", t.elapsed(), m.transport());
     let mut s = String::new();
     let _ = std::io::stdin().read_line(&mut s);
     m.unmount().expect("unmount");

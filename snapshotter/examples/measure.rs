@@ -81,6 +81,7 @@ fn main() {
             upper_dir: base.join(format!("{name}.upper")),
             read_only: false,
             passthrough: true,
+            uring: true,
             id_shift: None,
         };
         (

@@ -18,6 +18,7 @@ fn main() {
         upper_dir: base.join("upper"),
         read_only: false,
         passthrough: true,
+        uring: true,
         id_shift: None,
     };
     let m = nfs.mount(&image, &base.join("root"), opts).unwrap();

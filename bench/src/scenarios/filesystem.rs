@@ -1,5 +1,5 @@
 //! The same tree seen through nodefs, nodefs with FUSE passthrough off (passthrough's before/after),
-//! kernel overlayfs, fuse-overlayfs and the plain disk: cold sequential read, cold 4 KiB random reads,
+//! nodefs over /dev/fuse instead of io_uring (the ring's before/after), kernel overlayfs, fuse-overlayfs and the plain disk: cold sequential read, cold 4 KiB random reads,
 //! warm find + stat, untar of a source tree, cold python imports (chrooted). Systems are interleaved
 //! within each test so drift on the shared machine hits them alike.
 
@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 
 use super::Ctx;
 use crate::cleanup::{self, Guard};
-use crate::grove::NODEFS_PT_OFF;
+use crate::grove::{NODEFS_DEV_FUSE, NODEFS_PT_OFF};
 use crate::plot;
 use crate::progress;
 use crate::report::{Better, Key, Measurement, ScenarioResult};
@@ -118,7 +118,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         )),
     }
     let mut grove_reason = None;
-    // Grove first, then the same mount with passthrough off (the before/after peer).
+    // Grove first, then the same mount with passthrough off and over /dev/fuse (the before/after
+    // peers).
     match ctx.grove.nodefs_views(&tree, &ctx.work) {
         Ok(vs) => {
             for (k, v) in vs.into_iter().enumerate() {
@@ -160,7 +161,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             ));
         }
         res.note(format!(
-            "no \"{NODEFS_PT_OFF}\" row either: it is the same nodefs mount ({r})"
+            "no \"{NODEFS_PT_OFF}\" or \"{NODEFS_DEV_FUSE}\" row either: they are the same \
+             nodefs mount ({r})"
         ));
     }
     let n = views.len();

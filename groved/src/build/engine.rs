@@ -523,6 +523,7 @@ impl Engine {
             upper_dir: self.uppers.join(&name),
             read_only,
             passthrough: false,
+            uring: true,
             id_shift: None,
         };
         match self.store.mount(root, &dir, &opts) {

@@ -54,6 +54,7 @@ pub async fn run(a: MountArgs) -> CliResult {
             upper_dir: upper,
             read_only: false,
             passthrough: true,
+            uring: true,
             id_shift: None,
         };
         let m = fs.mount(&base, &dir, opts).map_err(other)?;

@@ -23,6 +23,9 @@ use super::passthrough;
 use super::state::{errno, from_systime, now, Content, DirData, ErrnoResult, State};
 use crate::store::Store;
 
+/// The largest WRITE (and READ) the kernel sends: also the size of a ring entry's payload buffer.
+pub(super) const MAX_WRITE: u32 = 1 << 20;
+
 /// The server is the only writer, so the kernel may cache entries and attributes long.
 const TTL: Duration = Duration::from_secs(3600);
 
@@ -35,6 +38,11 @@ pub struct Shared {
     want_passthrough: bool,
     /// Whether opens pass through: asked for and granted by the kernel at INIT.
     pub passthrough: std::sync::atomic::AtomicBool,
+    /// Whether this mount asked for FUSE over io_uring.
+    want_uring: bool,
+    /// Whether INIT was answered with `FUSE_OVER_IO_URING` (the kernel offered it): the ring
+    /// queues must then register.
+    pub uring: std::sync::atomic::AtomicBool,
     next_fh: AtomicU64,
     /// Open files per inode by I/O mode, with the backing file passthrough opens share.
     modes: OpenModes<BackingId>,
@@ -44,13 +52,21 @@ pub struct Shared {
 const RELEASE_WAIT: Duration = Duration::from_millis(200);
 
 impl Shared {
-    pub fn new(state: State, store: Arc<Store>, read_only: bool, want_passthrough: bool) -> Shared {
+    pub fn new(
+        state: State,
+        store: Arc<Store>,
+        read_only: bool,
+        want_passthrough: bool,
+        want_uring: bool,
+    ) -> Shared {
         Shared {
             state: Mutex::new(state),
             store,
             read_only,
             want_passthrough,
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            want_uring,
+            uring: std::sync::atomic::AtomicBool::new(false),
             next_fh: AtomicU64::new(1),
             modes: OpenModes::default(),
         }
@@ -296,7 +312,7 @@ macro_rules! tryr {
 
 impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // Listing a directory also fills the kernel's dentry and attribute caches.
@@ -312,6 +328,14 @@ impl Filesystem for Fs {
             && config.set_max_stack_depth(2).is_ok()
         {
             self.0.passthrough.store(true, Ordering::Relaxed);
+        }
+        // Offered only where the kernel has CONFIG_FUSE_IO_URING and `enable_uring` is on.
+        if self.0.want_uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok()
+        {
+            self.0.uring.store(true, Ordering::Relaxed);
         }
         Ok(())
     }

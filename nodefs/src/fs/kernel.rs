@@ -65,9 +65,34 @@ pub(super) fn detach(mountpoint: &Path) -> bool {
     minor.is_some_and(abort_connection)
 }
 
+/// The fuse module's switch for FUSE over io_uring: the kernel offers the ring at INIT only
+/// while it is on.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the kernel offers FUSE over io_uring to new connections, turning the switch on if
+/// it is off and this process may (root). False where the kernel lacks it (no parameter:
+/// older than 6.14 or built without CONFIG_FUSE_IO_URING).
+pub(super) fn enable_uring() -> bool {
+    let on = |s: &str| matches!(s.trim(), "Y" | "y" | "1");
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(s) if on(&s) => true,
+        Ok(_) => match std::fs::write(ENABLE_URING, "Y") {
+            Ok(()) => {
+                tracing::info!("turned on FUSE over io_uring ({ENABLE_URING})");
+                true
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "FUSE over io_uring is off and cannot be turned on");
+                false
+            }
+        },
+        Err(_) => false,
+    }
+}
+
 /// Write `1` to the connection's fusectl `abort` file. fusectl is mounted, if the host has
 /// not, in a private mount namespace of a short-lived thread, so nothing is left behind.
-fn abort_connection(minor: u32) -> bool {
+pub(super) fn abort_connection(minor: u32) -> bool {
     let path = format!("/sys/fs/fuse/connections/{minor}/abort");
     if std::fs::write(&path, "1").is_ok() {
         return true;

@@ -1,5 +1,6 @@
 //! Serving writable copy-on-write views of manifests over FUSE: `registry` holds the server
-//! (`NodeFs`) and its mounts, `kernel` what they ask the kernel, `fuse` the request handlers.
+//! (`NodeFs`) and its mounts, `kernel` what they ask the kernel, `fuse` the request handlers, `ring` the FUSE-over-io_uring
+//! transport.
 
 mod commit;
 mod dir;
@@ -11,9 +12,11 @@ mod killpriv;
 mod openmode;
 mod passthrough;
 mod registry;
+mod ring;
 mod state;
 mod upper;
 
 pub use idshift::IdShift;
 pub(crate) use passthrough::{object_name, ObjectWriter, CONTENT_XATTR};
 pub use registry::{Mount, MountOptions, NodeFs, ServerOptions, Usage};
+pub use ring::{RingError, Transport};

@@ -11,8 +11,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::commit;
-use super::fuse::{Fs, Shared};
-use super::kernel::{detach, nodefs_mountpoints, session_config};
+use super::fuse::{Fs, Shared, MAX_WRITE};
+use super::kernel::{abort_connection, detach, enable_uring, nodefs_mountpoints, session_config};
+use super::ring::{Ring, Transport};
 use super::state::{Quota, State};
 use crate::error::{io_err, Error};
 use crate::id::ManifestId;
@@ -36,6 +37,11 @@ pub struct MountOptions {
     /// Absent in a request from an older client: on.
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
+    /// Serve the mount over FUSE io_uring where the kernel offers it (default on; off reads
+    /// requests from /dev/fuse, for before/after measurements). [`ServerOptions::uring`] off
+    /// turns it off for every mount of the server. Absent in a request from an older client: on.
+    #[serde(default = "uring_default")]
+    pub uring: bool,
     /// Owners shifted into a sandbox's host id range (a sandbox in a user namespace); the
     /// store keeps image-space ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,6 +49,10 @@ pub struct MountOptions {
 }
 
 fn passthrough_default() -> bool {
+    true
+}
+
+fn uring_default() -> bool {
     true
 }
 
@@ -54,6 +64,7 @@ impl Default for MountOptions {
             upper_dir: PathBuf::new(),
             read_only: false,
             passthrough: passthrough_default(),
+            uring: uring_default(),
             id_shift: None,
         }
     }
@@ -81,6 +92,8 @@ pub struct ServerOptions {
     pub passthrough: bool,
     /// A cloned /dev/fuse fd per session thread (fuser's `clone_fd`), for measurements.
     pub clone_fd: bool,
+    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]).
+    pub uring: bool,
 }
 
 impl Default for ServerOptions {
@@ -88,17 +101,20 @@ impl Default for ServerOptions {
         ServerOptions {
             passthrough: true,
             clone_fd: false,
+            uring: true,
         }
     }
 }
 
 impl ServerOptions {
-    /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off) and `NODEFS_CLONE_FD` (set: on), for the
-    /// daemons' binaries and the bench to call.
+    /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off), `NODEFS_CLONE_FD` (set: on) and
+    /// `NODEFS_NO_URING` (set: every mount reads /dev/fuse), for the daemons' binaries and the
+    /// bench to call.
     pub fn from_env() -> ServerOptions {
         ServerOptions {
             passthrough: std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none(),
             clone_fd: std::env::var_os("NODEFS_CLONE_FD").is_some(),
+            uring: std::env::var_os("NODEFS_NO_URING").is_none(),
         }
     }
 }
@@ -108,6 +124,8 @@ pub struct NodeFs {
     store: Arc<Store>,
     options: ServerOptions,
     mounts: Mutex<Vec<Arc<Mount>>>,
+    /// Whether the kernel offers FUSE over io_uring (and the options allow it).
+    uring: bool,
     /// The id of this server's first mount: lower ids are mounts of a server before it.
     first_id: u64,
     next_id: AtomicU64,
@@ -129,6 +147,9 @@ pub struct Mount {
     mountpoint: PathBuf,
     upper_dir: PathBuf,
     session: Mutex<Option<fuser::BackgroundSession>>,
+    /// The FUSE-over-io_uring queues, when the mount uses them.
+    ring: Mutex<Option<Ring>>,
+    transport: Transport,
     owner: Weak<NodeFs>,
     last_commit: Mutex<Option<ManifestId>>,
 }
@@ -166,10 +187,12 @@ impl NodeFs {
             crate::sys::set_mmap_threshold(1 << 20);
         });
         let first_id = first_mount_id();
+        let uring = options.uring && enable_uring();
         Arc::new(NodeFs {
             store,
             options,
             mounts: Mutex::new(Vec::new()),
+            uring,
             first_id,
             next_id: AtomicU64::new(first_id),
         })
@@ -227,6 +250,7 @@ impl NodeFs {
             self.store.clone(),
             opts.read_only,
             opts.passthrough && self.options.passthrough,
+            opts.uring && self.uring,
         ));
         let config = session_config(opts.read_only, self.options.clone_fd);
         let cleanup = || {
@@ -239,10 +263,19 @@ impl NodeFs {
                 source: e,
             }
         })?;
+        let ring = self.start_ring(&session, &shared, mountpoint);
+        let transport = if ring.is_some() {
+            Transport::IoUring
+        } else {
+            Transport::DevFuse
+        };
         let bg = match session.spawn() {
             Ok(bg) => bg,
             Err(e) => {
                 detach(mountpoint);
+                if let Some(r) = ring {
+                    r.join();
+                }
                 cleanup();
                 return Err(Error::Mount {
                     path: mountpoint.to_path_buf(),
@@ -258,11 +291,44 @@ impl NodeFs {
             mountpoint: mountpoint.to_path_buf(),
             upper_dir: upper.clone(),
             session: Mutex::new(Some(bg)),
+            ring: Mutex::new(ring),
+            transport,
             owner: Arc::downgrade(self),
             last_commit: Mutex::new(None),
         });
         self.mounts.lock().push(m.clone());
         Ok(m)
+    }
+
+    /// The io_uring queues of a mount whose INIT took the ring, or None: /dev/fuse then serves
+    /// it (the kernel offered no ring, or a queue could not register and the kernel dropped it).
+    fn start_ring(
+        &self,
+        session: &Session<Fs>,
+        shared: &Arc<Shared>,
+        mountpoint: &Path,
+    ) -> Option<Ring> {
+        if !shared.uring.load(Ordering::Relaxed) {
+            return None;
+        }
+        // The connection to abort if the ring fails while the mount lives.
+        let minor = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+            .ok()
+            .and_then(|c| crate::sys::cached_dev_minor(&c).ok());
+        let on_failure = Box::new(move || {
+            if let Some(m) = minor {
+                abort_connection(m);
+            }
+        });
+        let fs = || Fs(shared.clone());
+        match Ring::start(session, fs, MAX_WRITE as usize, on_failure) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
+                    "FUSE over io_uring unavailable: serving the mount from /dev/fuse");
+                None
+            }
+        }
     }
 
     /// Live mounts.
@@ -378,13 +444,43 @@ impl Mount {
         self.id
     }
 
+    /// How the mount's requests reach the server, decided at mount.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Requests served over the io_uring queues (0 on the /dev/fuse transport).
+    pub fn ring_requests(&self) -> u64 {
+        self.ring.lock().as_ref().map_or(0, Ring::requests)
+    }
+
+    /// Why the mount's ring stopped serving (its connection was then aborted), if it failed.
+    pub fn ring_error(&self) -> Option<String> {
+        self.ring.lock().as_ref().and_then(Ring::error)
+    }
+
+    /// Test knob: make the kernel refuse the ring's next commit, as a broken queue would. The
+    /// mount's connection is then aborted; the server and its other mounts go on.
+    #[cfg(feature = "test-knobs")]
+    pub fn break_ring(&self) {
+        if let Some(r) = self.ring.lock().as_ref() {
+            r.break_next_commit();
+        }
+    }
+
     /// The mount is already gone from the kernel: end the session without touching the
     /// mountpoint (it may hold something else now), drop pins and the upper dir.
     fn forget(&self) {
         let Some(bg) = self.session.lock().take() else {
             return;
         };
-        std::thread::spawn(move || drop(bg.join()));
+        let ring = self.ring.lock().take();
+        std::thread::spawn(move || {
+            drop(bg.join());
+            if let Some(r) = ring {
+                r.join();
+            }
+        });
         self.release();
         let _ = std::fs::remove_dir_all(&self.upper_dir);
     }
@@ -424,14 +520,24 @@ impl Mount {
         let Some(bg) = self.session.lock().take() else {
             return Ok(());
         };
+        let ring = self.ring.lock().take();
         if detach(&self.mountpoint) {
             if let Err(e) = bg.umount_and_join() {
                 tracing::debug!(error = %e, "fuse session ended with an error");
             }
+            // The connection is gone: the kernel has completed every queued command.
+            if let Some(r) = ring {
+                r.join();
+            }
         } else {
             // Could not abort: the session ends when the last user lets go.
             tracing::warn!(mountpoint = %self.mountpoint.display(), "busy mount detached lazily");
-            std::thread::spawn(move || drop(bg.join()));
+            std::thread::spawn(move || {
+                drop(bg.join());
+                if let Some(r) = ring {
+                    r.join();
+                }
+            });
         }
         self.release();
         match std::fs::remove_dir_all(&self.upper_dir) {

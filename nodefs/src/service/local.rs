@@ -59,6 +59,7 @@ fn info(m: &Mount) -> MountInfo {
         id: m.id(),
         base: m.base(),
         mountpoint: m.mountpoint().to_path_buf(),
+        transport: m.transport(),
     }
 }
 

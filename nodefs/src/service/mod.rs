@@ -60,6 +60,9 @@ pub struct MountInfo {
     pub id: u64,
     pub base: ManifestId,
     pub mountpoint: PathBuf,
+    /// How the mount's FUSE requests reach the server. Absent from an older server: /dev/fuse.
+    #[serde(default)]
+    pub transport: crate::Transport,
 }
 
 /// Everything the daemon and the snapshotter do with the store and the FUSE server. Bulk data
