@@ -22,9 +22,9 @@ use crate::scenarios::filesystem::View;
 
 /// The peer row of the filesystem scenario: the same nodefs mount with FUSE passthrough off.
 pub const NODEFS_PT_OFF: &str = "nodefs, passthrough off";
-/// The peer row of the filesystem scenario: the same nodefs mount served from /dev/fuse reads
-/// instead of FUSE over io_uring.
-pub const NODEFS_DEV_FUSE: &str = "nodefs, /dev/fuse transport";
+/// A row of the filesystem scenario: the same nodefs mount with its requests over FUSE io_uring
+/// instead of /dev/fuse reads (opt-in: `nodefs::ServerOptions::uring`).
+pub const NODEFS_URING: &str = "nodefs, io_uring transport";
 
 /// Lazily opened Grove pieces shared by the scenarios of one run.
 pub struct GroveEnv {
@@ -79,9 +79,9 @@ impl GroveEnv {
     }
 
     /// Three writable nodefs views of `tree` (imported once into the run's store): Grove as it
-    /// runs (FUSE passthrough on, requests over io_uring where the kernel offers it), then the
-    /// same tree with passthrough off ([`NODEFS_PT_OFF`]) and with requests read from /dev/fuse
-    /// ([`NODEFS_DEV_FUSE`]), the "before" peers. Or why not.
+    /// runs (FUSE passthrough on, requests read from /dev/fuse), then the same tree with
+    /// passthrough off ([`NODEFS_PT_OFF`], passthrough's before) and with requests over FUSE
+    /// io_uring ([`NODEFS_URING`], the ring's after). Or why not.
     pub fn nodefs_views(&self, tree: &Path, work: &Path) -> Result<Vec<View>, String> {
         let st = self.stack()?;
         let fs = st
@@ -98,11 +98,21 @@ impl GroveEnv {
         let mut views = Vec::new();
         // (name, passthrough, io_uring)
         let variants = [
-            ("nodefs", true, true),
-            (NODEFS_PT_OFF, false, true),
-            (NODEFS_DEV_FUSE, true, false),
+            ("nodefs", true, false),
+            (NODEFS_PT_OFF, false, false),
+            (NODEFS_URING, true, true),
         ];
+        // The ring is opt-in (`ServerOptions::uring`): its row gets a server of its own over the
+        // same store, the others the run's server as Grove runs.
+        let ring_fs = nodefs::NodeFs::with_options(
+            fs.store().clone(),
+            nodefs::ServerOptions {
+                uring: true,
+                ..nodefs::ServerOptions::from_env()
+            },
+        );
         for (name, passthrough, uring) in variants {
+            let server = if uring { ring_fs.clone() } else { fs.clone() };
             let dir = tempfile::Builder::new()
                 .prefix("fs-nodefs-")
                 .tempdir_in(work)
@@ -116,12 +126,14 @@ impl GroveEnv {
                 uring,
                 ..Default::default()
             };
-            let m = fs
+            let m = server
                 .mount(&id, &mnt, opts)
                 .map_err(|e| format!("nodefs mount ({name}): {e}"))?;
             let transport = m.transport();
             let guard = Guard::new(format!("nodefs mount {}", mnt.display()), move || {
-                m.unmount().map_err(|e| e.to_string())
+                let unmounted = m.unmount().map_err(|e| e.to_string());
+                drop(server);
+                unmounted
             });
             let is_grove = name == "nodefs";
             let note = if is_grove {
@@ -130,19 +142,19 @@ impl GroveEnv {
                      three times: \"nodefs\" (FUSE passthrough for executables, shared libraries \
                      and files of 64 MiB or more; requests over {transport}), \"{NODEFS_PT_OFF}\" \
                      (every read served by the server: the before of passthrough) and \
-                     \"{NODEFS_DEV_FUSE}\" (requests read from and answered on /dev/fuse: the \
-                     before of FUSE over io_uring){}{}",
+                     \"{NODEFS_URING}\" (requests over FUSE io_uring, opt-in: the after of the \
+                     ring){}",
                     import_ms / 1e3,
                     if env_off {
                         "; NODEFS_NO_PASSTHROUGH is set, so all run without passthrough"
                     } else {
                         ""
                     },
-                    if transport == nodefs::Transport::DevFuse {
-                        "; this kernel offers no FUSE over io_uring, so every row reads /dev/fuse"
-                    } else {
-                        ""
-                    }
+                ))
+            } else if uring && transport == nodefs::Transport::DevFuse {
+                Some(format!(
+                    "this kernel offers no FUSE over io_uring: the \"{NODEFS_URING}\" row reads \
+                     /dev/fuse too"
                 ))
             } else {
                 None

@@ -78,10 +78,10 @@ pub fn checks() -> Vec<Check> {
             "fuse over io_uring",
             Optional,
             "kernel >= 6.14 with CONFIG_FUSE_IO_URING, and Y in \
-             /sys/module/fuse/parameters/enable_uring (groved sets it at start when it can)",
+             /sys/module/fuse/parameters/enable_uring (the server sets it when it can)",
             fuse_uring(
                 std::fs::read_to_string(ENABLE_URING).ok().as_deref(),
-                std::env::var_os("NODEFS_NO_URING").is_some(),
+                std::env::var_os("NODEFS_URING").is_some(),
             ),
         ),
         Check::new(
@@ -196,15 +196,17 @@ fn passthrough() -> Result<String, String> {
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Which transport new nodefs mounts use, from the module switch's text (`None`: the kernel has
-/// no such switch) and whether `NODEFS_NO_URING` turns the ring off. A mount's own transport is
-/// in its `MountInfo`.
-fn fuse_uring(param: Option<&str>, disabled: bool) -> Result<String, String> {
+/// no such switch) and whether `NODEFS_URING` turns the ring on (it is off by default: see
+/// `nodefs::ServerOptions::uring`). A mount's own transport is in its `MountInfo`.
+fn fuse_uring(param: Option<&str>, wanted: bool) -> Result<String, String> {
     match param.map(str::trim) {
         None => Err("this kernel has no FUSE over io_uring: nodefs mounts read /dev/fuse".into()),
-        Some(_) if disabled => Err("NODEFS_NO_URING is set: nodefs mounts read /dev/fuse".into()),
+        Some(_) if !wanted => Ok("available, off: nodefs mounts read /dev/fuse \
+             (NODEFS_URING=1 in the daemons' environment turns the ring on)"
+            .into()),
         Some("Y") => Ok("on: nodefs mounts take FUSE requests over io_uring".into()),
         Some(_) => {
-            Err("off: nodefs mounts read /dev/fuse unless groved can switch it on at start".into())
+            Err("off: nodefs mounts read /dev/fuse unless the server can switch it on".into())
         }
     }
 }
@@ -419,14 +421,16 @@ mod tests {
 
     #[test]
     fn fuse_uring_says_which_transport_mounts_use() {
-        assert!(fuse_uring(Some("Y\n"), false).unwrap().contains("io_uring"));
-        assert!(fuse_uring(Some("N\n"), false)
+        assert!(fuse_uring(Some("Y\n"), true)
+            .unwrap()
+            .starts_with("on: nodefs mounts take FUSE requests over io_uring"));
+        assert!(fuse_uring(Some("N\n"), true)
             .unwrap_err()
             .contains("/dev/fuse"));
-        assert!(fuse_uring(Some("Y\n"), true)
-            .unwrap_err()
-            .contains("NODEFS_NO_URING"));
-        assert!(fuse_uring(None, false)
+        assert!(fuse_uring(Some("Y\n"), false)
+            .unwrap()
+            .contains("NODEFS_URING=1"));
+        assert!(fuse_uring(None, true)
             .unwrap_err()
             .contains("no FUSE over io_uring"));
     }

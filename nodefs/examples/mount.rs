@@ -1,6 +1,6 @@
 //! Debug helper: `mount STORE_DIR SRC_DIR_OR_REF MOUNTPOINT` imports (if a directory) and
 //! mounts until stdin closes, then unmounts. The server's options come from the environment
-//! (`NODEFS_NO_URING`, `NODEFS_NO_PASSTHROUGH`: see `ServerOptions::from_env`).
+//! (`NODEFS_URING`, `NODEFS_NO_PASSTHROUGH`: see `ServerOptions::from_env`).
 
 use std::path::Path;
 

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use nodefs::{MountOptions, Transport};
+use nodefs::{MountOptions, ServerOptions, Transport};
 
 /// Whether the kernel offers FUSE over io_uring (the server turned `enable_uring` on if it
 /// could); reported through [`capability_missing`] when not.
@@ -29,6 +29,14 @@ fn uring_available() -> bool {
             false
         }
     }
+}
+
+/// A server with the ring on (it is opt-in: `ServerOptions::uring`).
+fn ring_env() -> Env {
+    Env::with_server(ServerOptions {
+        uring: true,
+        ..Default::default()
+    })
 }
 
 fn ring_mount(env: &Env, name: &str) -> MountGuard {
@@ -124,7 +132,7 @@ fn xattr(p: &Path, name: &str, value: &[u8]) {
 
 #[test]
 fn small_files_over_the_ring_match_the_dev_fuse_transport() {
-    let env = Env::new();
+    let env = ring_env();
     if !uring_available() {
         return;
     }
@@ -156,7 +164,7 @@ fn small_files_over_the_ring_match_the_dev_fuse_transport() {
 
 #[test]
 fn the_mount_info_names_the_transport() {
-    let env = Env::new();
+    let env = ring_env();
     if !uring_available() {
         return;
     }
@@ -218,7 +226,7 @@ fn count_files(dir: &Path) -> usize {
 
 #[test]
 fn a_ring_broken_mid_untar_fails_its_mount_and_spares_the_others() {
-    let env = Env::new();
+    let env = ring_env();
     if !uring_available() {
         return;
     }

@@ -37,9 +37,10 @@ pub struct MountOptions {
     /// Absent in a request from an older client: on.
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
-    /// Serve the mount over FUSE io_uring where the kernel offers it (default on; off reads
-    /// requests from /dev/fuse, for before/after measurements). [`ServerOptions::uring`] off
-    /// turns it off for every mount of the server. Absent in a request from an older client: on.
+    /// Serve the mount over FUSE io_uring where the server has the ring on
+    /// ([`ServerOptions::uring`], off by default) and the kernel offers it; false reads
+    /// requests from /dev/fuse whatever the server's setting. Absent in a request from an older
+    /// client: true.
     #[serde(default = "uring_default")]
     pub uring: bool,
     /// Owners shifted into a sandbox's host id range (a sandbox in a user namespace); the
@@ -92,7 +93,11 @@ pub struct ServerOptions {
     pub passthrough: bool,
     /// A cloned /dev/fuse fd per session thread (fuser's `clone_fd`), for measurements.
     pub clone_fd: bool,
-    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]).
+    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]). Off by
+    /// default: measured here, a ring mount costs 0.7–4 ms more to set up and two threads per
+    /// CPU with a 1 MiB buffer each, which took create → exec → destroy from 7.66 to 8.60 ms
+    /// and 2-client cycles from 206 to 190/s (docs/nodefs-format.md, "FUSE transports"), for
+    /// an untar 3–4 % faster.
     pub uring: bool,
 }
 
@@ -101,20 +106,20 @@ impl Default for ServerOptions {
         ServerOptions {
             passthrough: true,
             clone_fd: false,
-            uring: true,
+            uring: false,
         }
     }
 }
 
 impl ServerOptions {
     /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off), `NODEFS_CLONE_FD` (set: on) and
-    /// `NODEFS_NO_URING` (set: every mount reads /dev/fuse), for the daemons' binaries and the
-    /// bench to call.
+    /// `NODEFS_URING` (set: mounts go over io_uring where the kernel offers it), for the
+    /// daemons' binaries and the bench to call.
     pub fn from_env() -> ServerOptions {
         ServerOptions {
             passthrough: std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none(),
             clone_fd: std::env::var_os("NODEFS_CLONE_FD").is_some(),
-            uring: std::env::var_os("NODEFS_NO_URING").is_none(),
+            uring: std::env::var_os("NODEFS_URING").is_some(),
         }
     }
 }

@@ -34,12 +34,17 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
+        Env::with_server(nodefs::ServerOptions::default())
+    }
+
+    /// A store and a server with `options` (the FUSE io_uring tests turn the ring on).
+    pub fn with_server(options: nodefs::ServerOptions) -> Env {
         let tmp = tempfile::Builder::new()
             .prefix("nodefs-test")
             .tempdir()
             .unwrap();
         let store = Store::open(&tmp.path().join("store")).unwrap();
-        let fs = NodeFs::new(store.clone());
+        let fs = NodeFs::with_options(store.clone(), options);
         Env { fs, store, tmp }
     }
 
