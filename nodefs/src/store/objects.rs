@@ -87,23 +87,9 @@ impl Store {
                 }
             });
         }
-        let recs: Vec<Record<'_>> = ids
-            .iter()
-            .zip(&payloads)
-            .zip(chunks)
-            .filter_map(|((id, p), data)| {
-                p.as_ref().map(|(codec, payload)| Record {
-                    id: *id,
-                    kind: Kind::Chunk,
-                    codec: *codec,
-                    depth: 0,
-                    raw_len: data.len() as u32,
-                    base: ObjectId([0; 32]),
-                    payload,
-                })
-            })
-            .collect();
-        self.packs.append_batch(&recs)?;
+        let lens = chunks.iter().map(Vec::len);
+        self.packs
+            .append_batch(&chunk_records(ids.iter().zip(lens), &payloads))?;
         Ok(ids)
     }
 
@@ -117,22 +103,8 @@ impl Store {
             .iter()
             .map(|(id, data)| (!self.packs.contains(id)).then(|| compress_chunk(data)))
             .collect();
-        let recs: Vec<Record<'_>> = chunks
-            .iter()
-            .zip(&payloads)
-            .filter_map(|((id, data), p)| {
-                p.as_ref().map(|(codec, payload)| Record {
-                    id: *id,
-                    kind: Kind::Chunk,
-                    codec: *codec,
-                    depth: 0,
-                    raw_len: data.len() as u32,
-                    base: ObjectId([0; 32]),
-                    payload,
-                })
-            })
-            .collect();
-        self.packs.append_batch(&recs)?;
+        let lens = chunks.iter().map(|(id, data)| (id, data.len()));
+        self.packs.append_batch(&chunk_records(lens, &payloads))?;
         Ok(())
     }
 
@@ -317,6 +289,28 @@ fn delta_decompress(
     let mut out = Vec::with_capacity(raw_len);
     dctx.decompress(&mut out, payload).map_err(e)?;
     Ok(out)
+}
+
+/// The pack records of chunks (id and raw length) whose payload was made (`None`: the store
+/// had the chunk already).
+fn chunk_records<'p>(
+    chunks: impl Iterator<Item = (&'p ObjectId, usize)>,
+    payloads: &'p [Option<(Codec, Vec<u8>)>],
+) -> Vec<Record<'p>> {
+    chunks
+        .zip(payloads)
+        .filter_map(|((id, raw_len), p)| {
+            p.as_ref().map(|(codec, payload)| Record {
+                id: *id,
+                kind: Kind::Chunk,
+                codec: *codec,
+                depth: 0,
+                raw_len: raw_len as u32,
+                base: ObjectId([0; 32]),
+                payload,
+            })
+        })
+        .collect()
 }
 
 /// A chunk's payload: zstd where that is smaller, else the bytes as they are.
