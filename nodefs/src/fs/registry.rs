@@ -96,8 +96,9 @@ pub struct ServerOptions {
     /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]). Off by
     /// default: measured here, a ring mount costs 0.7–4 ms more to set up and two threads per
     /// CPU with a 1 MiB buffer each, which took create → exec → destroy from 7.66 to 8.60 ms
-    /// and 2-client cycles from 206 to 190/s (docs/nodefs-format.md, "FUSE transports"), for
-    /// an untar 3–4 % faster.
+    /// and 2-client cycles from 206 to 190/s, while an untar on an idle machine ran 1.5–1.8×
+    /// faster (docs/nodefs-format.md, "FUSE transports"): worth it for a long-lived,
+    /// file-heavy mount, not yet for every sandbox's root.
     pub uring: bool,
 }
 
