@@ -101,6 +101,24 @@ pub(crate) fn store_io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> St
     move |source| StoreError::Io { path, source }
 }
 
+/// The first OS error code in `e`'s chain, if any.
+pub fn first_errno(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(n) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.raw_os_error())
+        {
+            return Some(n);
+        }
+        if let Some(n) = c.downcast_ref::<nix::errno::Errno>() {
+            return Some(*n as i32);
+        }
+        cur = c.source();
+    }
+    None
+}
+
 /// Renders an error and its chain of causes on one line (the messages here never repeat their
 /// source's, so each cause appears once).
 pub fn chain(e: &dyn std::error::Error) -> String {

@@ -36,7 +36,7 @@ pub(crate) fn cpus() -> usize {
 }
 
 pub use chunker::ChunkPolicy;
-pub use error::{chain, Error, StoreError};
+pub use error::{chain, first_errno, Error, StoreError};
 pub use fs::{IdShift, Mount, MountOptions, NodeFs, RingError, ServerOptions, Transport, Usage};
 pub use id::{ManifestId, ObjectId, ParseIdError};
 pub use layer::LayerCompression;

@@ -9,24 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fuse_available;
+use common::{fuse_available, tar_of_files};
 use nodefs::service::{Client, FsService, ImportPolicy};
 use nodefs::{Error, MountOptions};
-
-fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_cksum();
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
 
 /// A reader that fails after `n` bytes (an upload cut off).
 struct Failing(std::io::Cursor<Vec<u8>>, usize);
@@ -72,7 +57,7 @@ fn a_client_does_everything_through_the_socket() {
     ));
 
     // A tar through a pipe; a cut-off one and a malformed one fail, typed.
-    let tar = tar_of(&[("etc/hello", b"hi\n"), ("big", &vec![7u8; 300_000])]);
+    let tar = tar_of_files(&[("etc/hello", b"hi\n"), ("big", &vec![7u8; 300_000])]);
     let id = c
         .import_tar(&mut std::io::Cursor::new(tar.clone()))
         .unwrap();

@@ -781,21 +781,6 @@ fn gc_on_a_full_disk_frees_space_and_says_how_much() {
     drop(small);
 }
 
-/// Whether `e`'s chain of causes holds an OS error `errno`.
-fn caused_by_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if c.downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            == Some(errno)
-        {
-            return true;
-        }
-        cur = c.source();
-    }
-    false
-}
-
 /// A registry layer applied onto a store with no room: the chunk writers' ENOSPC stops the
 /// import and is the error reported (not a tar error, not a hang), nothing half-imported is
 /// referenced, fsck stays clean, and once space is back the same layer applies whole.
@@ -814,30 +799,24 @@ fn a_layer_onto_a_full_store_fails_with_the_stores_error_and_applies_once_space_
     // 48 MiB of incompressible files in one gzip layer, held in memory: more than the store's
     // filesystem holds.
     let files: Vec<Vec<u8>> = (0..12).map(|i| random_bytes(700 + i, 4 << 20)).collect();
+    let names: Vec<String> = (0..files.len()).map(|i| format!("f{i}")).collect();
+    let entries: Vec<(&str, &[u8])> = names
+        .iter()
+        .zip(&files)
+        .map(|(n, d)| (n.as_str(), &d[..]))
+        .collect();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    {
-        let mut b = tar::Builder::new(&mut gz);
-        for (i, data) in files.iter().enumerate() {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(0);
-            h.set_cksum();
-            b.append_data(&mut h, format!("f{i}"), &data[..]).unwrap();
-        }
-        b.finish().unwrap();
-    }
+    std::io::Write::write_all(&mut gz, &tar_of_files(&entries)).unwrap();
     let blob = gz.finish().unwrap();
     let apply = |store: &Store| {
         store.apply_layer(None, nodefs::LayerCompression::Gzip, None, &mut &blob[..])
     };
     let err = apply(&store).expect_err("48 MiB into 32 MiB");
     assert!(matches!(err, Error::Store(_)), "the store's error: {err:?}");
-    assert!(
-        caused_by_errno(&err, libc::ENOSPC),
-        "ENOSPC in its causes: {}",
+    assert_eq!(
+        nodefs::first_errno(&err),
+        Some(libc::ENOSPC),
+        "ENOSPC first in its causes: {}",
         nodefs::chain(&err)
     );
     assert!(store.fsck().unwrap().is_clean());

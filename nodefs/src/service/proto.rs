@@ -222,24 +222,6 @@ impl From<WireIo> for std::io::Error {
     }
 }
 
-/// The first OS error code in `e`'s chain, if any.
-fn first_errno(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(n) = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.raw_os_error())
-        {
-            return Some(n);
-        }
-        if let Some(n) = c.downcast_ref::<nix::errno::Errno>() {
-            return Some(*n as i32);
-        }
-        cur = c.source();
-    }
-    None
-}
-
 impl From<&Error> for WireError {
     fn from(e: &Error) -> WireError {
         use crate::error::StoreError as S;
@@ -294,7 +276,7 @@ impl From<&Error> for WireError {
             },
             other @ Error::Unreachable(_) => WireError::Other {
                 message: chain(other),
-                errno: first_errno(other),
+                errno: crate::error::first_errno(other),
             },
         }
     }

@@ -112,6 +112,22 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     v
 }
 
+/// A plain tar of `files` (name, content), mode 0644, owned by root.
+pub fn tar_of_files(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
 /// A small tree with files of several sizes, a symlink, a hard link, a fifo and xattrs.
 pub fn make_tree(root: &Path, seed: u64) {
     fs::create_dir_all(root.join("a/b/c")).unwrap();
