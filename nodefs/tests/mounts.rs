@@ -766,3 +766,57 @@ fn an_id_shift_shows_owners_in_the_range_and_stores_image_ids() {
     drop(plain);
     assert_no_mounts_under(env.tmp.path());
 }
+
+/// Writes through a shared mapping that is still mapped (the process has not unmapped, synced
+/// or exited: a frozen sandbox at a snapshot) are in the commit: the kernel holds them as dirty
+/// pages until something writes them back, and a commit must push them to the server first.
+#[test]
+fn a_commit_holds_writes_made_through_a_live_shared_mapping() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    // As a sandbox root is mounted: with a quota.
+    let opts = MountOptions {
+        quota_bytes: Some(64 << 20),
+        ..Default::default()
+    };
+    let m = env.mount(&env.empty(), "m", opts);
+    let file = m.mountpoint().join("mapped.bin");
+    fs::write(&file, vec![b'a'; 1 << 20]).unwrap();
+    // A process maps the file shared, writes through the mapping, says so, and waits (mapped)
+    // until its stdin closes.
+    let script = format!(
+        "import mmap, os, sys\n\
+         f = os.open({:?}, os.O_RDWR)\n\
+         m = mmap.mmap(f, 1 << 20, mmap.MAP_SHARED)\n\
+         m[4096:4096 + 6] = b'mapped'\n\
+         m[(1 << 20) - 3:] = b'end'\n\
+         print('written', flush=True)\n\
+         sys.stdin.read()\n",
+        file.to_str().unwrap()
+    );
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "written");
+    let id = m.commit().unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    let got = fs::read(out.join("mapped.bin")).unwrap();
+    let mut want = vec![b'a'; 1 << 20];
+    want[4096..4102].copy_from_slice(b"mapped");
+    want[(1 << 20) - 3..].copy_from_slice(b"end");
+    assert!(got == want, "the writes through the mapping are committed");
+}
