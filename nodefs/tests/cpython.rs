@@ -113,6 +113,30 @@ fn regressions(disk: &BTreeMap<String, String>, mount: &BTreeMap<String, String>
         .collect()
 }
 
+/// Whether test case `name` (`test.<module>.<Class>.<method>`) passes alone in `dir`, once in
+/// up to three runs. regrtest matches `-m` against method names (so same-named methods of the
+/// module's other classes run too), and reports success when nothing ran: one must have run.
+fn passes_alone(dir: &Path, name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    let (module, method) = (parts[1], parts[parts.len() - 1]);
+    (0..3).any(|i| {
+        let run = dir.join(format!("rerun-{i}"));
+        fs::create_dir_all(run.join("tmp")).unwrap();
+        let out = Command::new(PYTHON)
+            .args(["-m", "test", "-v", "--tempdir"])
+            .arg(run.join("regrtest"))
+            .args(["-m", method, module])
+            .env("TMPDIR", run.join("tmp"))
+            .current_dir(&run)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        out.status.success()
+            && text.contains("Tests result: SUCCESS")
+            && !text.contains("Ran 0 tests")
+    })
+}
+
 fn suite_on_mount(env: &Env, transport: Transport, disk: &BTreeMap<String, String>) {
     let opts = MountOptions {
         uring: transport == Transport::IoUring,
@@ -121,7 +145,27 @@ fn suite_on_mount(env: &Env, transport: Transport, disk: &BTreeMap<String, Strin
     let m = env.mount(&env.empty(), "cpython", opts);
     assert_eq!(m.transport(), transport);
     let on_mount = run_suite(m.mountpoint());
-    let bad = regressions(disk, &on_mount);
+    // A case can fail by chance on any filesystem: test_glob's test_selflink stats paths
+    // through up to 39 symlinks, and this kernel sometimes answers ELOOP below the limit of 40
+    // (a path walk that falls back from RCU mode keeps counting the links it followed; seen on
+    // ext4 too, more often on FUSE). Such a case must pass when run again; a regression fails
+    // every time.
+    let mut flaky = Vec::new();
+    let mut bad = regressions(disk, &on_mount);
+    bad.retain(|line| {
+        let name = line.split(':').next().unwrap();
+        let again = passes_alone(m.mountpoint(), name);
+        if again {
+            flaky.push(name.to_string());
+        }
+        !again
+    });
+    if !flaky.is_empty() {
+        eprintln!(
+            "nodefs over {transport}: {} case(s) failed once and passed when run again: {flaky:?}",
+            flaky.len()
+        );
+    }
     assert!(
         bad.is_empty(),
         "{} of {} CPython test cases that pass on disk do not pass on nodefs over {transport}:\n{}",
