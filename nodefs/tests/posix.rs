@@ -999,7 +999,7 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
     let native = env.path("native");
     fs::create_dir(&native).unwrap();
     type Step = fn(&Path);
-    let steps: [(&str, Step); 7] = [
+    let steps: [(&str, Step); 9] = [
         ("root write", |p| {
             OpenOptions::new()
                 .append(true)
@@ -1021,6 +1021,16 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
         }),
         ("truncate without CAP_FSETID", |p| {
             without_fsetid("truncate -s 3 \"$1\"", p)
+        }),
+        ("root open(O_TRUNC)", |p| {
+            OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(p)
+                .unwrap();
+        }),
+        ("open(O_TRUNC) without CAP_FSETID", |p| {
+            without_fsetid(": > \"$1\"", p)
         }),
         ("chown", |p| {
             std::os::unix::fs::chown(p, Some(7), Some(8)).unwrap()

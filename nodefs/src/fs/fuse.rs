@@ -85,6 +85,21 @@ struct SetAttr {
     pid: u32,
 }
 
+impl SetAttr {
+    /// A truncation to `size` by process `pid`, nothing else.
+    fn truncate(size: u64, pid: u32) -> SetAttr {
+        SetAttr {
+            mode: None,
+            uid: None,
+            gid: None,
+            size: Some(size),
+            atime: None,
+            mtime: None,
+            pid,
+        }
+    }
+}
+
 /// A lookup reply with node id 0: "no such name", cached by the kernel for the TTL.
 fn negative_entry() -> fuser::FileAttr {
     fuser::FileAttr {
@@ -323,6 +338,9 @@ impl Filesystem for Fs {
         // A symlink's target never changes (replacing it makes a new inode): the kernel may
         // keep it instead of asking on every path walk through it (/lib, /bin, python3).
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        // open(O_TRUNC) of an existing file: the OPEN carries O_TRUNC and the server truncates,
+        // one request instead of a SETATTR and an OPEN (see `open`).
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         if self.0.want_passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
@@ -530,8 +548,11 @@ impl Filesystem for Fs {
         reply.entry(&TTL, &attr, Generation(0));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // O_TRUNC arrives here (FUSE_ATOMIC_O_TRUNC) instead of as a SETATTR before the
+        // OPEN; it truncates whatever the access mode, as open(2) does.
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let write = trunc || !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         if write {
             tryr!(reply, self.rw());
         }
@@ -544,6 +565,14 @@ impl Filesystem for Fs {
             if g.decide(write, false) == Decision::Busy {
                 reply.error(Errno::ETXTBSY);
                 return;
+            }
+            if trunc {
+                // What the SETATTR of an open(O_TRUNC) did: size 0, new mtime and ctime, file
+                // capabilities gone, setuid/setgid gone unless the opener has CAP_FSETID.
+                tryr!(
+                    reply,
+                    self.do_setattr(ino.0, SetAttr::truncate(0, req.pid()))
+                );
             }
             let base = tryr!(reply, self.open_inode(ino.0, write));
             if g.decide(write, pt_on && base.is_some()) == Decision::Passthrough {
