@@ -130,6 +130,7 @@ pub fn all() -> Vec<Promise> {
         Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
         Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "python3.11 stdlib + /usr/share", fs::OVERLAY, AtMost(2.0)),
         Promise::relative("FS-4", "find + stat over 50,000 files, warm (ms)", fs::NAME, fs::FIND_STAT, "50000 files", fs::OVERLAY, AtMost(1.0)),
+        Promise::relative("FS-5", "pip install of a 2,000-file wheel into the sandbox root (ms)", fs::NAME, fs::PIP_INSTALL, "2000-module wheel", fs::OVERLAY, AtMost(1.5)),
         Promise::at_most("ST-1", "second import of the base image: bytes added ÷ first import's bytes", st::NAME, st::REIMPORT, "", Stat::P50, 0.01),
         Promise::at_most("ST-2", "store bytes after 10 commits each changing 1 % of a 100 MiB tree ÷ first commit's bytes", st::NAME, st::CHAIN_RATIO, "100 MiB tree", Stat::P50, 1.2),
         Promise::relative("IM-1", "pull of a ~300 MB image from a local registry, no slower than the faster of skopeo and podman", im::NAME, im::PULL, "cold", im::FASTER_PEER, AtMost(1.0)),
@@ -157,6 +158,7 @@ mod tests {
         assert_eq!(find("FS-1"), fs::file_param(1 << 30));
         assert_eq!(find("FS-3"), fs::tar_param(false));
         assert_eq!(find("FS-4"), fs::files_param(50_000));
+        assert_eq!(find("FS-5"), fs::pip_param(fs::PIP_MODULES));
         assert_eq!(find("ST-2"), st::tree_param(100));
         assert_eq!(find("CK-2"), ck::heap_param(256 << 20));
         assert!(find("CK-4").starts_with(&ck::heap_param(256 << 20)));
@@ -185,6 +187,7 @@ mod tests {
             fs::UNTAR,
             fs::PY_IMPORT,
             fs::FIND_STAT,
+            fs::PIP_INSTALL,
             de::PER_SANDBOX,
             st::CHAIN_RATIO,
         ];

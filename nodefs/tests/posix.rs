@@ -999,7 +999,7 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
     let native = env.path("native");
     fs::create_dir(&native).unwrap();
     type Step = fn(&Path);
-    let steps: [(&str, Step); 7] = [
+    let steps: [(&str, Step); 9] = [
         ("root write", |p| {
             OpenOptions::new()
                 .append(true)
@@ -1021,6 +1021,16 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
         }),
         ("truncate without CAP_FSETID", |p| {
             without_fsetid("truncate -s 3 \"$1\"", p)
+        }),
+        ("root open(O_TRUNC)", |p| {
+            OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(p)
+                .unwrap();
+        }),
+        ("open(O_TRUNC) without CAP_FSETID", |p| {
+            without_fsetid(": > \"$1\"", p)
         }),
         ("chown", |p| {
             std::os::unix::fs::chown(p, Some(7), Some(8)).unwrap()
@@ -1046,6 +1056,67 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
             assert_eq!(
                 seen[1], seen[0],
                 "mode {mode:o}, {what}: nodefs (mode, caps) differ from the host's"
+            );
+        }
+    }
+}
+
+/// A file created write-only is written direct (FOPEN_DIRECT_IO), where the kernel leaves every
+/// privilege drop to the server: its writes drop setuid/setgid (without CAP_FSETID) and file
+/// capabilities exactly as the host's own filesystem does.
+#[test]
+fn writes_to_a_file_created_write_only_drop_privileges_like_linux() {
+    if !fuse_available() {
+        return;
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        capability_missing("setpriv (util-linux) is not installed");
+        return;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let native = env.path("native");
+    fs::create_dir(&native).unwrap();
+    // Create write-only, set the mode and a file capability, write through the same descriptor.
+    let script = env.path("create-write.py");
+    fs::write(
+        &script,
+        "import os, struct, sys\n\
+         p, mode = sys.argv[1], int(sys.argv[2], 8)\n\
+         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n\
+         os.fchmod(fd, mode)\n\
+         os.setxattr(p, 'security.capability', struct.pack('<5I', 0x02000000, 1 << 10, 0, 0, 0))\n\
+         os.write(fd, b'x')\n\
+         os.close(fd)\n",
+    )
+    .unwrap();
+    for mode in [0o6755, 0o6745, 0o4700, 0o2644] {
+        for fsetid in [true, false] {
+            let mut seen = Vec::new();
+            for dir in [native.as_path(), m.mountpoint()] {
+                let p = dir.join(format!("c{mode:o}"));
+                let mut cmd = std::process::Command::new("setpriv");
+                if !fsetid {
+                    cmd.arg("--bounding-set=-fsetid");
+                }
+                let st = cmd
+                    .args(["--", "python3"])
+                    .arg(&script)
+                    .arg(&p)
+                    .arg(format!("{mode:o}"))
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+                seen.push(privs(&p));
+                fs::remove_file(&p).unwrap();
+            }
+            assert_eq!(
+                seen[1], seen[0],
+                "mode {mode:o}, CAP_FSETID {fsetid}: nodefs (mode, caps) differ from the host's"
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The same tree seen through nodefs, nodefs with FUSE passthrough off (passthrough's before/after),
 //! nodefs over FUSE io_uring instead of /dev/fuse (the ring's before/after), kernel overlayfs, fuse-overlayfs and the plain disk: cold sequential read, cold 4 KiB random reads,
-//! warm find + stat, untar of a source tree, cold python imports (chrooted). Systems are interleaved
+//! warm find + stat, untar of a source tree, cold python imports (chrooted), `pip install` of a wheel
+//! of many small modules (made here, offline). Systems are interleaved
 //! within each test so drift on the shared machine hits them alike.
 
 use std::io::Read;
@@ -28,6 +29,10 @@ pub const RAND_IOPS: &str = "4 KiB random reads, cold";
 pub const FIND_STAT: &str = "find + stat, warm";
 pub const UNTAR: &str = "untar of a source tree";
 pub const PY_IMPORT: &str = "cold python3 -c 'import email, json, http.client' (chroot)";
+pub const PIP_INSTALL: &str = "pip install of a wheel of small modules";
+
+/// Modules in the FS-5 wheel of a full run.
+pub const PIP_MODULES: usize = 2_000;
 
 /// One way of seeing the tree.
 pub struct View {
@@ -50,6 +55,8 @@ struct Sizes {
     reps_find: usize,
     reps_untar: usize,
     reps_py: usize,
+    pip_modules: usize,
+    reps_pip: usize,
 }
 
 pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
@@ -61,6 +68,8 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         reps_find: ctx.pick(2, 5),
         reps_untar: ctx.pick(1, 3),
         reps_py: ctx.pick(2, 5),
+        pip_modules: ctx.pick(400, PIP_MODULES),
+        reps_pip: ctx.pick(1, 3),
     };
     progress::step(
         0.0,
@@ -79,6 +88,23 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     write_small_files(&bench.join("many"), sz.files)?;
     let tar = ctx.work.join("source.tar");
     let (tar_files, tar_bytes) = make_source_tar(&ctx.image, &tar, ctx.quick)?;
+    // The wheel: a failure here fails only the pip rows.
+    let pip = Pip::make(&ctx.work, sz.pip_modules);
+    match &pip {
+        Ok(p) => res.note(format!(
+            "pip install: {} (pip of {}), a wheel of {} modules made here offline \
+             (bench/tools/make-wheel.py; {} KiB), installed with --no-index --no-deps \
+             --prefix DIR into a fresh directory of each view per repetition; pip byte-compiles \
+             each module, so a run writes ~2 files per module",
+            p.python.display(),
+            p.version,
+            sz.pip_modules,
+            std::fs::metadata(&p.wheel)
+                .map(|m| m.len() >> 10)
+                .unwrap_or(0),
+        )),
+        Err(e) => res.note(format!("no pip install rows: {e:#}")),
+    }
     res.note(format!(
         "tree: the base image ({}) + a {} MiB random file + {} small files; untar source: {} entries, {} MiB (from the base image's {})",
         ctx.image.display(),
@@ -144,13 +170,15 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
     let file_p = file_param(sz.big);
     let files_p = files_param(sz.files);
     let tar_p = tar_param(ctx.quick).to_string();
-    let tests: [(&str, &str, Better, &str); 6] = [
+    let pip_p = pip_param(sz.pip_modules);
+    let tests: [(&str, &str, Better, &str); 7] = [
         (SEQ_READ, "MiB/s", Better::Higher, &file_p),
         (RAND_READ, "µs", Better::Lower, &file_p),
         (RAND_IOPS, "reads/s", Better::Higher, &file_p),
         (FIND_STAT, "ms", Better::Lower, &files_p),
         (UNTAR, "ms", Better::Lower, &tar_p),
         (PY_IMPORT, "ms", Better::Lower, ""),
+        (PIP_INSTALL, "ms", Better::Lower, &pip_p),
     ];
     if let Some(r) = &grove_reason {
         for (m, u, b, param) in tests {
@@ -237,6 +265,20 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             record(4, i, r.map(|x| vec![x]));
         }
     }
+    for rep in 0..sz.reps_pip {
+        progress::step(
+            0.8 + 0.05 * rep as f64 / sz.reps_pip as f64,
+            &format!("pip install (rep {})", rep + 1),
+        );
+        for (i, v) in rotated(&views, rep) {
+            cleanup::check()?;
+            let r = match &pip {
+                Ok(p) => p.install(&v.write_dir.join(format!("pip-{rep}"))),
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            record(6, i, r.map(|x| vec![x]));
+        }
+    }
     progress::step(0.85, "cold python3 imports, chrooted");
     for rep in 0..sz.reps_py {
         for (i, v) in rotated(&views, rep) {
@@ -283,6 +325,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
         "find+stat",
         "untar",
         "py import",
+        "pip install",
     ]
     .map(String::from)
     .to_vec();
@@ -332,6 +375,73 @@ pub fn tar_param(quick: bool) -> &'static str {
         "python3.11 stdlib"
     } else {
         "python3.11 stdlib + /usr/share"
+    }
+}
+
+pub fn pip_param(modules: usize) -> String {
+    format!("{modules}-module wheel")
+}
+
+/// The FS-5 workload: a python with pip, and a wheel of small modules made for the run.
+struct Pip {
+    python: PathBuf,
+    version: String,
+    wheel: PathBuf,
+}
+
+/// Where scripts/setup puts its python environment (it has pip).
+const VENV_PYTHON: &str = "/var/lib/grove/venv/bin/python";
+
+impl Pip {
+    /// Finds a python with pip (scripts/setup's environment, else `python3`) and makes the wheel
+    /// with it: no network, no package index.
+    fn make(work: &Path, modules: usize) -> Result<Pip> {
+        let candidates = [PathBuf::from(VENV_PYTHON), PathBuf::from("python3")];
+        let (python, version) = candidates
+            .iter()
+            .find_map(|py| {
+                let v = util::output(Command::new(py).args(["-m", "pip", "--version"])).ok()?;
+                Some((py.clone(), v.split_whitespace().nth(1)?.to_string()))
+            })
+            .context("no python with pip (scripts/setup makes one in /var/lib/grove/venv)")?;
+        let script = work.join("make-wheel.py");
+        std::fs::write(&script, include_str!("../../tools/make-wheel.py"))?;
+        let out = util::output(
+            Command::new(&python)
+                .arg(&script)
+                .arg(work.join("wheel"))
+                .arg(modules.to_string()),
+        )?;
+        let wheel = PathBuf::from(out.trim());
+        if !wheel.is_file() {
+            bail!("make-wheel.py made no wheel ({})", out.trim());
+        }
+        Ok(Pip {
+            python,
+            version,
+            wheel,
+        })
+    }
+
+    /// ms for `pip install` of the wheel with `--prefix prefix` (a directory that does not exist yet).
+    fn install(&self, prefix: &Path) -> Result<f64> {
+        util::run(
+            Command::new(&self.python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-cache-dir",
+                    "--disable-pip-version-check",
+                    "--root-user-action=ignore",
+                    "--prefix",
+                ])
+                .arg(prefix)
+                .arg(&self.wheel),
+        )
     }
 }
 

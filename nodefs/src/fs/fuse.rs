@@ -85,6 +85,21 @@ struct SetAttr {
     pid: u32,
 }
 
+impl SetAttr {
+    /// A truncation to `size` by process `pid`, nothing else.
+    fn truncate(size: u64, pid: u32) -> SetAttr {
+        SetAttr {
+            mode: None,
+            uid: None,
+            gid: None,
+            size: Some(size),
+            atime: None,
+            mtime: None,
+            pid,
+        }
+    }
+}
+
 /// A lookup reply with node id 0: "no such name", cached by the kernel for the TTL.
 fn negative_entry() -> fuser::FileAttr {
     fuser::FileAttr {
@@ -172,10 +187,11 @@ impl Fs {
         st.attr(ino)
     }
 
-    /// A new file handle; its low bit says whether it passes through.
-    fn new_fh(&self, passthrough: bool) -> FileHandle {
+    /// A new file handle; its low bit says whether it passes through, the next whether its
+    /// writes come straight from write(2) (`FOPEN_DIRECT_IO`, see `create`).
+    fn new_fh(&self, passthrough: bool, direct: bool) -> FileHandle {
         let n = self.s().next_fh.fetch_add(1, Ordering::Relaxed);
-        FileHandle(n << 1 | passthrough as u64)
+        FileHandle(n << 2 | (direct as u64) << 1 | passthrough as u64)
     }
 
     /// Uncount one open of `ino` in the inode table; forget the inode if that was its
@@ -323,6 +339,9 @@ impl Filesystem for Fs {
         // A symlink's target never changes (replacing it makes a new inode): the kernel may
         // keep it instead of asking on every path walk through it (/lib, /bin, python3).
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        // open(O_TRUNC) of an existing file: the OPEN carries O_TRUNC and the server truncates,
+        // one request instead of a SETATTR and an OPEN (see `open`).
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         if self.0.want_passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
@@ -530,8 +549,11 @@ impl Filesystem for Fs {
         reply.entry(&TTL, &attr, Generation(0));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // O_TRUNC arrives here (FUSE_ATOMIC_O_TRUNC) instead of as a SETATTR before the
+        // OPEN; it truncates whatever the access mode, as open(2) does.
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let write = trunc || !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
         if write {
             tryr!(reply, self.rw());
         }
@@ -544,6 +566,14 @@ impl Filesystem for Fs {
             if g.decide(write, false) == Decision::Busy {
                 reply.error(Errno::ETXTBSY);
                 return;
+            }
+            if trunc {
+                // What the SETATTR of an open(O_TRUNC) did: size 0, new mtime and ctime, file
+                // capabilities gone, setuid/setgid gone unless the opener has CAP_FSETID.
+                tryr!(
+                    reply,
+                    self.do_setattr(ino.0, SetAttr::truncate(0, req.pid()))
+                );
             }
             let base = tryr!(reply, self.open_inode(ino.0, write));
             if g.decide(write, pt_on && base.is_some()) == Decision::Passthrough {
@@ -564,7 +594,7 @@ impl Filesystem for Fs {
                 let m = &mut **g;
                 if let Some(b) = &m.backing {
                     m.passthrough += 1;
-                    reply.opened_passthrough(self.new_fh(true), FopenFlags::empty(), b);
+                    reply.opened_passthrough(self.new_fh(true, false), FopenFlags::empty(), b);
                     return;
                 }
                 // No backing file yet (a large one is being materialized): serve this open,
@@ -572,7 +602,7 @@ impl Filesystem for Fs {
                 debug_assert_eq!(g.passthrough, 0);
             }
             g.cached += 1;
-            reply.opened(self.new_fh(false), FopenFlags::FOPEN_KEEP_CACHE);
+            reply.opened(self.new_fh(false, false), FopenFlags::FOPEN_KEEP_CACHE);
         });
     }
 
@@ -614,9 +644,9 @@ impl Filesystem for Fs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -639,7 +669,15 @@ impl Filesystem for Fs {
             i.ctime = t;
             i.touched = true;
             killpriv::drop_caps(&mut i.meta);
-            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            // The kernel flags a page-cache write whose writer lacks CAP_FSETID; a direct write
+            // (a created file's, see `create`) may come unflagged, so /proc says, asked only for
+            // a file that has those bits.
+            let direct = fh.0 & 2 != 0;
+            if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+                || (direct
+                    && killpriv::has_suidgid(i.meta.mode)
+                    && !killpriv::has_fsetid(req.pid()))
+            {
                 killpriv::drop_suidgid(&mut i.meta);
             }
         }
@@ -873,9 +911,15 @@ impl Filesystem for Fs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
+        // A file created write-only is written with FOPEN_DIRECT_IO: a direct write goes to
+        // the server without the kernel's file_remove_privs, so the first write of a new file
+        // costs no GETXATTR of security.capability (the server drops privileges itself, see
+        // `write`). Such a descriptor can neither read nor be mapped, so the page cache loses
+        // nothing: the kernel invalidates any cached page of the range before a direct write.
+        let direct = flags & libc::O_ACCMODE == libc::O_WRONLY;
         let content = Content::File(super::file::FileData::placeholder());
         let attr = tryr!(reply, self.new_node(req, parent, name, mode, content));
         self.s().modes.with(attr.ino.0, |g| {
@@ -890,8 +934,12 @@ impl Filesystem for Fs {
                 &TTL,
                 &attr,
                 Generation(0),
-                self.new_fh(false),
-                FopenFlags::empty(),
+                self.new_fh(false, direct),
+                if direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                },
             );
         });
     }
