@@ -494,6 +494,13 @@ impl<FS: Filesystem> Session<FS> {
         Notifier::new(self.ch.sender())
     }
 
+    /// Grove: how many threads read `/dev/fuse` once the session runs (the config's
+    /// `n_threads`), for a mount whose requests arrive by another transport and whose
+    /// `/dev/fuse` carries only FORGET and INTERRUPT.
+    pub fn set_n_threads(&mut self, n: usize) {
+        self.config.n_threads = Some(n.max(1));
+    }
+
     /// Grove: a dispatcher that runs requests arriving by another transport (FUSE over
     /// io_uring) through `filesystem`, a handle on the same filesystem as this session's,
     /// with this session's access rules. Call after the handshake (`new` does it).
