@@ -39,7 +39,7 @@ pub struct MountOptions {
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
     /// Serve the mount over FUSE io_uring where the server has the ring on
-    /// ([`ServerOptions::uring`], off by default) and the kernel offers it; false reads
+    /// ([`ServerOptions::uring`], on by default) and the kernel offers it; false reads
     /// requests from /dev/fuse whatever the server's setting. Absent in a request from an older
     /// client: true.
     #[serde(default = "uring_default")]
@@ -94,12 +94,10 @@ pub struct ServerOptions {
     pub passthrough: bool,
     /// A cloned /dev/fuse fd per session thread (fuser's `clone_fd`), for measurements.
     pub clone_fd: bool,
-    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]). Off by
-    /// default: measured here, a ring mount costs 0.7–4 ms more to set up and two threads per
-    /// CPU with a 1 MiB buffer each, which took create → exec → destroy from 7.66 to 8.60 ms
-    /// and 2-client cycles from 206 to 190/s, while an untar on an idle machine ran 1.5–1.8×
-    /// faster (docs/nodefs-format.md, "FUSE transports"): worth it for a long-lived,
-    /// file-heavy mount, not yet for every sandbox's root.
+    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]) and the kernel
+    /// offers it. On by default: the server's mounts share one queue per CPU, so a mount's
+    /// set-up costs what a /dev/fuse mount's does, and its requests skip the read and write
+    /// on /dev/fuse (docs/nodefs-format.md, "FUSE transports", has the figures).
     pub uring: bool,
 }
 
@@ -108,22 +106,33 @@ impl Default for ServerOptions {
         ServerOptions {
             passthrough: true,
             clone_fd: false,
-            uring: false,
+            uring: true,
         }
     }
 }
 
 impl ServerOptions {
     /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off), `NODEFS_CLONE_FD` (set: on) and
-    /// `NODEFS_URING` (set: mounts go over io_uring where the kernel offers it), for the
-    /// daemons' binaries and the bench to call.
+    /// `NODEFS_URING` (`0`, `false`, `off` or `no`: every mount reads /dev/fuse; unset or
+    /// anything else: mounts go over io_uring where the kernel offers it), for the daemons'
+    /// binaries and the bench to call.
     pub fn from_env() -> ServerOptions {
         ServerOptions {
             passthrough: std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none(),
             clone_fd: std::env::var_os("NODEFS_CLONE_FD").is_some(),
-            uring: std::env::var_os("NODEFS_URING").is_some(),
+            uring: uring_from_env(std::env::var_os("NODEFS_URING").as_deref()),
         }
     }
+}
+
+/// Whether `NODEFS_URING`'s value leaves the ring on (absent: on).
+fn uring_from_env(v: Option<&std::ffi::OsStr>) -> bool {
+    v.and_then(|v| v.to_str()).is_none_or(|v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        )
+    })
 }
 
 /// The node's FUSE server: any number of mounts, one multi-threaded session each.
@@ -344,6 +353,12 @@ impl NodeFs {
             .get()
             .and_then(Option::as_ref)
             .map_or(0, RingPool::entries)
+    }
+
+    /// Whether the server's mounts may use FUSE over io_uring: its options allow it and the
+    /// kernel offers it (a mount still falls back to /dev/fuse if its queues cannot register).
+    pub fn uring(&self) -> bool {
+        self.uring
     }
 
     /// Test knob: the kernel refuses the next ring mount's registration on one queue, as a
@@ -614,5 +629,22 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.unmount_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn nodefs_uring_switches_the_ring_off_only_when_it_says_so() {
+        assert!(uring_from_env(None));
+        assert!(uring_from_env(Some(OsStr::new("1"))));
+        assert!(uring_from_env(Some(OsStr::new(""))));
+        for off in ["0", "false", "OFF", "no"] {
+            assert!(!uring_from_env(Some(OsStr::new(off))), "{off}");
+        }
+        assert!(ServerOptions::default().uring);
     }
 }
