@@ -45,7 +45,8 @@ fn possible_cpus() -> usize {
         .sum()
 }
 
-/// A server with the ring on (it is opt-in: `ServerOptions::uring`).
+/// A server with the ring on (the default, `ServerOptions::uring`; stated so that these tests
+/// do not depend on it).
 fn ring_env() -> Env {
     Env::with_server(ServerOptions {
         uring: true,

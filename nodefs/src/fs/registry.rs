@@ -166,7 +166,9 @@ pub struct Mount {
     mountpoint: PathBuf,
     upper_dir: PathBuf,
     session: Mutex<Option<fuser::BackgroundSession>>,
-    /// The mount's part of the server's FUSE-over-io_uring queues, when it uses them.
+    /// The mount's part of the server's FUSE-over-io_uring queues, when it uses them (or when
+    /// some queues registered it before the kernel refused another: its entries go with the
+    /// connection, and unmount waits for them).
     ring: Mutex<Option<MountRing>>,
     transport: Transport,
     owner: Weak<NodeFs>,
@@ -292,14 +294,14 @@ impl NodeFs {
                 source: e,
             }
         })?;
-        let ring = pool.and_then(|p| self.start_ring(p, &session, &shared, mountpoint));
-        let transport = if ring.is_some() {
+        let (ring, transport) = match pool {
+            Some(p) => self.start_ring(p, &session, &shared, mountpoint),
+            None => (None, Transport::DevFuse),
+        };
+        if transport == Transport::IoUring {
             // /dev/fuse now carries only FORGET and INTERRUPT: one reader is plenty.
             session.set_n_threads(1);
-            Transport::IoUring
-        } else {
-            Transport::DevFuse
-        };
+        }
         let bg = match session.spawn() {
             Ok(bg) => bg,
             Err(e) => {
@@ -380,18 +382,19 @@ impl NodeFs {
             .map_or(0, RingPool::threads)
     }
 
-    /// The mount's entries on the server's queues when its INIT took the ring, or None:
-    /// /dev/fuse then serves it (the kernel offered no ring, or a queue could not register and
-    /// the kernel dropped it).
+    /// The mount's entries on the server's queues when its INIT took the ring, and the
+    /// transport: /dev/fuse when the kernel offered no ring, or a queue could not register and
+    /// the kernel dropped it (the entries other queues registered are then released when the
+    /// connection ends).
     fn start_ring(
         &self,
         pool: &RingPool,
         session: &Session<Fs>,
         shared: &Arc<Shared>,
         mountpoint: &Path,
-    ) -> Option<MountRing> {
+    ) -> (Option<MountRing>, Transport) {
         if !shared.uring.load(Ordering::Relaxed) {
-            return None;
+            return (None, Transport::DevFuse);
         }
         // The connection to abort if the ring fails while the mount lives.
         let minor = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
@@ -403,11 +406,11 @@ impl NodeFs {
             }
         });
         match pool.attach(session, Fs(shared.clone()), MAX_WRITE as usize, on_failure) {
-            Ok(r) => Some(r),
-            Err(e) => {
+            Ok(r) => (Some(r), Transport::IoUring),
+            Err((e, r)) => {
                 tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
                     "FUSE over io_uring unavailable: serving the mount from /dev/fuse");
-                None
+                (r, Transport::DevFuse)
             }
         }
     }

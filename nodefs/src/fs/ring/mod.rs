@@ -197,15 +197,17 @@ impl RingPool {
 
     /// Register `session`'s connection with every queue, its requests served through `fs`.
     /// All queues registered, or none serve (`Err`; the kernel then sends the connection's
-    /// requests to `/dev/fuse`). `on_failure` runs if a command of the connection fails later.
+    /// requests to `/dev/fuse`, and the entries some queues did register stay until the
+    /// connection ends: the `MountRing` that comes with the error waits for them). `on_failure`
+    /// runs if a command of the connection fails later.
     pub(super) fn attach(
         &self,
         session: &fuser::Session<Fs>,
         fs: Fs,
         payload_size: usize,
         on_failure: Box<dyn Fn() + Send + Sync>,
-    ) -> Result<MountRing, RingError> {
-        let setup = |source| RingError::Setup { qid: 0, source };
+    ) -> Result<MountRing, (RingError, Option<MountRing>)> {
+        let setup = |source| (RingError::Setup { qid: 0, source }, None);
         let conn = Arc::new(RingConn {
             fuse_fd: session.as_fd().try_clone_to_owned().map_err(setup)?,
             dispatcher: session.dispatcher(fs, "uring".into()),
@@ -265,7 +267,7 @@ impl RingPool {
                 source: io::Error::other("no queue could register or refuse the connection"),
             });
         }
-        Err(e)
+        Err((e, Some(MountRing { conn })))
     }
 
     /// Test knob: the kernel refuses the next mount's REGISTER on one queue (see
