@@ -22,8 +22,11 @@ use crate::scenarios::filesystem::View;
 
 /// The peer row of the filesystem scenario: the same nodefs mount with FUSE passthrough off.
 pub const NODEFS_PT_OFF: &str = "nodefs, passthrough off";
-/// A row of the filesystem scenario: the same nodefs mount with its requests over FUSE io_uring
-/// instead of /dev/fuse reads (opt-in: `nodefs::ServerOptions::uring`).
+/// A row of the filesystem scenario: the same nodefs mount with its requests read from /dev/fuse
+/// instead of taken over FUSE io_uring (the ring's before), when the run's server uses the ring.
+pub const NODEFS_DEV_FUSE: &str = "nodefs, /dev/fuse transport";
+/// A row of the filesystem scenario: the same nodefs mount with its requests over FUSE io_uring,
+/// on a server of its own, when the run's server does not use the ring (`NODEFS_URING=0`).
 pub const NODEFS_URING: &str = "nodefs, io_uring transport";
 
 /// Lazily opened Grove pieces shared by the scenarios of one run.
@@ -79,9 +82,10 @@ impl GroveEnv {
     }
 
     /// Three writable nodefs views of `tree` (imported once into the run's store): Grove as it
-    /// runs (FUSE passthrough on, requests read from /dev/fuse), then the same tree with
-    /// passthrough off ([`NODEFS_PT_OFF`], passthrough's before) and with requests over FUSE
-    /// io_uring ([`NODEFS_URING`], the ring's after). Or why not.
+    /// runs (FUSE passthrough on, requests over FUSE io_uring where the kernel offers it), then
+    /// the same tree with passthrough off ([`NODEFS_PT_OFF`], passthrough's before) and over the
+    /// other transport: /dev/fuse reads ([`NODEFS_DEV_FUSE`], the ring's before) or, when the
+    /// run's server has the ring off, io_uring ([`NODEFS_URING`]). Or why not.
     pub fn nodefs_views(&self, tree: &Path, work: &Path) -> Result<Vec<View>, String> {
         let st = self.stack()?;
         let fs = st
@@ -96,14 +100,17 @@ impl GroveEnv {
         let import_ms = t.elapsed().as_secs_f64() * 1e3;
         let env_off = std::env::var_os("NODEFS_NO_PASSTHROUGH").is_some();
         let mut views = Vec::new();
-        // (name, passthrough, io_uring)
+        // (name, passthrough, io_uring, on a ring server of its own)
+        let other = if fs.uring() {
+            (NODEFS_DEV_FUSE, true, false, false)
+        } else {
+            (NODEFS_URING, true, true, true)
+        };
         let variants = [
-            ("nodefs", true, false),
-            (NODEFS_PT_OFF, false, false),
-            (NODEFS_URING, true, true),
+            ("nodefs", true, true, false),
+            (NODEFS_PT_OFF, false, true, false),
+            other,
         ];
-        // The ring is opt-in (`ServerOptions::uring`): its row gets a server of its own over the
-        // same store, the others the run's server as Grove runs.
         let ring_fs = nodefs::NodeFs::with_options(
             fs.store().clone(),
             nodefs::ServerOptions {
@@ -111,8 +118,12 @@ impl GroveEnv {
                 ..nodefs::ServerOptions::from_env()
             },
         );
-        for (name, passthrough, uring) in variants {
-            let server = if uring { ring_fs.clone() } else { fs.clone() };
+        for (name, passthrough, uring, own_server) in variants {
+            let server = if own_server {
+                ring_fs.clone()
+            } else {
+                fs.clone()
+            };
             let dir = tempfile::Builder::new()
                 .prefix("fs-nodefs-")
                 .tempdir_in(work)
@@ -142,9 +153,9 @@ impl GroveEnv {
                      three times: \"nodefs\" (FUSE passthrough for executables, shared libraries \
                      and files of 64 MiB or more; requests over {transport}), \"{NODEFS_PT_OFF}\" \
                      (every read served by the server: the before of passthrough) and \
-                     \"{NODEFS_URING}\" (requests over FUSE io_uring, opt-in: the after of the \
-                     ring){}",
+                     \"{}\" (the same mount over the other transport){}",
                     import_ms / 1e3,
+                    other.0,
                     if env_off {
                         "; NODEFS_NO_PASSTHROUGH is set, so all run without passthrough"
                     } else {

@@ -81,7 +81,7 @@ pub fn checks() -> Vec<Check> {
              /sys/module/fuse/parameters/enable_uring (the server sets it when it can)",
             fuse_uring(
                 std::fs::read_to_string(ENABLE_URING).ok().as_deref(),
-                std::env::var_os("NODEFS_URING").is_some(),
+                nodefs::ServerOptions::from_env().uring,
             ),
         ),
         Check::new(
@@ -196,13 +196,14 @@ fn passthrough() -> Result<String, String> {
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Which transport new nodefs mounts use, from the module switch's text (`None`: the kernel has
-/// no such switch) and whether `NODEFS_URING` turns the ring on (it is off by default: see
-/// `nodefs::ServerOptions::uring`). A mount's own transport is in its `MountInfo`.
+/// no such switch) and whether the daemons' environment leaves the ring on (on unless
+/// `NODEFS_URING=0`: see `nodefs::ServerOptions::from_env`). A mount's own transport is in its
+/// `MountInfo`.
 fn fuse_uring(param: Option<&str>, wanted: bool) -> Result<String, String> {
     match param.map(str::trim) {
         None => Err("this kernel has no FUSE over io_uring: nodefs mounts read /dev/fuse".into()),
-        Some(_) if !wanted => Ok("available, off: nodefs mounts read /dev/fuse \
-             (NODEFS_URING=1 in the daemons' environment turns the ring on)"
+        Some(_) if !wanted => Ok("available, switched off: nodefs mounts read /dev/fuse \
+             (NODEFS_URING=0 in the daemons' environment; unset it to use the ring)"
             .into()),
         Some("Y") => Ok("on: nodefs mounts take FUSE requests over io_uring".into()),
         Some(_) => {
@@ -429,7 +430,7 @@ mod tests {
             .contains("/dev/fuse"));
         assert!(fuse_uring(Some("Y\n"), false)
             .unwrap()
-            .contains("NODEFS_URING=1"));
+            .contains("NODEFS_URING=0"));
         assert!(fuse_uring(None, true)
             .unwrap_err()
             .contains("no FUSE over io_uring"));

@@ -1,5 +1,7 @@
 //! FUSE over io_uring: real mounts served over the ring, the same work over /dev/fuse for
-//! comparison, and a ring that breaks mid-untar failing its own mount only.
+//! comparison, a server's mounts sharing one set of queues and releasing their entries, a mount
+//! the kernel refuses the ring falling back, and a ring that breaks mid-untar failing its own
+//! mount only while the other mounts on the same queues go on.
 
 mod common;
 
@@ -31,7 +33,20 @@ fn uring_available() -> bool {
     }
 }
 
-/// A server with the ring on (it is opt-in: `ServerOptions::uring`).
+/// How many CPUs the kernel may run: the server has one queue (and thread) for each.
+fn possible_cpus() -> usize {
+    let s = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    s.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// A server with the ring on (the default, `ServerOptions::uring`; stated so that these tests
+/// do not depend on it).
 fn ring_env() -> Env {
     Env::with_server(ServerOptions {
         uring: true,
@@ -232,8 +247,11 @@ fn a_ring_broken_mid_untar_fails_its_mount_and_spares_the_others() {
     }
     let tarball = env.path("many.tar");
     make_tar(&tarball, 20_000);
+    // Both on the server's one set of queues: the same threads serve their requests.
     let victim = ring_mount(&env, "victim");
     let other = ring_mount(&env, "other");
+    let threads = env.fs.ring_threads();
+    let one_mount = env.fs.ring_entries() / 2;
     let mut tar = Command::new("tar")
         .arg("-xf")
         .arg(&tarball)
@@ -254,6 +272,11 @@ fn a_ring_broken_mid_untar_fails_its_mount_and_spares_the_others() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // The other mount is busy on the same queues while the victim's ring breaks.
+    let busy = {
+        let root = other.mountpoint().join("busy");
+        std::thread::spawn(move || small_file_workload(&root))
+    };
     victim.break_ring();
     // Never a hang: tar fails within the deadline.
     let status = loop {
@@ -278,8 +301,15 @@ fn a_ring_broken_mid_untar_fails_its_mount_and_spares_the_others() {
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
 
     // The server and its other mounts go on: the other ring still serves, a new mount works.
+    busy.join().expect("the other mount's workload");
+    let served = other.ring_requests();
     small_file_workload(other.mountpoint());
+    assert!(
+        other.ring_requests() > served,
+        "the other mount is still on the ring"
+    );
     assert_eq!(other.ring_error(), None);
+    assert_eq!(env.fs.ring_threads(), threads, "the queues stay");
     let third = ring_mount(&env, "third");
     fs::write(third.mountpoint().join("x"), b"after").unwrap();
     assert_eq!(fs::read(third.mountpoint().join("x")).unwrap(), b"after");
@@ -288,8 +318,106 @@ fn a_ring_broken_mid_untar_fails_its_mount_and_spares_the_others() {
         5
     );
 
-    // The broken mount unmounts and leaves nothing behind.
+    // The broken mount unmounts and leaves nothing behind: its entries are released, the
+    // other two mounts' stay.
     let mp = victim.mountpoint().to_path_buf();
     victim.unmount().unwrap();
     assert_no_mounts_under(&mp);
+    assert_eq!(env.fs.ring_entries(), 2 * one_mount);
+    drop(third);
+    drop(other);
+    assert_eq!(env.fs.ring_entries(), 0);
+}
+
+#[test]
+fn a_servers_mounts_share_its_queues_and_release_their_entries() {
+    let env = ring_env();
+    if !uring_available() {
+        return;
+    }
+    let cpus = possible_cpus();
+    assert_eq!(
+        env.fs.ring_threads(),
+        0,
+        "no queues before the first ring mount"
+    );
+    let a = ring_mount(&env, "a");
+    assert_eq!(
+        env.fs.ring_threads(),
+        cpus,
+        "one queue thread per possible CPU"
+    );
+    let per_mount = env.fs.ring_entries();
+    assert!(per_mount >= cpus, "{per_mount} entries for {cpus} queues");
+    let b = ring_mount(&env, "b");
+    assert_eq!(
+        env.fs.ring_threads(),
+        cpus,
+        "a second mount starts no thread"
+    );
+    assert_eq!(env.fs.ring_entries(), 2 * per_mount);
+    fs::write(a.mountpoint().join("x"), b"a").unwrap();
+    fs::write(b.mountpoint().join("x"), b"b").unwrap();
+    assert_eq!(fs::read(a.mountpoint().join("x")).unwrap(), b"a");
+    assert_eq!(fs::read(b.mountpoint().join("x")).unwrap(), b"b");
+    // Mounts come and go (a sandbox's root): each takes its entries and gives them back.
+    for i in 0..100 {
+        let m = ring_mount(&env, &format!("c{i}"));
+        assert_eq!(env.fs.ring_entries(), 3 * per_mount);
+        let body = format!("cycle {i}").repeat(1 + i * 500);
+        fs::write(m.mountpoint().join("f"), &body).unwrap();
+        assert_eq!(fs::read_to_string(m.mountpoint().join("f")).unwrap(), body);
+        assert!(m.ring_requests() > 0);
+        m.unmount().unwrap();
+        assert_eq!(
+            env.fs.ring_entries(),
+            2 * per_mount,
+            "entries left after mount/unmount cycle {i}"
+        );
+        assert_eq!(env.fs.ring_threads(), cpus);
+    }
+    // The first two served throughout.
+    assert_eq!(fs::read(a.mountpoint().join("x")).unwrap(), b"a");
+    assert_eq!(fs::read(b.mountpoint().join("x")).unwrap(), b"b");
+    drop(a);
+    drop(b);
+    assert_eq!(env.fs.ring_entries(), 0, "every entry released");
+    assert_eq!(
+        env.fs.ring_threads(),
+        cpus,
+        "the queues stay for the next mount"
+    );
+    assert_no_mounts_under(env.tmp.path());
+}
+
+#[test]
+fn a_mount_the_kernel_refuses_the_ring_falls_back_and_releases_its_entries() {
+    let env = ring_env();
+    if !uring_available() {
+        return;
+    }
+    let ring = ring_mount(&env, "ring");
+    let one_mount = env.fs.ring_entries();
+    env.fs.refuse_next_ring_register();
+    let refused = env.mount(&env.empty(), "refused", MountOptions::default());
+    assert_eq!(
+        refused.transport(),
+        Transport::DevFuse,
+        "a refused REGISTER means /dev/fuse"
+    );
+    small_file_workload(refused.mountpoint());
+    assert_eq!(refused.ring_requests(), 0);
+    assert_eq!(refused.ring_error(), None);
+    // The queues go on serving the other mount, and the next mount takes the ring again.
+    small_file_workload(ring.mountpoint());
+    let next = ring_mount(&env, "next");
+    fs::write(next.mountpoint().join("x"), b"ring").unwrap();
+    assert!(next.ring_requests() > 0);
+    // The refused mount's entries that did register (other queues) go with its connection.
+    drop(refused);
+    drop(next);
+    assert_eq!(env.fs.ring_entries(), one_mount);
+    drop(ring);
+    assert_eq!(env.fs.ring_entries(), 0);
+    assert_no_mounts_under(env.tmp.path());
 }

@@ -6,7 +6,7 @@
 //! then lists the cgroup dirs left (the density teardown of issue 4). The image is imported into a
 //! store under /var/tmp that is removed at the end. `GROVE_INIT_BINARY` picks the grove-init
 //! (default: the one beside the example's directory); `CYCLES_RUN_DIR` the run dir (default
-//! /run/grove-cycles-ex).
+//! /run/grove-cycles-ex); `NODEFS_URING=0` puts the roots on /dev/fuse instead of FUSE io_uring.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,7 +30,10 @@ fn roots(kind: &str) -> Arc<dyn RootProvider> {
     let store = Store::open(&store_dir()).expect("store");
     let id = store.import_dir(Path::new(IMAGE)).expect("import");
     store.set_ref("debian12", &id).expect("set_ref");
-    let svc = Arc::new(nodefs::service::Local::new(NodeFs::new(store)));
+    let svc = Arc::new(nodefs::service::Local::new(NodeFs::with_options(
+        store,
+        nodefs::ServerOptions::from_env(),
+    )));
     Arc::new(NodefsRoot::new(svc, store_dir().join("uppers")))
 }
 

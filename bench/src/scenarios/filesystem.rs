@@ -1,5 +1,6 @@
 //! The same tree seen through nodefs, nodefs with FUSE passthrough off (passthrough's before/after),
-//! nodefs over FUSE io_uring instead of /dev/fuse (the ring's before/after), kernel overlayfs, fuse-overlayfs and the plain disk: cold sequential read, cold 4 KiB random reads,
+//! nodefs over /dev/fuse reads instead of FUSE io_uring (the ring's before/after; the other way
+//! round when the run's server has the ring off), kernel overlayfs, fuse-overlayfs and the plain disk: cold sequential read, cold 4 KiB random reads,
 //! warm find + stat, untar of a source tree, cold python imports (chrooted), `pip install` of a wheel
 //! of many small modules (made here, offline). Systems are interleaved
 //! within each test so drift on the shared machine hits them alike.
@@ -15,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 use super::Ctx;
 use crate::cleanup::{self, Guard};
-use crate::grove::{NODEFS_PT_OFF, NODEFS_URING};
+use crate::grove::{NODEFS_DEV_FUSE, NODEFS_PT_OFF};
 use crate::plot;
 use crate::progress;
 use crate::report::{Better, Key, Measurement, ScenarioResult};
@@ -189,7 +190,7 @@ pub fn run(ctx: &Ctx, res: &mut ScenarioResult) -> Result<()> {
             ));
         }
         res.note(format!(
-            "no \"{NODEFS_PT_OFF}\" or \"{NODEFS_URING}\" row either: they are the same \
+            "no \"{NODEFS_PT_OFF}\" or \"{NODEFS_DEV_FUSE}\" row either: they are the same \
              nodefs mount ({r})"
         ));
     }

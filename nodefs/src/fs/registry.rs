@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use fuser::Session;
 use parking_lot::Mutex;
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::commit;
 use super::fuse::{Fs, Shared, MAX_WRITE};
 use super::kernel::{abort_connection, detach, enable_uring, nodefs_mountpoints, session_config};
-use super::ring::{Ring, Transport};
+use super::ring::{MountRing, RingPool, Transport};
 use super::state::{Quota, State};
 use crate::error::{io_err, Error};
 use crate::id::ManifestId;
@@ -38,7 +39,7 @@ pub struct MountOptions {
     #[serde(default = "passthrough_default")]
     pub passthrough: bool,
     /// Serve the mount over FUSE io_uring where the server has the ring on
-    /// ([`ServerOptions::uring`], off by default) and the kernel offers it; false reads
+    /// ([`ServerOptions::uring`], on by default) and the kernel offers it; false reads
     /// requests from /dev/fuse whatever the server's setting. Absent in a request from an older
     /// client: true.
     #[serde(default = "uring_default")]
@@ -93,12 +94,10 @@ pub struct ServerOptions {
     pub passthrough: bool,
     /// A cloned /dev/fuse fd per session thread (fuser's `clone_fd`), for measurements.
     pub clone_fd: bool,
-    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]). Off by
-    /// default: measured here, a ring mount costs 0.7–4 ms more to set up and two threads per
-    /// CPU with a 1 MiB buffer each, which took create → exec → destroy from 7.66 to 8.60 ms
-    /// and 2-client cycles from 206 to 190/s, while an untar on an idle machine ran 1.5–1.8×
-    /// faster (docs/nodefs-format.md, "FUSE transports"): worth it for a long-lived,
-    /// file-heavy mount, not yet for every sandbox's root.
+    /// FUSE over io_uring where a mount allows it (see [`MountOptions::uring`]) and the kernel
+    /// offers it. On by default: the server's mounts share one queue per CPU, so a mount's
+    /// set-up costs what a /dev/fuse mount's does, and its requests skip the read and write
+    /// on /dev/fuse (docs/nodefs-format.md, "FUSE transports", has the figures).
     pub uring: bool,
 }
 
@@ -107,22 +106,33 @@ impl Default for ServerOptions {
         ServerOptions {
             passthrough: true,
             clone_fd: false,
-            uring: false,
+            uring: true,
         }
     }
 }
 
 impl ServerOptions {
     /// `NODEFS_NO_PASSTHROUGH` (set: passthrough off), `NODEFS_CLONE_FD` (set: on) and
-    /// `NODEFS_URING` (set: mounts go over io_uring where the kernel offers it), for the
-    /// daemons' binaries and the bench to call.
+    /// `NODEFS_URING` (`0`, `false`, `off` or `no`: every mount reads /dev/fuse; unset or
+    /// anything else: mounts go over io_uring where the kernel offers it), for the daemons'
+    /// binaries and the bench to call.
     pub fn from_env() -> ServerOptions {
         ServerOptions {
             passthrough: std::env::var_os("NODEFS_NO_PASSTHROUGH").is_none(),
             clone_fd: std::env::var_os("NODEFS_CLONE_FD").is_some(),
-            uring: std::env::var_os("NODEFS_URING").is_some(),
+            uring: uring_from_env(std::env::var_os("NODEFS_URING").as_deref()),
         }
     }
+}
+
+/// Whether `NODEFS_URING`'s value leaves the ring on (absent: on).
+fn uring_from_env(v: Option<&std::ffi::OsStr>) -> bool {
+    v.and_then(|v| v.to_str()).is_none_or(|v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        )
+    })
 }
 
 /// The node's FUSE server: any number of mounts, one multi-threaded session each.
@@ -132,6 +142,9 @@ pub struct NodeFs {
     mounts: Mutex<Vec<Arc<Mount>>>,
     /// Whether the kernel offers FUSE over io_uring (and the options allow it).
     uring: bool,
+    /// The FUSE-over-io_uring queues every ring mount of the server shares, started by the
+    /// first (None: they could not start; mounts then read /dev/fuse).
+    ring: OnceLock<Option<RingPool>>,
     /// The id of this server's first mount: lower ids are mounts of a server before it.
     first_id: u64,
     next_id: AtomicU64,
@@ -153,8 +166,10 @@ pub struct Mount {
     mountpoint: PathBuf,
     upper_dir: PathBuf,
     session: Mutex<Option<fuser::BackgroundSession>>,
-    /// The FUSE-over-io_uring queues, when the mount uses them.
-    ring: Mutex<Option<Ring>>,
+    /// The mount's part of the server's FUSE-over-io_uring queues, when it uses them (or when
+    /// some queues registered it before the kernel refused another: its entries go with the
+    /// connection, and unmount waits for them).
+    ring: Mutex<Option<MountRing>>,
     transport: Transport,
     owner: Weak<NodeFs>,
     last_commit: Mutex<Option<ManifestId>>,
@@ -168,6 +183,10 @@ impl std::fmt::Debug for Mount {
             .finish()
     }
 }
+
+/// How long an unmount waits for the ring queues to release the mount's entries (the kernel
+/// completes them as the connection ends; far longer than that takes).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Mount ids start at the clock's nanoseconds, so ids of one server never name a mount of the
 /// server before it: a client holding the id of a mount whose server died gets "no such
@@ -199,6 +218,7 @@ impl NodeFs {
             options,
             mounts: Mutex::new(Vec::new()),
             uring,
+            ring: OnceLock::new(),
             first_id,
             next_id: AtomicU64::new(first_id),
         })
@@ -251,36 +271,43 @@ impl NodeFs {
         };
         let mut state = State::new(self.store.clone(), *base, root.meta, upper.clone(), quota);
         state.id_shift = opts.id_shift;
+        // The ring is asked for at INIT only where the server's queues run.
+        let pool = (opts.uring && self.uring)
+            .then(|| self.ring_pool())
+            .flatten()
+            .filter(|p| p.healthy());
         let shared = Arc::new(Shared::new(
             state,
             self.store.clone(),
             opts.read_only,
             opts.passthrough && self.options.passthrough,
-            opts.uring && self.uring,
+            pool.is_some(),
         ));
         let config = session_config(opts.read_only, self.options.clone_fd);
         let cleanup = || {
             let _ = std::fs::remove_dir_all(upper);
         };
-        let session = Session::new(Fs(shared.clone()), mountpoint, &config).map_err(|e| {
+        let mut session = Session::new(Fs(shared.clone()), mountpoint, &config).map_err(|e| {
             cleanup();
             Error::Mount {
                 path: mountpoint.to_path_buf(),
                 source: e,
             }
         })?;
-        let ring = self.start_ring(&session, &shared, mountpoint);
-        let transport = if ring.is_some() {
-            Transport::IoUring
-        } else {
-            Transport::DevFuse
+        let (ring, transport) = match pool {
+            Some(p) => self.start_ring(p, &session, &shared, mountpoint),
+            None => (None, Transport::DevFuse),
         };
+        if transport == Transport::IoUring {
+            // /dev/fuse now carries only FORGET and INTERRUPT: one reader is plenty.
+            session.set_n_threads(1);
+        }
         let bg = match session.spawn() {
             Ok(bg) => bg,
             Err(e) => {
                 detach(mountpoint);
                 if let Some(r) = ring {
-                    r.join();
+                    r.wait_released(RELEASE_WAIT);
                 }
                 cleanup();
                 return Err(Error::Mount {
@@ -306,16 +333,68 @@ impl NodeFs {
         Ok(m)
     }
 
-    /// The io_uring queues of a mount whose INIT took the ring, or None: /dev/fuse then serves
-    /// it (the kernel offered no ring, or a queue could not register and the kernel dropped it).
+    /// The server's ring queues, started by the first mount that asks (None: they cannot
+    /// start, and mounts read /dev/fuse).
+    fn ring_pool(&self) -> Option<&RingPool> {
+        self.ring
+            .get_or_init(|| match RingPool::start() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e,
+                        "FUSE over io_uring queues cannot start: mounts read /dev/fuse");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// Entry mappings the server's ring queues hold (each mount has one per queue while it
+    /// lives), for tests and diagnostics.
+    pub fn ring_entries(&self) -> usize {
+        self.ring
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(0, RingPool::entries)
+    }
+
+    /// Whether the server's mounts may use FUSE over io_uring: its options allow it and the
+    /// kernel offers it (a mount still falls back to /dev/fuse if its queues cannot register).
+    pub fn uring(&self) -> bool {
+        self.uring
+    }
+
+    /// Test knob: the kernel refuses the next ring mount's registration on one queue, as a
+    /// kernel without the ring would (the mount then falls back to /dev/fuse). Starts the
+    /// queues if they are not running.
+    #[cfg(feature = "test-knobs")]
+    pub fn refuse_next_ring_register(&self) {
+        if let Some(p) = self.ring_pool() {
+            p.refuse_next_register();
+        }
+    }
+
+    /// Threads serving the server's ring queues (one per possible CPU once the first ring
+    /// mount started them, whatever the number of mounts).
+    pub fn ring_threads(&self) -> usize {
+        self.ring
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(0, RingPool::threads)
+    }
+
+    /// The mount's entries on the server's queues when its INIT took the ring, and the
+    /// transport: /dev/fuse when the kernel offered no ring, or a queue could not register and
+    /// the kernel dropped it (the entries other queues registered are then released when the
+    /// connection ends).
     fn start_ring(
         &self,
+        pool: &RingPool,
         session: &Session<Fs>,
         shared: &Arc<Shared>,
         mountpoint: &Path,
-    ) -> Option<Ring> {
+    ) -> (Option<MountRing>, Transport) {
         if !shared.uring.load(Ordering::Relaxed) {
-            return None;
+            return (None, Transport::DevFuse);
         }
         // The connection to abort if the ring fails while the mount lives.
         let minor = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
@@ -326,13 +405,12 @@ impl NodeFs {
                 abort_connection(m);
             }
         });
-        let fs = || Fs(shared.clone());
-        match Ring::start(session, fs, MAX_WRITE as usize, on_failure) {
-            Ok(r) => Some(r),
-            Err(e) => {
+        match pool.attach(session, Fs(shared.clone()), MAX_WRITE as usize, on_failure) {
+            Ok(r) => (Some(r), Transport::IoUring),
+            Err((e, r)) => {
                 tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
                     "FUSE over io_uring unavailable: serving the mount from /dev/fuse");
-                None
+                (r, Transport::DevFuse)
             }
         }
     }
@@ -457,12 +535,12 @@ impl Mount {
 
     /// Requests served over the io_uring queues (0 on the /dev/fuse transport).
     pub fn ring_requests(&self) -> u64 {
-        self.ring.lock().as_ref().map_or(0, Ring::requests)
+        self.ring.lock().as_ref().map_or(0, MountRing::requests)
     }
 
     /// Why the mount's ring stopped serving (its connection was then aborted), if it failed.
     pub fn ring_error(&self) -> Option<String> {
-        self.ring.lock().as_ref().and_then(Ring::error)
+        self.ring.lock().as_ref().and_then(MountRing::error)
     }
 
     /// Test knob: make the kernel refuse the ring's next commit, as a broken queue would. The
@@ -480,13 +558,9 @@ impl Mount {
         let Some(bg) = self.session.lock().take() else {
             return;
         };
-        let ring = self.ring.lock().take();
-        std::thread::spawn(move || {
-            drop(bg.join());
-            if let Some(r) = ring {
-                r.join();
-            }
-        });
+        // The queues release the mount's entries as the kernel completes them.
+        drop(self.ring.lock().take());
+        std::thread::spawn(move || drop(bg.join()));
         self.release();
         let _ = std::fs::remove_dir_all(&self.upper_dir);
     }
@@ -531,19 +605,20 @@ impl Mount {
             if let Err(e) = bg.umount_and_join() {
                 tracing::debug!(error = %e, "fuse session ended with an error");
             }
-            // The connection is gone: the kernel has completed every queued command.
+            // The connection is gone: the kernel completes every queued command, and the
+            // queues then unmap the mount's entries.
             if let Some(r) = ring {
-                r.join();
+                if !r.wait_released(RELEASE_WAIT) {
+                    tracing::warn!(mountpoint = %self.mountpoint.display(),
+                        "FUSE ring entries not released after unmount");
+                }
             }
         } else {
-            // Could not abort: the session ends when the last user lets go.
+            // Could not abort: the session ends when the last user lets go (and the queues
+            // release the mount's entries then).
             tracing::warn!(mountpoint = %self.mountpoint.display(), "busy mount detached lazily");
-            std::thread::spawn(move || {
-                drop(bg.join());
-                if let Some(r) = ring {
-                    r.join();
-                }
-            });
+            drop(ring);
+            std::thread::spawn(move || drop(bg.join()));
         }
         self.release();
         match std::fs::remove_dir_all(&self.upper_dir) {
@@ -557,5 +632,22 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.unmount_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn nodefs_uring_switches_the_ring_off_only_when_it_says_so() {
+        assert!(uring_from_env(None));
+        assert!(uring_from_env(Some(OsStr::new("1"))));
+        assert!(uring_from_env(Some(OsStr::new(""))));
+        for off in ["0", "false", "OFF", "no"] {
+            assert!(!uring_from_env(Some(OsStr::new(off))), "{off}");
+        }
+        assert!(ServerOptions::default().uring);
     }
 }

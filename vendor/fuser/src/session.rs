@@ -290,6 +290,10 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
+        let mut reply: io::Result<()> = Ok(());
+        // Grove: a single reader runs on this thread (the background session's) instead of a
+        // thread of its own: one thread less per mount.
+        let inline = channels.len() == 1;
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
@@ -299,6 +303,10 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
             };
+            if inline {
+                reply = event_loop.event_loop();
+                continue;
+            }
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
@@ -306,7 +314,6 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
                 Ok(res) => res,
@@ -492,6 +499,13 @@ impl<FS: Filesystem> Session<FS> {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
+    }
+
+    /// Grove: how many threads read `/dev/fuse` once the session runs (the config's
+    /// `n_threads`), for a mount whose requests arrive by another transport and whose
+    /// `/dev/fuse` carries only FORGET and INTERRUPT.
+    pub fn set_n_threads(&mut self, n: usize) {
+        self.config.n_threads = Some(n.max(1));
     }
 
     /// Grove: a dispatcher that runs requests arriving by another transport (FUSE over

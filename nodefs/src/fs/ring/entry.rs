@@ -111,6 +111,29 @@ impl EntryBuf {
         Ok((bytes, h.ent.commit_id))
     }
 
+    /// Bytes of the payload buffer the reply now in the entry uses.
+    pub(super) fn reply_len(&self) -> usize {
+        self.header().ent.payload_sz as usize
+    }
+
+    /// Give the payload buffer's pages back to the kernel (they read as zeros, and are mapped
+    /// again as a request or reply touches them); the header page stays. Only while the
+    /// kernel is not writing the entry.
+    pub(super) fn trim(&self) {
+        // SAFETY: the payload range lies within the mapping; MADV_DONTNEED on private
+        // anonymous memory only drops its contents, which nothing needs between requests.
+        let r = unsafe {
+            libc::madvise(
+                self.base().add(PAGE).cast(),
+                self.payload_size,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if r != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "madvise of a ring entry");
+        }
+    }
+
     /// Where a reply to the entry's request is written.
     pub(super) fn reply_region(&self) -> ReplyRegion {
         ReplyRegion {

@@ -1,32 +1,37 @@
 //! FUSE over io_uring (kernel 6.14+): the transport a mount uses where the kernel offers it.
 //!
-//! After INIT (over `/dev/fuse`, answered with `FUSE_OVER_IO_URING`), one queue per possible
-//! CPU registers [`queue::DEPTH`] entries, each a header block and a payload buffer of the
-//! connection's largest request. The kernel routes a request to the queue of the CPU that
-//! issued it, copies it into an available entry and completes that entry's command; the queue
-//! thread runs it through the same `Filesystem` as the `/dev/fuse` threads (fuser's
+//! A server has one queue per possible CPU (`RingPool`), started by its first ring mount and
+//! shared by all of them: a thread with its own io_uring. After a mount's INIT (over
+//! `/dev/fuse`, answered with `FUSE_OVER_IO_URING`), every queue maps [`queue::DEPTH`] entries
+//! for the mount (a header block and a payload buffer of the connection's largest request) and
+//! REGISTERs them on the mount's `/dev/fuse` fd; a command's `user_data` is the entry's slot in
+//! the queue's slab, which names the mount. The kernel routes a request to the queue of the CPU
+//! that issued it, copies it into an available entry of that connection and completes the
+//! entry's command; the queue thread runs it through the mount's `Filesystem` (fuser's
 //! `Dispatcher`, see `vendor/fuser/README.md`), writes the reply into the entry and commits it
-//! with the command that fetches the entry's next request: one submission per request, no
-//! read or write on `/dev/fuse`. FORGET and INTERRUPT still arrive on `/dev/fuse`.
+//! with the command that fetches the entry's next request: one submission per request, no read
+//! or write on `/dev/fuse`. FORGET and INTERRUPT still arrive on `/dev/fuse`.
 //!
-//! A queue that cannot register makes the kernel drop the ring for that connection (requests
-//! go to `/dev/fuse` readers): the mount falls back. A queue that fails later, while the
-//! connection lives, would leave its CPU's requests waiting forever, so the connection is
-//! aborted instead: its requests fail, the sandbox using it sees errors, and the server and its
-//! other mounts go on. Design notes: docs/nodefs-format.md, "FUSE transports".
+//! A REGISTER the kernel refuses makes it drop the ring for that connection (requests go to
+//! `/dev/fuse` readers): the mount falls back. A command of a mount that fails later, while its
+//! connection lives, would leave a request waiting forever, so that connection is aborted: its
+//! requests fail, the sandbox using it sees errors, and the queues go on serving every other
+//! mount. A mount's entries are unmapped when the kernel completes them as its connection goes
+//! away. Design notes: docs/nodefs-format.md, "FUSE transports".
 
 mod abi;
 mod entry;
 mod queue;
 
 use std::io;
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use fuser::Dispatcher;
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::fuse::Fs;
@@ -82,19 +87,27 @@ pub enum RingError {
     Cpus(#[source] io::Error),
 }
 
-/// What the queues of one ring share with the mount.
-pub(super) struct RingShared {
+/// One mount's connection as the shared queues see it: where its commands go, the filesystem
+/// that serves its requests, and how many of its entries the queues hold.
+pub(super) struct RingConn {
+    /// A duplicate of the session's `/dev/fuse` fd: the mount's commands are issued on it.
+    fuse_fd: OwnedFd,
+    /// The mount's filesystem behind fuser's dispatch, shared by every queue.
+    dispatcher: Dispatcher<Fs>,
     /// Requests served over the ring.
     requests: AtomicU64,
-    /// The first failure, once a queue failed.
+    /// The first failure, once a command of this connection failed.
     error: Mutex<Option<String>>,
     /// Test knob: the next commit names a queue the kernel lacks.
     break_next_commit: AtomicBool,
     /// Called once, on the first failure: aborts the connection.
     on_failure: Box<dyn Fn() + Send + Sync>,
+    /// Entries the queues hold for this connection (registered or being registered).
+    entries: Mutex<usize>,
+    released: Condvar,
 }
 
-impl RingShared {
+impl RingConn {
     fn fail(&self, e: RingError) {
         tracing::error!(error = %e, "FUSE ring failed: aborting the mount's connection");
         let first = {
@@ -107,105 +120,218 @@ impl RingShared {
             (self.on_failure)();
         }
     }
+
+    fn entry_added(&self) {
+        *self.entries.lock() += 1;
+    }
+
+    fn entry_released(&self) {
+        let mut n = self.entries.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.released.notify_all();
+        }
+    }
 }
 
-/// A mount's running ring: its queue threads.
-pub(super) struct Ring {
-    shared: Arc<RingShared>,
-    threads: Vec<JoinHandle<()>>,
+/// What a server's queues hold, for tests and diagnostics.
+#[derive(Debug, Default)]
+pub(super) struct PoolStats {
+    /// Entry mappings alive (registered, being registered or served).
+    entries: AtomicUsize,
+    /// Queue threads running.
+    threads: AtomicUsize,
 }
 
-impl Ring {
-    /// Register one queue per possible CPU on `session`'s connection, each serving requests
-    /// through a `Fs` from `fs`. All queues registered, or none serve (`Err`; the kernel then
-    /// sends requests to `/dev/fuse`). `on_failure` runs if a queue fails later.
-    pub(super) fn start(
+/// A server's FUSE-over-io_uring queues: one thread with its own io_uring per possible CPU,
+/// shared by every ring mount of the server. A mount's set-up is a message to each queue
+/// (map the mount's entries, submit their REGISTER); its requests are served by the queue of
+/// the CPU they were made on.
+pub(super) struct RingPool {
+    queues: Vec<queue::QueueHandle>,
+    stats: Arc<PoolStats>,
+    /// A queue thread ended on a failure of its own io_uring: new mounts do not ask for the
+    /// ring.
+    broken: Arc<AtomicBool>,
+    /// Test knob: the next attach registers on the last queue under a queue id the kernel
+    /// lacks, so the kernel refuses it and drops the ring for that connection.
+    refuse_next: AtomicBool,
+}
+
+impl std::fmt::Debug for RingPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingPool")
+            .field("queues", &self.queues.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl RingPool {
+    /// Start one queue per possible CPU. All started, or none (`Err`).
+    pub(super) fn start() -> Result<RingPool, RingError> {
+        let n = possible_cpus().map_err(RingError::Cpus)?;
+        let stats = Arc::new(PoolStats::default());
+        let broken = Arc::new(AtomicBool::new(false));
+        let mut queues = Vec::with_capacity(n);
+        for qid in 0..n as u16 {
+            // Dropping `queues` on an early return stops the queues started so far.
+            queues.push(queue::QueueHandle::start(
+                qid,
+                stats.clone(),
+                broken.clone(),
+            )?);
+        }
+        Ok(RingPool {
+            queues,
+            stats,
+            broken,
+            refuse_next: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether new mounts may ask the kernel for the ring (every queue is serving).
+    pub(super) fn healthy(&self) -> bool {
+        !self.broken.load(Ordering::Relaxed)
+    }
+
+    /// Register `session`'s connection with every queue, its requests served through `fs`.
+    /// All queues registered, or none serve (`Err`; the kernel then sends the connection's
+    /// requests to `/dev/fuse`, and the entries some queues did register stay until the
+    /// connection ends: the `MountRing` that comes with the error waits for them). `on_failure`
+    /// runs if a command of the connection fails later.
+    pub(super) fn attach(
+        &self,
         session: &fuser::Session<Fs>,
-        fs: impl Fn() -> Fs,
+        fs: Fs,
         payload_size: usize,
         on_failure: Box<dyn Fn() + Send + Sync>,
-    ) -> Result<Ring, RingError> {
-        let queues = possible_cpus().map_err(RingError::Cpus)?;
-        let shared = Arc::new(RingShared {
+    ) -> Result<MountRing, (RingError, Option<MountRing>)> {
+        let setup = |source| (RingError::Setup { qid: 0, source }, None);
+        let conn = Arc::new(RingConn {
+            fuse_fd: session.as_fd().try_clone_to_owned().map_err(setup)?,
+            dispatcher: session.dispatcher(fs, "uring".into()),
             requests: AtomicU64::new(0),
             error: Mutex::new(None),
             break_next_commit: AtomicBool::new(false),
             on_failure,
+            entries: Mutex::new(0),
+            released: Condvar::new(),
         });
-        let mut pending = Vec::with_capacity(queues);
-        for qid in 0..queues as u16 {
-            let setup = |source| RingError::Setup { qid, source };
-            let fuse_fd = session.as_fd().try_clone_to_owned().map_err(setup)?;
-            let (ready_tx, ready) = sync_channel(1);
-            let (go, go_rx) = sync_channel(1);
-            let spec = queue::QueueSpec {
-                qid,
-                payload_size,
-                fuse_fd,
-                dispatcher: session.dispatcher(fs(), format!("uring-{qid}")),
-                shared: shared.clone(),
-                ready: ready_tx,
-                go: go_rx,
-            };
-            // Dropping `pending` on an early return closes every `go`: those threads stop.
-            let thread = std::thread::Builder::new()
-                .name(format!("nodefs-uring{qid}"))
-                .spawn(move || queue::run(spec))
-                .map_err(setup)?;
-            pending.push((thread, ready, go));
-        }
+        let (tx, rx) = sync_channel(self.queues.len());
+        let mut asked = 0;
         let mut refused = None;
-        for (_, ready, _) in &pending {
-            let r = ready.recv().unwrap_or_else(|_| {
-                Err(RingError::Setup {
-                    qid: 0,
-                    source: io::Error::other("queue thread ended"),
-                })
-            });
-            if let Err(e) = r {
-                refused.get_or_insert(e);
-            }
-        }
-        let serve = refused.is_none();
-        let threads = pending
-            .into_iter()
-            .map(|(thread, _, go)| {
-                let _ = go.send(serve);
-                thread
-            })
-            .collect::<Vec<_>>();
-        match refused {
-            None => Ok(Ring { shared, threads }),
-            Some(e) => {
-                for t in threads {
-                    let _ = t.join();
+        let refuse_last = self.refuse_next.swap(false, Ordering::Relaxed);
+        for (qid, q) in self.queues.iter().enumerate() {
+            let qid = if refuse_last && qid + 1 == self.queues.len() {
+                u16::MAX
+            } else {
+                qid as u16
+            };
+            match q.attach(conn.clone(), qid, payload_size, tx.clone()) {
+                Ok(()) => asked += 1,
+                Err(e) => {
+                    refused.get_or_insert(e);
                 }
-                Err(e)
             }
         }
+        drop(tx);
+        for _ in 0..asked {
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    refused.get_or_insert(e);
+                }
+                Err(_) => {
+                    refused.get_or_insert(RingError::Setup {
+                        qid: 0,
+                        source: io::Error::other("queue thread ended"),
+                    });
+                }
+            }
+        }
+        let Some(e) = refused else {
+            return Ok(MountRing { conn });
+        };
+        // The kernel drops the ring for the connection only when a REGISTER is refused: if
+        // none was (a queue could not even try), make one that must be, or requests would wait
+        // for a ring that never becomes ready.
+        if !matches!(e, RingError::Register { .. })
+            && !self
+                .queues
+                .iter()
+                .any(|q| q.refuse(conn.clone(), payload_size).is_ok())
+        {
+            conn.fail(RingError::Setup {
+                qid: 0,
+                source: io::Error::other("no queue could register or refuse the connection"),
+            });
+        }
+        Err((e, Some(MountRing { conn })))
     }
 
-    /// Requests the ring has served.
+    /// Test knob: the kernel refuses the next mount's REGISTER on one queue (see
+    /// `refuse_next`).
+    #[cfg(feature = "test-knobs")]
+    pub(super) fn refuse_next_register(&self) {
+        self.refuse_next.store(true, Ordering::Relaxed);
+    }
+
+    /// Entry mappings the queues hold now, over every mount.
+    pub(super) fn entries(&self) -> usize {
+        self.stats.entries.load(Ordering::Relaxed)
+    }
+
+    /// Queue threads running.
+    pub(super) fn threads(&self) -> usize {
+        self.stats.threads.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RingPool {
+    fn drop(&mut self) {
+        for q in &self.queues {
+            q.stop();
+        }
+        for q in &mut self.queues {
+            q.join();
+        }
+    }
+}
+
+/// A mount's part of the shared queues.
+pub(super) struct MountRing {
+    conn: Arc<RingConn>,
+}
+
+impl MountRing {
+    /// Requests the ring has served for the mount.
     pub(super) fn requests(&self) -> u64 {
-        self.shared.requests.load(Ordering::Relaxed)
+        self.conn.requests.load(Ordering::Relaxed)
     }
 
-    /// Why the ring stopped serving, if it failed.
+    /// Why the mount's ring stopped serving, if it failed.
     pub(super) fn error(&self) -> Option<String> {
-        self.shared.error.lock().clone()
+        self.conn.error.lock().clone()
     }
 
-    /// Test knob: make the kernel refuse the next commit, as a broken queue would.
+    /// Test knob: make the kernel refuse the mount's next commit, as a broken queue would.
     #[cfg(feature = "test-knobs")]
     pub(super) fn break_next_commit(&self) {
-        self.shared.break_next_commit.store(true, Ordering::Relaxed);
+        self.conn.break_next_commit.store(true, Ordering::Relaxed);
     }
 
-    /// Wait for the queue threads (they end when the connection goes away).
-    pub(super) fn join(self) {
-        for t in self.threads {
-            let _ = t.join();
+    /// Wait until the queues released every entry of the mount (the kernel completes them
+    /// when the connection goes away), at most `timeout`. Whether they did.
+    pub(super) fn wait_released(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut n = self.conn.entries.lock();
+        while *n > 0 {
+            if self.conn.released.wait_until(&mut n, deadline).timed_out() {
+                return *n == 0;
+            }
         }
+        true
     }
 }
 
