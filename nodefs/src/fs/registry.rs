@@ -400,9 +400,15 @@ impl NodeFs {
         let minor = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
             .ok()
             .and_then(|c| crate::sys::cached_dev_minor(&c).ok());
+        let where_ = mountpoint.to_path_buf();
         let on_failure = Box::new(move || {
-            if let Some(m) = minor {
-                abort_connection(m);
+            // A request of this connection may now wait forever: say so loudly if it cannot
+            // be ended.
+            match minor {
+                Some(m) if abort_connection(m) => {}
+                _ => tracing::error!(mountpoint = %where_.display(), ?minor,
+                    "FUSE ring failed and the connection could not be aborted: \
+                     requests of the mount may hang until it is unmounted"),
             }
         });
         match pool.attach(session, Fs(shared.clone()), MAX_WRITE as usize, on_failure) {
@@ -559,7 +565,9 @@ impl Mount {
             return;
         };
         // The queues release the mount's entries as the kernel completes them.
-        drop(self.ring.lock().take());
+        if let Some(r) = self.ring.lock().take() {
+            r.disarm();
+        }
         std::thread::spawn(move || drop(bg.join()));
         self.release();
         let _ = std::fs::remove_dir_all(&self.upper_dir);
@@ -604,6 +612,9 @@ impl Mount {
         if detach(&self.mountpoint) {
             if let Err(e) = bg.umount_and_join() {
                 tracing::debug!(error = %e, "fuse session ended with an error");
+            }
+            if let Some(r) = &ring {
+                r.disarm();
             }
             // The connection is gone: the kernel completes every queued command, and the
             // queues then unmap the mount's entries.

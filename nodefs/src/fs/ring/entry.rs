@@ -103,8 +103,11 @@ impl EntryBuf {
             std::ptr::copy_nonoverlapping(h.op_in.as_ptr(), dst.add(IN_HEADER_LEN), arg0);
         }
         // SAFETY: start..PAGE + payload is within the mapping, initialised (assembled above
-        // and written by the kernel), and nothing writes it while the slice lives: the queue
-        // thread holds the entry until it commits, after the dispatch that reads it.
+        // and written by the kernel), and nothing writes it while the slice lives: the kernel
+        // does not, as the queue thread holds the entry until it commits, after the dispatch
+        // that reads it; a reply does not, as it goes to the header block (below `IOV_OFF`)
+        // and, only for a request without payload, to PAGE.. (`queue::answer` keeps the reply
+        // to a request with one aside until dispatch has returned).
         let bytes = unsafe {
             std::slice::from_raw_parts(self.base().add(start), IN_HEADER_LEN + arg0 + payload)
         };

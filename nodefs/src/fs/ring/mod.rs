@@ -102,6 +102,9 @@ pub(super) struct RingConn {
     break_next_commit: AtomicBool,
     /// Called once, on the first failure: aborts the connection.
     on_failure: Box<dyn Fn() + Send + Sync>,
+    /// Cleared once the connection is gone (unmounted, or gone from the kernel): a late
+    /// failure must not abort whatever connection has its device minor by then.
+    armed: AtomicBool,
     /// Entries the queues hold for this connection (registered or being registered).
     entries: Mutex<usize>,
     released: Condvar,
@@ -116,7 +119,7 @@ impl RingConn {
             err.get_or_insert_with(|| e.to_string());
             first
         };
-        if first {
+        if first && self.armed.load(Ordering::Acquire) {
             (self.on_failure)();
         }
     }
@@ -215,6 +218,7 @@ impl RingPool {
             error: Mutex::new(None),
             break_next_commit: AtomicBool::new(false),
             on_failure,
+            armed: AtomicBool::new(true),
             entries: Mutex::new(0),
             released: Condvar::new(),
         });
@@ -319,6 +323,11 @@ impl MountRing {
     #[cfg(feature = "test-knobs")]
     pub(super) fn break_next_commit(&self) {
         self.conn.break_next_commit.store(true, Ordering::Relaxed);
+    }
+
+    /// The mount's connection is gone: a failure from now on aborts nothing.
+    pub(super) fn disarm(&self) {
+        self.conn.armed.store(false, Ordering::Release);
     }
 
     /// Wait until the queues released every entry of the mount (the kernel completes them

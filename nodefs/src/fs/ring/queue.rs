@@ -21,7 +21,7 @@ use fuser::ReplyTarget;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
-use super::abi::{CmdReq, CMD_COMMIT_AND_FETCH, CMD_REGISTER};
+use super::abi::{CmdReq, CMD_COMMIT_AND_FETCH, CMD_REGISTER, OUT_HEADER_LEN};
 use super::entry::{EntryBuf, ReplyRegion};
 use super::{PoolStats, RingConn, RingError};
 
@@ -195,6 +195,17 @@ impl QueueHandle {
     }
 }
 
+/// A queue dropped without `RingPool`'s orderly stop (a pool whose start failed half-way)
+/// still ends its thread: the thread holds the inbox, so nothing else would.
+impl Drop for QueueHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
+            self.join();
+        }
+    }
+}
+
 /// One mount's entry on this queue.
 struct Slot {
     conn: Arc<RingConn>,
@@ -258,16 +269,25 @@ fn run(
     }
     q.stats.threads.fetch_add(1, Ordering::Relaxed);
     let _ = ready.send(Ok(()));
-    if let Err(e) = q.serve(&mut ring) {
-        broken.store(true, Ordering::Relaxed);
-        tracing::error!(error = %e, "FUSE ring queue failed: aborting its mounts' connections");
-        let msg = e.to_string();
-        for s in q.slots.iter().flatten() {
-            s.conn.fail(RingError::Wait {
-                qid,
-                source: io::Error::other(msg.clone()),
-            });
+    let failure = match q.serve(&mut ring) {
+        Ok(()) => None,
+        Err(e) => {
+            broken.store(true, Ordering::Relaxed);
+            tracing::error!(error = %e, "FUSE ring queue failed: aborting its mounts' connections");
+            Some(e.to_string())
         }
+    };
+    // Once the ring is gone nobody serves this CPU's requests of the connections still
+    // registered here (a mount detached lazily and still in use, when the server stops): they
+    // are aborted, or their requests would wait forever.
+    for s in q.slots.iter().flatten() {
+        let why = failure
+            .clone()
+            .unwrap_or_else(|| "the server stopped its queues".into());
+        s.conn.fail(RingError::Wait {
+            qid,
+            source: io::Error::other(why),
+        });
     }
     q.inbox.close();
     drop(ring);
@@ -610,8 +630,13 @@ fn answer(qid: u16, conn: &RingConn, entry: &EntryBuf) -> (u64, usize) {
         }
     };
     let request_len = bytes.len();
+    // A request with a payload (a name, write data) lies where the reply's payload goes, and
+    // the handler may still be reading it while it replies: such a reply waits in memory of
+    // its own until dispatch has returned. The rest (READ above all) is written in place.
+    let stage = entry.reply_len() > 0;
     let reply = Arc::new(EntryReply {
-        region: Mutex::new(Some(entry.reply_region())),
+        state: Mutex::new(ReplyState::Open(entry.reply_region())),
+        stage,
     });
     let target: Arc<dyn ReplyTarget> = reply.clone();
     let r = std::panic::catch_unwind(AssertUnwindSafe(|| conn.dispatcher.dispatch(bytes, target)));
@@ -622,8 +647,13 @@ fn answer(qid: u16, conn: &RingConn, entry: &EntryBuf) -> (u64, usize) {
     }
     // Take the region back: a reply arriving later is refused, not written into an entry
     // the kernel owns again.
-    if let Some(region) = reply.region.lock().take() {
-        region.write_error(commit_id, libc::EIO);
+    match std::mem::replace(&mut *reply.state.lock(), ReplyState::Closed) {
+        ReplyState::Open(region) => region.write_error(commit_id, libc::EIO),
+        ReplyState::Staged(region, bytes) => {
+            let (head, data) = bytes.split_at(OUT_HEADER_LEN.min(bytes.len()));
+            region.write(&[io::IoSlice::new(head), io::IoSlice::new(data)]);
+        }
+        ReplyState::Closed => {}
     }
     (commit_id, request_len.max(entry.reply_len()))
 }
@@ -631,17 +661,42 @@ fn answer(qid: u16, conn: &RingConn, entry: &EntryBuf) -> (u64, usize) {
 /// Where one request's reply goes: its entry, until the queue thread takes it back.
 #[derive(Debug)]
 struct EntryReply {
-    region: Mutex<Option<ReplyRegion>>,
+    state: Mutex<ReplyState>,
+    /// Keep the reply in memory of its own until dispatch returns (see `answer`).
+    stage: bool,
+}
+
+#[derive(Debug)]
+enum ReplyState {
+    /// No reply yet.
+    Open(ReplyRegion),
+    /// A reply (out header and payload, contiguous) to write once dispatch has returned.
+    Staged(ReplyRegion, Vec<u8>),
+    /// Replied in place, or taken back by the queue thread.
+    Closed,
 }
 
 impl ReplyTarget for EntryReply {
     fn send(&self, reply: &[io::IoSlice<'_>]) -> io::Result<()> {
-        match self.region.lock().take() {
-            Some(r) => {
-                r.write(reply);
+        let mut state = self.state.lock();
+        match std::mem::replace(&mut *state, ReplyState::Closed) {
+            ReplyState::Open(region) if self.stage => {
+                let mut bytes = Vec::with_capacity(reply.iter().map(|s| s.len()).sum());
+                for s in reply {
+                    bytes.extend_from_slice(s);
+                }
+                *state = ReplyState::Staged(region, bytes);
                 Ok(())
             }
-            None => Err(io::Error::other("reply after its ring entry was committed")),
+            ReplyState::Open(region) => {
+                region.write(reply);
+                Ok(())
+            }
+            staged @ ReplyState::Staged(..) => {
+                *state = staged;
+                Err(io::Error::other("a second reply to one FUSE request"))
+            }
+            ReplyState::Closed => Err(io::Error::other("reply after its ring entry was committed")),
         }
     }
 }
