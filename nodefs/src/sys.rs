@@ -1,8 +1,9 @@
-//! nodefs's system calls that neither std nor `nix` wraps (xattrs, a statx that does not sync, allocator
-//! tuning): one place for their unsafe blocks.
+//! nodefs's system calls that neither std nor `nix` wraps (xattrs, a statx that does not sync,
+//! open by file handle, allocator tuning): one place for their unsafe blocks.
 
 use std::ffi::{CStr, CString};
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -94,6 +95,40 @@ pub fn cached_dev_minor(path: &CStr) -> io::Result<u32> {
         )
     })?;
     Ok(stx.stx_dev_minor)
+}
+
+/// Open the inode whose FUSE node id is `nodeid` on the FUSE mount `mount` (read-only), by the
+/// file handle the kernel's FUSE export operations encode (`FILEID_INO64_GEN`: the node id's
+/// high and low words, then the generation, which nodefs leaves 0). The kernel finds the inode
+/// only while it is in its cache (nodefs does not offer `export_support`), so an open file's:
+/// `ESTALE` otherwise. Needs CAP_DAC_READ_SEARCH.
+pub fn open_fuse_inode(mount: BorrowedFd<'_>, nodeid: u64) -> io::Result<OwnedFd> {
+    const FILEID_INO64_GEN: libc::c_int = 0x81;
+    #[repr(C)]
+    struct Handle {
+        handle_bytes: libc::c_uint,
+        handle_type: libc::c_int,
+        f_handle: [u32; 3],
+    }
+    let mut h = Handle {
+        handle_bytes: 12,
+        handle_type: FILEID_INO64_GEN,
+        f_handle: [(nodeid >> 32) as u32, nodeid as u32, 0],
+    };
+    // SAFETY: `h` is laid out as the kernel's struct file_handle with its 12 handle bytes
+    // inline; the kernel reads it and returns a new fd or -1.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount.as_raw_fd(),
+            (&mut h as *mut Handle).cast(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Sets the allocator's mmap threshold to `bytes`: allocations at or above it get fresh mmap'd

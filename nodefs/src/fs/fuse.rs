@@ -46,6 +46,10 @@ pub struct Shared {
     next_fh: AtomicU64,
     /// Open files per inode by I/O mode, with the backing file passthrough opens share.
     modes: OpenModes<BackingId>,
+    /// Threads of this server waiting, through an fsync, for the kernel to hand over a
+    /// mount's mapped writes before a commit (`Mount::commit`): their FSYNC only orders, it
+    /// need not reach the disk.
+    pub commit_flushers: Mutex<Vec<u32>>,
 }
 
 /// How long a writer waits for passthrough readers' RELEASE before ETXTBSY.
@@ -69,6 +73,7 @@ impl Shared {
             uring: std::sync::atomic::AtomicBool::new(false),
             next_fh: AtomicU64::new(1),
             modes: OpenModes::default(),
+            commit_flushers: Mutex::new(Vec::new()),
         }
     }
 }
@@ -196,11 +201,14 @@ impl Fs {
 
     /// Uncount one open of `ino` in the inode table; forget the inode if that was its
     /// last open and last link.
-    fn close_inode(&self, ino: u64) {
+    fn close_inode(&self, ino: u64, rdwr: bool) {
         let mut st = self.s().state.lock();
         let free = match st.get_mut(ino) {
             Ok(i) => {
                 i.open = i.open.saturating_sub(1);
+                if rdwr {
+                    i.open_rdwr = i.open_rdwr.saturating_sub(1);
+                }
                 if i.open == 0 {
                     if let Content::File(f) = &mut i.content {
                         f.upper.close();
@@ -218,7 +226,12 @@ impl Fs {
     /// Count an open of `ino` in the inode table. For a file: return the base content if it
     /// is pristine and the policy wants it passed through (upper storage comes with the
     /// first write).
-    fn open_inode(&self, ino: u64, write: bool) -> ErrnoResult<Option<Arc<super::file::Base>>> {
+    fn open_inode(
+        &self,
+        ino: u64,
+        write: bool,
+        rdwr: bool,
+    ) -> ErrnoResult<Option<Arc<super::file::Base>>> {
         let mut st = self.s().state.lock();
         let i = st.get_mut(ino)?;
         let mode = i.meta.mode;
@@ -238,6 +251,7 @@ impl Fs {
             _ => None,
         };
         i.open += 1;
+        i.open_rdwr += u32::from(rdwr);
         Ok(base)
     }
 
@@ -575,7 +589,8 @@ impl Filesystem for Fs {
                     self.do_setattr(ino.0, SetAttr::truncate(0, req.pid()))
                 );
             }
-            let base = tryr!(reply, self.open_inode(ino.0, write));
+            let rdwr = matches!(flags.acc_mode(), OpenAccMode::O_RDWR);
+            let base = tryr!(reply, self.open_inode(ino.0, write, rdwr));
             if g.decide(write, pt_on && base.is_some()) == Decision::Passthrough {
                 if g.backing.is_none() {
                     let store = &self.s().store;
@@ -702,25 +717,32 @@ impl Filesystem for Fs {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let passthrough = fh.0 & 1 == 1;
         self.s().modes.with(ino.0, |g| g.release(passthrough));
-        self.close_inode(ino.0);
+        // The access mode is the open's (fcntl cannot change it).
+        self.close_inode(ino.0, matches!(flags.acc_mode(), OpenAccMode::O_RDWR));
         reply.ok();
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        // A commit's own fsync: the kernel has handed over the file's writes by now (it sends
+        // FSYNC after they are answered), which is all the commit needs.
+        if self.s().commit_flushers.lock().contains(&req.pid()) {
+            reply.ok();
+            return;
+        }
         let f = {
             let mut st = self.s().state.lock();
             match &mut tryr!(reply, st.get_mut(ino.0)).content {
@@ -927,6 +949,7 @@ impl Filesystem for Fs {
                 let mut st = self.s().state.lock();
                 if let Ok(i) = st.get_mut(attr.ino.0) {
                     i.open += 1;
+                    i.open_rdwr += u32::from(flags & libc::O_ACCMODE == libc::O_RDWR);
                 }
             }
             g.cached += 1;

@@ -503,11 +503,7 @@ impl Mount {
         if self.session.lock().is_none() {
             return Err(Error::Unmounted(self.mountpoint.clone()));
         }
-        // Push dirty mmap pages to the server first.
-        if let Ok(f) = std::fs::File::open(&self.mountpoint) {
-            use std::os::fd::AsRawFd;
-            let _ = nix::unistd::syncfs(f.as_raw_fd());
-        }
+        self.flush_mapped_writes()?;
         let store = self.shared.store.clone();
         let _g = store.write_guard();
         let id = {
@@ -523,6 +519,36 @@ impl Mount {
             store.unpin(&old);
         }
         Ok(id)
+    }
+
+    /// Have the kernel hand over the writes it still holds: those made through shared
+    /// writable mappings sit in its page cache until written back (every other write reaches
+    /// the server as it is made). syncfs starts that writeback but does not wait for the
+    /// server to have the data (FUSE's `sync_fs` waits only on virtiofs), so each file open
+    /// read-write (the only kind that can be mapped so) is then fsync'ed through a descriptor
+    /// of the server's own, by file handle: the kernel answers that fsync only once the file's
+    /// write-back requests are answered (`fuse_sync_writes`).
+    fn flush_mapped_writes(&self) -> Result<(), Error> {
+        use std::os::fd::AsFd;
+        let dir = std::fs::File::open(&self.mountpoint).map_err(io_err(&self.mountpoint))?;
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
+            .map_err(|e| io_err(&self.mountpoint)(std::io::Error::from(e)))?;
+        let files = self.shared.state.lock().open_rdwr_files();
+        if files.is_empty() {
+            return Ok(());
+        }
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        self.shared.commit_flushers.lock().push(tid);
+        let r = files.into_iter().try_for_each(|ino| {
+            match crate::sys::open_fuse_inode(dir.as_fd(), ino) {
+                Ok(fd) => std::fs::File::from(fd).sync_data(),
+                // Closed (and so handed over) since the list was made.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ESTALE | libc::ENOENT)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        });
+        self.shared.commit_flushers.lock().retain(|t| *t != tid);
+        r.map_err(io_err(&self.mountpoint))
     }
 
     pub fn base(&self) -> ManifestId {

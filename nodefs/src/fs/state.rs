@@ -52,6 +52,10 @@ pub struct Inode {
     pub link: u64,
     pub content: Content,
     pub open: u32,
+    /// Of `open`, the opens with read and write access: only such a descriptor can map the
+    /// file shared and writable, so only such a file can have dirty pages in the kernel that
+    /// the server has not seen (every other write is write-through). A commit waits for them.
+    pub open_rdwr: u32,
     /// Counted against the inode quota.
     pub charged: bool,
     /// Upper blocks currently charged against the byte quota.
@@ -168,6 +172,7 @@ impl State {
                     parent: 1,
                 }),
                 open: 0,
+                open_rdwr: 0,
                 charged: false,
                 charged_blocks: 0,
                 charged_meta: 0,
@@ -189,6 +194,15 @@ impl State {
             nonce,
             id_shift: None,
         }
+    }
+
+    /// Files open with read and write access (see `Inode::open_rdwr`).
+    pub fn open_rdwr_files(&self) -> Vec<u64> {
+        self.inodes
+            .iter()
+            .filter(|(_, i)| i.open_rdwr > 0)
+            .map(|(ino, _)| *ino)
+            .collect()
     }
 
     pub fn get(&self, ino: u64) -> ErrnoResult<&Inode> {
@@ -351,6 +365,7 @@ impl State {
                 link: e.link,
                 content,
                 open: 0,
+                open_rdwr: 0,
                 charged: false,
                 charged_blocks: 0,
                 charged_meta: 0,
@@ -449,6 +464,7 @@ impl State {
                 link: 0,
                 content,
                 open: 0,
+                open_rdwr: 0,
                 charged: true,
                 charged_blocks: 0,
                 charged_meta: meta_cost,
