@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{
     DirEntryExt, FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use nodefs::MountOptions;
@@ -979,6 +979,24 @@ fn without_fsetid(script: &str, p: &Path) {
     assert!(st.success(), "{script}");
 }
 
+/// What the privilege tests compare: a writable mount of the base image and a directory on
+/// the host's own filesystem; None (said loudly) without setpriv, which they run steps under.
+fn privilege_env() -> Option<(Env, MountGuard, PathBuf)> {
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        capability_missing("setpriv (util-linux) is not installed");
+        return None;
+    }
+    let (env, id) = base_env();
+    let m = env.mount(&id, "m", MountOptions::default());
+    let native = env.path("native");
+    fs::create_dir(&native).unwrap();
+    Some((env, m, native))
+}
+
 /// Writes, truncates and chowns drop setuid/setgid and file capabilities exactly as on the
 /// host's own filesystem (the server does it: FUSE_HANDLE_KILLPRIV_V2).
 #[test]
@@ -986,18 +1004,9 @@ fn writes_truncates_and_chowns_drop_privileges_like_linux() {
     if !fuse_available() {
         return;
     }
-    if std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        capability_missing("setpriv (util-linux) is not installed");
+    let Some((_env, m, native)) = privilege_env() else {
         return;
-    }
-    let (env, id) = base_env();
-    let m = env.mount(&id, "m", MountOptions::default());
-    let native = env.path("native");
-    fs::create_dir(&native).unwrap();
+    };
     type Step = fn(&Path);
     let steps: [(&str, Step); 9] = [
         ("root write", |p| {
@@ -1069,18 +1078,9 @@ fn writes_to_a_file_created_write_only_drop_privileges_like_linux() {
     if !fuse_available() {
         return;
     }
-    if std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        capability_missing("setpriv (util-linux) is not installed");
+    let Some((env, m, native)) = privilege_env() else {
         return;
-    }
-    let (env, id) = base_env();
-    let m = env.mount(&id, "m", MountOptions::default());
-    let native = env.path("native");
-    fs::create_dir(&native).unwrap();
+    };
     // Create write-only, set the mode and a file capability, write through the same descriptor.
     let script = env.path("create-write.py");
     fs::write(
