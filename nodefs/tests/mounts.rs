@@ -772,7 +772,8 @@ fn an_id_shift_shows_owners_in_the_range_and_stores_image_ids() {
 /// pages until something writes them back, and a commit must have the server hold them first.
 /// syncfs alone starts that write-back without waiting for it: a commit right after it missed
 /// some pages in about one run in five, so the test commits eight times, each after new writes
-/// to scattered pages, the descriptor closed (the mapping keeps the file open).
+/// to scattered pages, the descriptor closed (the mapping keeps the file open), and once more
+/// after a last write, the unmap and the writer's exit.
 #[test]
 fn a_commit_holds_writes_made_through_a_live_shared_mapping() {
     if !fuse_available() {
@@ -803,7 +804,9 @@ fn a_commit_holds_writes_made_through_a_live_shared_mapping() {
          \x20   p = (r * 37 + 1) % ({SIZE} // 4096 - 1)\n\
          \x20   m[p * 4096:p * 4096 + 8] = b'round %02d' % r\n\
          \x20   m[{SIZE} - 3:] = b'%03d' % r\n\
-         \x20   print('written', flush=True)\n",
+         \x20   print('written', flush=True)\n\
+         m[0:4] = b'last'\n\
+         m.close()\n",
         file.to_str().unwrap()
     );
     let mut child = std::process::Command::new("python3")
@@ -838,6 +841,16 @@ fn a_commit_holds_writes_made_through_a_live_shared_mapping() {
             differ.first()
         );
     }
+    // Last, it writes, unmaps and exits: the kernel writes such pages back as the mapping
+    // goes, before the file's last RELEASE, so the next commit (no file open any more) has them.
     drop(stdin);
     assert!(child.wait().unwrap().success());
+    want[0..4].copy_from_slice(b"last");
+    let id = m.commit().unwrap();
+    let out = env.path("out-unmapped");
+    env.store.export_dir(&id, &out).unwrap();
+    assert!(
+        fs::read(out.join("mapped.bin")).unwrap() == want,
+        "writes through a mapping since unmapped are committed"
+    );
 }

@@ -523,20 +523,20 @@ impl Mount {
 
     /// Have the kernel hand over the writes it still holds: those made through shared
     /// writable mappings sit in its page cache until written back (every other write reaches
-    /// the server as it is made). syncfs starts that writeback but does not wait for the
-    /// server to have the data (FUSE's `sync_fs` waits only on virtiofs), so each file open
-    /// read-write (the only kind that can be mapped so) is then fsync'ed through a descriptor
-    /// of the server's own, by file handle: the kernel answers that fsync only once the file's
-    /// write-back requests are answered (`fuse_sync_writes`).
+    /// the server as it is made). Only a file open read-write can be mapped so, and such a
+    /// file's pages are written back before its last RELEASE (`fuse_vma_close`; write-back
+    /// holds the open), so each file the mount has open read-write is fsync'ed through a
+    /// descriptor of the server's own, by file handle: the kernel answers that fsync only once
+    /// the file's write-back requests are answered (`fuse_sync_writes`). syncfs would not do:
+    /// it starts write-back but returns before the server has the data (FUSE's `sync_fs` waits
+    /// only on virtiofs).
     fn flush_mapped_writes(&self) -> Result<(), Error> {
         use std::os::fd::AsFd;
-        let dir = std::fs::File::open(&self.mountpoint).map_err(io_err(&self.mountpoint))?;
-        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir))
-            .map_err(|e| io_err(&self.mountpoint)(std::io::Error::from(e)))?;
         let files = self.shared.state.lock().open_rdwr_files();
         if files.is_empty() {
             return Ok(());
         }
+        let dir = std::fs::File::open(&self.mountpoint).map_err(io_err(&self.mountpoint))?;
         let tid = nix::unistd::gettid().as_raw() as u32;
         self.shared.commit_flushers.lock().push(tid);
         let r = files.into_iter().try_for_each(|ino| {
