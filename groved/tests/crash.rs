@@ -136,33 +136,43 @@ disk_mb = {disk_mb}
     }
 
     fn start(&mut self) {
+        if let Err(e) = self.try_start() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts groved and waits until it answers; never panics (`Drop` uses it mid-unwind).
+    fn try_start(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("groved.log"))
-            .unwrap();
+            .map_err(|e| format!("groved.log: {e}"))?;
+        let out = log.try_clone().map_err(|e| format!("groved.log: {e}"))?;
         let child = Command::new(groved_bin())
             .arg("--config")
             .arg(self.dir.join("groved.toml"))
             .env("GROVE_INIT_BINARY", init_binary())
             .env("GROVE_LOG", "warn")
             .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
+            .stdout(out)
             .stderr(log)
             .spawn()
-            .expect("spawn groved");
-        self.child = Some(child);
+            .map_err(|e| format!("spawn groved: {e}"))?;
+        let child = self.child.insert(child);
+        let socket = self.dir.join("run/groved.sock");
         let t = Instant::now();
-        while !Client::new(self.socket()).reachable() {
-            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("groved exited at start ({s}): {}", self.log_tail());
+        while !Client::new(socket.clone()).reachable() {
+            if let Ok(Some(s)) = child.try_wait() {
+                self.child = None;
+                return Err(format!("groved exited at start ({s}): {}", self.log_tail()));
             }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "groved did not come up"
-            );
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err("groved did not come up in 60 s".into());
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
+        Ok(())
     }
 
     fn kill9(&mut self) {
@@ -190,13 +200,31 @@ disk_mb = {disk_mb}
 }
 
 impl Drop for Node {
-    /// On a failed run: stop the daemon (SIGTERM destroys its sandboxes); the dir and its log stay.
+    /// On a failed run the node's sandboxes go too, or a panicking test would leave them (and
+    /// their grove-fsd, mounts, cgroups and heaps) to the tests after it: the daemon, started
+    /// again if a kill left it down, is stopped with `keep_sandboxes_on_stop` off, so that its
+    /// SIGTERM destroys everything it adopted. The dir and its log stay.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("crash test: log kept in {}", self.dir.display());
+            let config = self.dir.join("groved.toml");
+            if let Ok(c) = std::fs::read_to_string(&config) {
+                let c = c.replace(
+                    "keep_sandboxes_on_stop = true",
+                    "keep_sandboxes_on_stop = false",
+                );
+                let _ = std::fs::write(&config, c);
+            }
+            if self.child.is_none() {
+                if let Err(e) = self.try_start() {
+                    eprintln!("crash test: could not restart groved to clean up: {e}");
+                }
+            }
+        }
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill(2) on the pid of our own child.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let _ = child.wait();
-            eprintln!("crash test: log kept in {}", self.dir.display());
         }
         if self.state_fs_mb.is_some() {
             let _ = nix::mount::umount2(&self.dir.join("state"), nix::mount::MntFlags::MNT_DETACH);
