@@ -53,6 +53,11 @@ pub fn no_delay(
 
 /// Serves until a shutdown signal, then drains and shuts the runtime down.
 pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
+    // Before the socket exists: a SIGTERM sent as soon as groved answers (a supervisor's stop
+    // right after start) must drain and stop it, not kill it with the default action and leave
+    // its sandboxes behind.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let uds = bind_unix(&app.config.socket)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -112,8 +117,6 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
     let watchdog =
         systemd::watchdog_interval().map(|every| tokio::spawn(watchdog(app.clone(), every)));
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = int.recv() => tracing::info!("SIGINT: draining"),

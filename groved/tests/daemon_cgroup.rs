@@ -1,6 +1,7 @@
 //! groved and grove-fsd run in cgroups of their own with memory limits (issue 24, break 6): a real
 //! groved is started, SIGKILLed and restarted (the next start takes the same cgroups over), then
-//! stopped; its cgroups are gone after the stop and never reported as residue.
+//! stopped; its cgroups are gone after the stop and never reported as residue, also when the stop
+//! comes the moment groved answers.
 
 mod common;
 
@@ -25,6 +26,11 @@ fn runnable() -> bool {
 }
 
 fn start(dir: &Path) -> Child {
+    start_with(dir, None)
+}
+
+/// `hooks`: groved's `GROVED_DEBUG_HOOKS` (test builds of groved have the hooks compiled in).
+fn start_with(dir: &Path, hooks: Option<&str>) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -35,6 +41,7 @@ fn start(dir: &Path) -> Child {
         .arg(dir.join("groved.toml"))
         .env("GROVE_INIT_BINARY", init_binary())
         .env_remove("INVOCATION_ID")
+        .envs(hooks.map(|h| ("GROVED_DEBUG_HOOKS", h)))
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -163,5 +170,25 @@ fsd_memory_max_mb = {FSD_MB}
         let p = Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_root);
         assert!(!p.exists(), "{} left", p.display());
     }
+
+    // A SIGTERM the moment groved answers (a supervisor stopping it right after start) is an
+    // orderly stop too: groved takes the signal before it binds its socket, so the default
+    // action cannot kill it half-started with its grove-fsd and cgroups left behind.
+    // The debug hook holds groved for 300 ms between binding the socket and READY, the stretch
+    // where the signal used to meet the default action.
+    let mut child = start_with(&dir, Some("ready-delay-ms=300"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "a SIGTERM right after start: {status}");
+    let left = leftovers(&dir, &cgroup_root);
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        fsd_of(&dir).is_empty(),
+        "grove-fsd outlived a stop right after start"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
