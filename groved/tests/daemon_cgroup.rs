@@ -173,9 +173,8 @@ fsd_memory_max_mb = {FSD_MB}
 
     // A SIGTERM the moment groved answers (a supervisor stopping it right after start) is an
     // orderly stop too: groved takes the signal before it binds its socket, so the default
-    // action cannot kill it half-started with its grove-fsd and cgroups left behind.
-    // The debug hook holds groved for 300 ms between binding the socket and READY, the stretch
-    // where the signal used to meet the default action.
+    // action cannot kill it half-started with its grove-fsd and cgroups left behind. The debug
+    // hook holds groved 300 ms between binding the socket and READY, where that used to happen.
     let mut child = start_with(&dir, Some("ready-delay-ms=300"));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
