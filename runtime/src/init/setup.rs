@@ -193,15 +193,22 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
 /// device nodes shut, in /dev, the root or an upload, is that a sandbox cannot make them
 /// (CAP_MKNOD is dropped, see `harden::KEEP_CAPS`) and its device allowlist (cgroup `devices`),
 /// which refuses any device outside /dev's few wherever its node lies.
+///
+/// /dev/shm is a directory of this tmpfs, not a tmpfs of its own, and /dev's size is its nodes'
+/// 64 KiB plus /dev/shm's budget. A mount fewer saves every CRIU dump and restore of the
+/// sandbox one `tar --gzip` (about 10 ms each: CRIU archives each tmpfs with its own tar), and a
+/// superblock fewer saves every memory cgroup on the node a share of its shrinker state
+/// (docs/architecture.md, "What an idle sandbox costs the kernel").
 fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
     let dev = root.join("dev");
     ensure_dir(&dev, 0o755)?;
+    let data = format!("mode=755,size={}k", 64 + cfg.shm_size_mb.max(1) * 1024);
     mnt(
         Some("tmpfs"),
         &dev,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=755,size=64k"),
+        Some(&data),
     )?;
     // Device nodes are made with mknod (not bind mounts from the host): CRIU then dumps /dev as plain
     // tmpfs content and needs no external-mount declarations for them. In a user namespace nodes
@@ -262,14 +269,14 @@ fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
     )?;
     let shm = dev.join("shm");
     ensure_dir(&shm, 0o1777)?;
-    let data = format!("mode=1777,size={}m", cfg.shm_size_mb.max(1));
-    mnt(
-        Some("shm"),
+    // mkdir honours the umask; make the mode exact (sticky, writable by all, as a tmpfs's own).
+    nix::sys::stat::fchmodat(
+        None,
         &shm,
-        Some("tmpfs"),
-        NOSUID_NODEV_NOEXEC,
-        Some(&data),
-    )?;
+        Mode::from_bits_truncate(0o1777),
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )
+    .map_err(sys(format!("chmod {}", shm.display())))?;
     Ok(())
 }
 
