@@ -147,7 +147,7 @@ fn host_devices_stay_shut() {
         } else {
             "stat.S_IFCHR"
         };
-        for dir in ["/dev", "/tmp", "/root"] {
+        for dir in ["/dev", "/dev/shm", "/tmp", "/root"] {
             script += &format!(
                 "try:\n  os.mknod('{dir}/{name}', {kind} | 0o666, os.makedev({major}, {minor})); print('made {dir}/{name}')\nexcept OSError as e:\n  assert e.errno == 1, e\n"
             );
@@ -163,8 +163,16 @@ fn host_devices_stay_shut() {
     let mut paths = Vec::new();
     for (name, block, major, minor) in host_devices() {
         mknod_at(&sandbox_dev.join(format!("h-{name}")), block, major, minor);
+        // /dev/shm is a directory of /dev's tmpfs (no `nodev`): the allowlist alone holds there.
+        mknod_at(
+            &sandbox_dev.join(format!("shm/h-{name}")),
+            block,
+            major,
+            minor,
+        );
         mknod_at(&root_dir.join(format!("h-{name}")), block, major, minor);
         paths.push(format!("/dev/h-{name}"));
+        paths.push(format!("/dev/shm/h-{name}"));
         paths.push(format!("/h-{name}"));
     }
     for (path, rd, wr) in open_each(&rt, &id, &paths) {
