@@ -196,7 +196,7 @@ fn stage2(cfg: &SetupConfig) -> SetupResult<std::convert::Infallible> {
 ///
 /// /dev/shm is a directory of this tmpfs, not a tmpfs of its own, and /dev's size is its nodes'
 /// 64 KiB plus /dev/shm's budget. A mount fewer saves every CRIU dump and restore of the
-/// sandbox one `tar --gzip` (about 10 ms each: CRIU archives each tmpfs with its own tar), and a
+/// sandbox one `tar --gzip` (5-10 ms each here: CRIU archives each tmpfs with its own tar), and a
 /// superblock fewer saves every memory cgroup on the node a share of its shrinker state
 /// (docs/architecture.md, "What an idle sandbox costs the kernel").
 fn setup_dev(root: &Path, cfg: &SetupConfig) -> SetupResult<()> {
