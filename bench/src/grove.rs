@@ -300,6 +300,8 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
                 image_cache_bytes: None,
                 merge_fork_pages: true,
                 lazy_pages: true,
+                // As groved reads it: an A/B of the incremental path is one variable away.
+                track_dirty_pages: std::env::var("GROVE_TRACK_DIRTY_PAGES").as_deref() != Ok("0"),
             };
             Snapshotter::new(
                 cfg,

@@ -126,6 +126,8 @@ pub fn all() -> Vec<Promise> {
         Promise::at_most("CK-9", "32 branches of one snapshot, each dirtying 1 % after the fork: host MemAvailable drop ÷ one copy", ck::NAME, fm::HOST_DROP, "256 MiB heap, 32 branches", Stat::P50, 2.0),
         Promise::at_most("CK-10", "second snapshot after touching 5 % of the heap, p50 (ms)", ck::NAME, ck::SNAPSHOT, "256 MiB heap, second, after touching 5 % of the heap", Stat::P50, 60.0),
         Promise::at_most("CK-11", "fork into 8 branches, all running and answering, p50 (ms), the tree-search bar", ck::NAME, ck::FORK, "256 MiB heap, 8 branches", Stat::P50, 250.0),
+        Promise::at_most("CK-12", "second snapshot after touching 5 % of the heap: time frozen, p50 (ms)", ck::NAME, ck::SECOND_FROZEN, "256 MiB heap", Stat::P50, 30.0),
+        Promise::at_most("CK-13", "snapshot after dirtying 5 % of the heap's pages: store bytes added ÷ bytes dirtied", ck::NAME, ck::DIRTY_RATIO, "256 MiB heap, 5 % dirtied", Stat::P50, 1.1),
         Promise::relative("FS-1", "sequential read of a 1 GiB file, cold (MiB/s)", fs::NAME, fs::SEQ_READ, "1024 MiB file", fs::OVERLAY, AtLeast(0.7)),
         Promise::relative("FS-2", "cold python3 -c 'import email, json, http.client' (ms)", fs::NAME, fs::PY_IMPORT, "", fs::OVERLAY, AtMost(1.2)),
         Promise::relative("FS-3", "untar of a source tree (ms)", fs::NAME, fs::UNTAR, "python3.11 stdlib + /usr/share", fs::OVERLAY, AtMost(2.0)),
@@ -171,6 +173,11 @@ mod tests {
             format!("{}, {}", ck::heap_param(256 << 20), ck::SECOND)
         );
         assert_eq!(find("CK-11"), find("CK-4"));
+        assert_eq!(find("CK-12"), ck::heap_param(256 << 20));
+        assert_eq!(
+            find("CK-13"),
+            format!("{}, 5 % dirtied", ck::heap_param(256 << 20))
+        );
         assert_eq!(find("API-1"), format!("{}, p50", api::EXEC));
         assert_eq!(find("EB-2"), e2b::POOLED);
     }

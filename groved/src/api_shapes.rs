@@ -503,10 +503,14 @@ pub struct Snapshot {
     /// The snapshot its source sandbox was forked from (null: taken from a sandbox made from an image).
     #[serde(default)]
     pub parent: Option<String>,
-    /// How its memory was dumped: "full" (every page, while frozen) or "soft_dirty" (a
-    /// pre-dump, then only the pages dirtied since); absent where the backend has no dumps.
+    /// How its memory was dumped: "full" (every page, while frozen), "soft_dirty" (a
+    /// pre-dump, then only the pages dirtied since) or "uffd_wp" (frozen, only the pages written
+    /// since the source's last full dump); absent where the backend has no dumps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_dump: Option<String>,
+    /// Why a "full" dump was full where the node can dump incrementally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_dump_reason: Option<String>,
 }
 
 /// POST /v1/snapshots/gc: expired snapshots, and with `labels` those carrying all of them, are

@@ -167,6 +167,10 @@ pub struct FileConfig {
     /// Fork branches restore with CRIU lazy pages where the kernel can (default true;
     /// `GROVE_LAZY_PAGES=0` in groved's environment turns it off).
     pub lazy_pages: Option<bool>,
+    /// Snapshots dump only the pages written since the sandbox's last full dump, where the
+    /// kernel can track them (default true; `GROVE_TRACK_DIRTY_PAGES=0` in groved's environment
+    /// turns it off).
+    pub track_dirty_pages: Option<bool>,
     /// The TTL of sandboxes created without `ttl_secs` (a crashed trainer does not leak them
     /// forever); unset or 0: no default, such sandboxes live until deleted.
     pub default_ttl_secs: Option<u64>,
@@ -243,6 +247,7 @@ pub struct Config {
     pub import_retry: Duration,
     pub merge_fork_pages: bool,
     pub lazy_pages: bool,
+    pub track_dirty_pages: bool,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
     pub default_ttl_secs: Option<u64>,
     /// What a prune of the build step cache keeps (after each build, and on request).
@@ -420,6 +425,8 @@ impl Config {
             merge_fork_pages: f.merge_fork_pages.unwrap_or(true),
             lazy_pages: f.lazy_pages.unwrap_or(true)
                 && std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0"),
+            track_dirty_pages: f.track_dirty_pages.unwrap_or(true)
+                && std::env::var("GROVE_TRACK_DIRTY_PAGES").as_deref() != Ok("0"),
             default_ttl_secs,
             build_cache: crate::build::cache::Policy {
                 max_entries: f

@@ -245,6 +245,7 @@ mod tests {
             expires_at_ms: None,
             parent: None,
             memory_dump: None,
+            full_dump_reason: None,
         }
     }
 

@@ -102,6 +102,7 @@ pub fn build(config: &Config, in_process: bool) -> anyhow::Result<Backend> {
         image_cache_bytes: None,
         merge_fork_pages: config.merge_fork_pages,
         lazy_pages: config.lazy_pages,
+        track_dirty_pages: config.track_dirty_pages,
     };
     let snapshotter = match Snapshotter::new(scfg, runtime.clone(), store.clone()) {
         Ok(s) => Some(s),
@@ -261,6 +262,7 @@ fn to_wire_with(i: &SnapshotInfo, error: Option<String>) -> Snapshot {
         expires_at_ms: None,
         parent: None,
         memory_dump: Some(i.memory_dump.as_str().into()),
+        full_dump_reason: i.full_dump_reason.clone(),
     }
 }
 

@@ -915,6 +915,32 @@ fn snapshot_fork_export_import() {
         Some(json!({"name": name})),
     )
     .expect_error(409, None);
+    // A second snapshot of a tracked sandbox dumps only what was written since the first; a
+    // full dump where tracking works says why.
+    let name2 = format!("{name}-2");
+    let s2 = d
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshot"),
+            Some(json!({"name": name2})),
+        )
+        .expect(201)
+        .json();
+    match s["full_dump_reason"].as_str() {
+        Some(why) => {
+            assert_eq!(s["memory_dump"], "full", "{s}");
+            assert_eq!(
+                s2["memory_dump"], "uffd_wp",
+                "tracked since the first snapshot ({why}): {s2}"
+            );
+        }
+        None => assert!(
+            s2["memory_dump"] == "full" || s2["memory_dump"] == "soft_dirty",
+            "no tracking here, so no incremental dump: {s2}"
+        ),
+    }
+    d.call(Method::DELETE, &format!("/v1/snapshots/{name2}"), None)
+        .expect(204);
     let l = d
         .call(Method::GET, "/v1/snapshots", None)
         .expect(200)

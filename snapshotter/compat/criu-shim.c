@@ -16,6 +16,23 @@
  *    for, so the switch is a no-op: answer success when, and only when, the target namespace is
  *    the caller's own.
  *
+ * And, active only when Grove sets GROVE_UFFD_WP=1 (a dump whose sandbox Grove tracks with
+ * userfaultfd write-protect; see snapshotter/src/dirty and docs/incremental-snapshots.md):
+ *
+ * 4. Soft-dirty from userfaultfd. This kernel has no soft-dirty bits, so CRIU would refuse
+ *    --track-mem. Grove registers every process of the sandbox for async write-protect and
+ *    write-protects all their pages right after each dump, while the sandbox is still frozen;
+ *    a page written since then reads PAGE_IS_WRITTEN in PAGEMAP_SCAN. CRIU reads memory with
+ *    PAGEMAP_SCAN asking for PAGE_IS_SOFT_DIRTY: that request is answered with
+ *    "written, or outside a registered VMA" in its place (PAGE_IS_WRITTEN, PAGE_IS_WPALLOWED),
+ *    so a page is taken from the parent images only when Grove protected it right after the
+ *    parent's dump and nothing wrote it since.
+ *    Reads of a pagemap file (the fallback path and CRIU's probe of its own pages) report
+ *    every page soft-dirty: the probe passes and the fallback dumps everything. CRIU's
+ *    clear_refs write stays the kernel's no-op; Grove re-protects after the dump. The feature
+ *    cache goes to a file of its own (".uffd-wp" appended), so runs with and without this
+ *    never share a cached answer.
+ *
  * And one speed-up, active only when Grove sets GROVE_CRIU_KDAT:
  *
  * 3. CRIU's kernel-feature cache. CRIU probes the kernel on every run (about 30 ms here) unless
@@ -32,7 +49,10 @@
 #include <stdlib.h>
 #include <sched.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #ifndef SO_PASSSEC
@@ -96,10 +116,190 @@ int setns(int fd, int nstype)
 	return r;
 }
 
+/* ---- 4: soft-dirty from userfaultfd write-protect ---- */
+
+static int uffd_wp(void)
+{
+	static int on = -1;
+	if (on < 0) {
+		const char *v = getenv("GROVE_UFFD_WP");
+		on = v && strcmp(v, "1") == 0;
+	}
+	return on;
+}
+
+/* PAGEMAP_SCAN (linux/fs.h, 6.7+), declared here: the build host's headers may predate it. */
+#define GROVE_PAGEMAP_SCAN _IOWR('f', 16, struct grove_pm_scan_arg)
+#define GROVE_PAGE_IS_WPALLOWED (1 << 0)
+#define GROVE_PAGE_IS_WRITTEN (1 << 1)
+#define GROVE_PAGE_IS_SOFT_DIRTY (1 << 7)
+#define GROVE_PME_SOFT_DIRTY (1ULL << 55)
+
+struct grove_page_region {
+	uint64_t start, end, categories;
+};
+
+struct grove_pm_scan_arg {
+	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+	uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+
+/* Open pagemap files, by fd. */
+#define TRACKED_FDS 4096
+static unsigned char pagemap_fd[TRACKED_FDS];
+
+static int is_pagemap_path(const char *path)
+{
+	if (!path)
+		return 0;
+	const char *base = strrchr(path, '/');
+	return strcmp(base ? base + 1 : path, "pagemap") == 0;
+}
+
+static int note_open(int fd, const char *path)
+{
+	if (fd >= 0 && fd < TRACKED_FDS && uffd_wp())
+		pagemap_fd[fd] = is_pagemap_path(path);
+	return fd;
+}
+
+static int is_pagemap_fd(int fd)
+{
+	return fd >= 0 && fd < TRACKED_FDS && pagemap_fd[fd];
+}
+
+/* Every whole entry read from a pagemap file reads soft-dirty. */
+static ssize_t all_dirty(int fd, void *buf, ssize_t n, off_t off)
+{
+	if (n <= 0 || !is_pagemap_fd(fd) || off % 8)
+		return n;
+	uint64_t *e = buf;
+	for (ssize_t i = 0; i < n / 8; i++)
+		e[i] |= GROVE_PME_SOFT_DIRTY;
+	return n;
+}
+
+int ioctl(int fd, unsigned long req, ...)
+{
+	static int (*real)(int, unsigned long, ...);
+	if (!real)
+		real = (int (*)(int, unsigned long, ...))dlsym(RTLD_NEXT, "ioctl");
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	if (req != GROVE_PAGEMAP_SCAN || !uffd_wp() || !arg)
+		return real(fd, req, arg);
+	struct grove_pm_scan_arg *a = arg;
+	uint64_t asked = a->return_mask;
+	if (!(asked & GROVE_PAGE_IS_SOFT_DIRTY))
+		return real(fd, req, arg);
+	/* WPALLOWED too: a page outside a registered VMA is dirty whatever the kernel says of
+	 * WRITTEN there (today it says written; a later kernel might not). */
+	a->return_mask = (asked & ~(uint64_t)GROVE_PAGE_IS_SOFT_DIRTY) | GROVE_PAGE_IS_WRITTEN |
+			 GROVE_PAGE_IS_WPALLOWED;
+	int r = real(fd, req, arg);
+	a->return_mask = asked;
+	if (r <= 0)
+		return r;
+	struct grove_page_region *v = (struct grove_page_region *)(uintptr_t)a->vec;
+	for (int i = 0; i < r; i++) {
+		uint64_t c = v[i].categories;
+		int written = (c & GROVE_PAGE_IS_WRITTEN) || !(c & GROVE_PAGE_IS_WPALLOWED);
+		c &= ~(uint64_t)(GROVE_PAGE_IS_WRITTEN | GROVE_PAGE_IS_WPALLOWED | GROVE_PAGE_IS_SOFT_DIRTY);
+		if (written)
+			c |= GROVE_PAGE_IS_SOFT_DIRTY;
+		v[i].categories = c & asked;
+	}
+	return r;
+}
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+	static ssize_t (*real)(int, void *, size_t);
+	if (!real)
+		real = (ssize_t(*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+	if (!is_pagemap_fd(fd))
+		return real(fd, buf, n);
+	off_t off = lseek(fd, 0, SEEK_CUR);
+	return all_dirty(fd, buf, real(fd, buf, n), off);
+}
+
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+	(void)buflen;
+	return read(fd, buf, n);
+}
+
+#define PREAD(name)                                                                        \
+	ssize_t name(int fd, void *buf, size_t n, off_t off)                               \
+	{                                                                                  \
+		static ssize_t (*real)(int, void *, size_t, off_t);                        \
+		if (!real)                                                                 \
+			real = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, #name); \
+		return all_dirty(fd, buf, real(fd, buf, n, off), off);                     \
+	}
+PREAD(pread)
+PREAD(pread64)
+
+ssize_t __pread64_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
+{
+	(void)buflen;
+	return pread64(fd, buf, n, off);
+}
+
+ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
+{
+	(void)buflen;
+	return pread(fd, buf, n, off);
+}
+
+int close(int fd)
+{
+	static int (*real)(int);
+	if (!real)
+		real = (int (*)(int))dlsym(RTLD_NEXT, "close");
+	if (fd >= 0 && fd < TRACKED_FDS)
+		pagemap_fd[fd] = 0;
+	return real(fd);
+}
+
+#define OPENAT(name)                                                                      \
+	int name(int dirfd, const char *path, int flags, ...)                             \
+	{                                                                                 \
+		static int (*real)(int, const char *, int, ...);                          \
+		if (!real)                                                                \
+			real = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, #name); \
+		mode_t mode = 0;                                                          \
+		if (flags & (O_CREAT | O_TMPFILE)) {                                      \
+			va_list ap;                                                       \
+			va_start(ap, flags);                                              \
+			mode = va_arg(ap, mode_t);                                        \
+			va_end(ap);                                                       \
+		}                                                                         \
+		return note_open(real(dirfd, path, flags, mode), path);                   \
+	}
+OPENAT(openat)
+OPENAT(openat64)
+
+/* ---- 3: the feature cache ---- */
+
 static const char *kdat_path(const char *path, char *buf, size_t len)
 {
 	const char *to = getenv("GROVE_CRIU_KDAT");
-	if (!to || !path)
+	if (!path)
+		return path;
+	if (uffd_wp()) {
+		/* A cache of its own: this mode's answer (dirty tracking on) must not leak out. */
+		const char *base = to ? to : "/run/criu.kdat";
+		if (strcmp(path, "/run/criu.kdat") == 0 && snprintf(buf, len, "%s.uffd-wp", base) < (int)len)
+			return buf;
+		if (strcmp(path, "/run/criu.kdat.tmp") == 0 &&
+		    snprintf(buf, len, "%s.uffd-wp.tmp", base) < (int)len)
+			return buf;
+		return path;
+	}
+	if (!to)
 		return path;
 	if (strcmp(path, "/run/criu.kdat") == 0)
 		return to;
@@ -122,7 +322,7 @@ static const char *kdat_path(const char *path, char *buf, size_t len)
 			va_end(ap);                                                       \
 		}                                                                         \
 		char buf[4096];                                                           \
-		return real(kdat_path(path, buf, sizeof(buf)), flags, mode);              \
+		return note_open(real(kdat_path(path, buf, sizeof(buf)), flags, mode), path); \
 	}
 KDAT_OPEN(open)
 KDAT_OPEN(open64)

@@ -64,8 +64,12 @@ impl Snapshotter {
             .cloned()
             .collect();
         for info in pending {
-            if self.cache.existing(&info.id).is_some() {
+            if let Some(dir) = self.cache.existing(&info.id) {
                 tracing::info!(snapshot = %info.id, "resuming the import of a snapshot's images");
+                // A crash while an incremental dump was being made whole: finish it first.
+                if crate::snapshotter::has_parent(&dir) {
+                    self.whole_again(&info.id, dir);
+                }
                 self.queue_import(&info.id);
             } else {
                 tracing::error!(
@@ -113,6 +117,7 @@ impl Snapshotter {
         if info.durable {
             return Ok(());
         }
+        self.wait_whole(id)?;
         let Some(dir) = self.cache.existing(id) else {
             return Err(Error::Unsupported {
                 what: format!("snapshot {id}: its images left scratch space before being stored"),

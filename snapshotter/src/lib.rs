@@ -3,12 +3,14 @@
 
 mod cgroups;
 pub mod criu;
+mod dirty;
 mod durable;
 mod error;
 pub mod images;
 pub mod ksm;
 mod lazy;
 mod netns;
+mod pagemap;
 mod pause;
 mod plan;
 mod record;

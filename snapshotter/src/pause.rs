@@ -42,6 +42,13 @@ impl Snapshotter {
             });
         }
         let mut cap = self.capture(sandbox, true)?;
+        // Its processes end with the park; a resumed sandbox is tracked afresh.
+        self.forget_tracking(sandbox);
+        // Imported at once below: an incremental dump is made whole first.
+        if crate::snapshotter::has_parent(&cap.images_dir) {
+            crate::snapshotter::make_whole(&cap.images_dir)
+                .map_err(|e| Error::io(&cap.images_dir, e))?;
+        }
         let t_store = Instant::now();
         let base = self.images_base(sandbox.as_str(), &cap.spec, now_ms(), None);
         let images_root = images::import(&**self.store(), &cap.images_dir, base.as_ref())?;
@@ -68,6 +75,7 @@ impl Snapshotter {
             durable: true,
             paused: None,
             memory_dump: cap.memory_dump,
+            full_dump_reason: cap.full_dump_reason.clone(),
         };
         parked.init_pid = None;
         parked.address = None;
@@ -169,6 +177,7 @@ impl Snapshotter {
                         continue;
                     }
                     let Some(s) = me.upgrade() else { return };
+                    s.forget_tracking(&ev.sandbox);
                     if let Some(info) = s.pause_record(&ev.sandbox) {
                         s.drop_record(&info);
                     }

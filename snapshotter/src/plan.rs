@@ -1,8 +1,10 @@
 //! How a snapshot dumps memory. Where the kernel tracks dirty pages (soft-dirty, probed once as
 //! `Features::mem_dirty_track`), a pre-dump copies memory while the sandbox runs and the frozen
 //! dump writes only the pages dirtied since. Without it (this project's reference kernel has
-//! no `CONFIG_MEM_SOFT_DIRTY`) one full dump runs while frozen, and the content store's
-//! per-page dedup keeps repeated snapshots of one sandbox down to the pages that changed.
+//! no `CONFIG_MEM_SOFT_DIRTY`) the dump is full, or, where userfaultfd write-protect tracking
+//! works, incremental against the sandbox's last full dump (`snapshotter/tracking.rs`); either
+//! way the content store's per-page dedup keeps repeated snapshots of one sandbox down to the
+//! pages that changed.
 //! Pure, so both cases are unit-tested on any kernel.
 
 use std::io;
@@ -80,6 +82,7 @@ mod tests {
         let f = Features {
             mem_dirty_track: false,
             lazy_pages: true,
+            uffd_wp: false,
         };
         assert!(pre_dump(f, false, &base(), Path::new("/s")).is_none());
         let a = joined(dump(base(), None).to_args());
@@ -93,6 +96,7 @@ mod tests {
         let f = Features {
             mem_dirty_track: true,
             lazy_pages: true,
+            uffd_wp: false,
         };
         assert!(
             pre_dump(f, true, &base(), Path::new("/s")).is_none(),

@@ -51,6 +51,10 @@ pub struct SnapshotInfo {
     /// How its memory was dumped (records from before this field: in full).
     #[serde(default)]
     pub memory_dump: MemoryDump,
+    /// Why the memory was dumped in full where the kernel could have tracked dirty pages (the
+    /// first snapshot since tracking began, a restart, a failed incremental dump, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_dump_reason: Option<String>,
 }
 
 /// How a snapshot's memory was dumped: what its record, the API and the `snapshot_created`
@@ -65,6 +69,9 @@ pub enum MemoryDump {
     Full,
     /// A pre-dump while the sandbox ran, then, frozen, only the pages soft-dirty since.
     SoftDirty,
+    /// Frozen, only the pages written since the sandbox's last full dump (userfaultfd
+    /// write-protect, `dirty/`); the rest copied from that dump's images after the thaw.
+    UffdWp,
 }
 
 impl MemoryDump {
@@ -72,6 +79,7 @@ impl MemoryDump {
         match self {
             MemoryDump::Full => "full",
             MemoryDump::SoftDirty => "soft_dirty",
+            MemoryDump::UffdWp => "uffd_wp",
         }
     }
 }
@@ -252,6 +260,7 @@ mod tests {
             durable: true,
             paused: None,
             memory_dump: MemoryDump::Full,
+            full_dump_reason: None,
         }
     }
 

@@ -28,8 +28,11 @@ use crate::{cgroups, netns, plan, userns_images};
 mod capture;
 mod index;
 mod restore;
+mod tracking;
+mod whole;
 
 pub(crate) use index::Pin;
+pub(crate) use tracking::{has_parent, make_whole};
 
 /// Dump attempts when a transient control connection is open at the freeze instant.
 const DUMP_ATTEMPTS: u32 = 4;
@@ -60,6 +63,9 @@ pub struct SnapshotterConfig {
     /// Fork branches are restored with CRIU lazy pages (memory copied on demand and in the
     /// background after the branch runs), where the kernel allows.
     pub lazy_pages: bool,
+    /// Snapshots after a sandbox's first dump only the pages written since its last full dump,
+    /// where the kernel lacks soft-dirty but has userfaultfd write-protect (`tracking.rs`).
+    pub track_dirty_pages: bool,
 }
 
 /// A quarter of MemTotal (1 GiB if /proc/meminfo cannot be read).
@@ -123,6 +129,12 @@ pub struct Snapshotter {
     /// the kernel has no KSM.
     merge_fork_pages: AtomicBool,
     merger: ksm::Merger,
+    /// Dirty-page tracking by userfaultfd write-protect, per sandbox (`tracking.rs`).
+    tracking: tracking::Tracking,
+    /// `SnapshotterConfig::track_dirty_pages` where the kernel can (`Features::uffd_wp`).
+    track_dirty_pages: bool,
+    /// Incremental images being made whole, which forks and imports wait for (`whole.rs`).
+    whole: Arc<whole::Wholes>,
     /// Branches whose memory is still being copied in by a lazy-pages daemon.
     lazy: Arc<LazyCopies>,
     pub(crate) imports: Imports,
@@ -238,6 +250,8 @@ pub(crate) struct Capture {
     pub images_dir: PathBuf,
     pub dump_ms: u64,
     pub memory_dump: MemoryDump,
+    /// Why a dump was full where the kernel could have tracked dirty pages.
+    pub full_dump_reason: Option<String>,
     /// Captured with `keep_frozen` from a running sandbox: thawed on drop unless `release`d.
     thaw_on_drop: bool,
     runtime: Arc<Runtime>,
@@ -280,6 +294,7 @@ impl Snapshotter {
         store: Arc<dyn FsService>,
     ) -> Result<Arc<Snapshotter>, Error> {
         let criu = Criu::locate(cfg.criu.as_deref())?;
+        let track_dirty_pages = cfg.track_dirty_pages && criu.features().uffd_wp;
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
         let scratch = cfg.scratch_dir.as_ref().unwrap_or(&cfg.run_dir);
         let work_root = scratch.join("snapshot-work");
@@ -314,6 +329,9 @@ impl Snapshotter {
             lazy_pages: AtomicBool::new(cfg.lazy_pages),
             merge_fork_pages: AtomicBool::new(cfg.merge_fork_pages && ksm::available()),
             merger: ksm::Merger::default(),
+            tracking: tracking::Tracking::default(),
+            track_dirty_pages,
+            whole: Arc::default(),
             lazy: Arc::default(),
             imports: Imports::default(),
         };
@@ -333,6 +351,7 @@ impl Snapshotter {
         if let Some(y) = &self.cgroup_yard {
             y.remove();
         }
+        self.tracking.forget_all();
         let _ = std::fs::remove_dir(&self.work_root);
         // Daemons still copying keep theirs: the next start adopts them.
         self.lazy.settle(&self.runtime, Duration::from_secs(2));

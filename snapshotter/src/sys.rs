@@ -22,3 +22,64 @@ pub fn set_memory_merge() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A file mapped read-only and shared (its page cache, no copy), unmapped on drop.
+pub struct Mapped {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by this value alone; sharing `&[u8]` views of it
+// across threads is as safe as sharing any immutable byte slice.
+unsafe impl Send for Mapped {}
+// SAFETY: as above, only shared reads.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Maps all of `file` (which must not shrink while mapped: image files are only replaced,
+    /// never truncated). An empty file maps to an empty slice.
+    pub fn file(file: &std::fs::File) -> io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        let len = file.metadata()?.len() as usize;
+        if len == 0 {
+            return Ok(Mapped {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh read-only shared mapping of a file we hold open; the kernel picks the
+        // address; nothing else aliases it.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapped { ptr, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: unmaps exactly the mapping made in `file`, once; no slice of it outlives
+            // `self` (they borrow it).
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}

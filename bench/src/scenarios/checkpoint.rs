@@ -42,6 +42,28 @@ const TOUCH: f64 = 0.05;
 const DIRTY: [f64; 3] = [0.01, 0.05, 0.25];
 pub const DIRTY_BYTES: &str =
     "checkpoint bytes against the fraction of heap pages dirtied since the last";
+pub const DIRTY_WALL: &str =
+    "checkpoint wall time against the fraction of heap pages dirtied since the last";
+pub const DIRTY_FROZEN: &str =
+    "time frozen in a checkpoint against the fraction of heap pages dirtied since the last (Grove)";
+pub const DIRTY_RATIO: &str =
+    "checkpoint bytes added ÷ bytes dirtied, against the fraction of heap pages dirtied (Grove: store bytes)";
+pub const SECOND_FROZEN: &str =
+    "time frozen in the second checkpoint, after touching 5 % of the heap (Grove)";
+
+/// One checkpoint of the dirtied-fraction sweep.
+#[derive(Debug, Clone, Copy, Default)]
+struct Dirtied {
+    /// Fraction of heap pages dirtied since the previous checkpoint.
+    frac: f64,
+    /// Pages the workload dirtied.
+    pages: u64,
+    /// Bytes the checkpoint wrote (Grove: added to the store).
+    bytes: u64,
+    wall_ms: f64,
+    /// Grove only: how long the sandbox was frozen.
+    frozen_ms: Option<f64>,
+}
 
 struct Params {
     heap: u64,
@@ -63,8 +85,10 @@ struct Figures {
     /// Grove: from each first snapshot call until its images were in the store.
     durable_ms: Vec<f64>,
     fork_ms: Vec<(usize, Vec<f64>)>,
-    /// (fraction of heap pages dirtied, bytes the next checkpoint added).
-    dirty: Vec<(f64, u64)>,
+    /// Grove: how long the sandbox was frozen in each second snapshot.
+    second_frozen_ms: Vec<f64>,
+    /// The dirtied-fraction sweep.
+    dirty: Vec<Dirtied>,
     /// Grove: pause to the store → resume until answering.
     pause: Option<crate::grove::PauseFigures>,
     error: Option<String>,
@@ -211,7 +235,7 @@ fn push_figures(
         let pts = f
             .dirty
             .iter()
-            .map(|(fr, b)| (fr * 100.0, mib(*b)))
+            .map(|d| (d.frac * 100.0, mib(d.bytes)))
             .collect();
         dirty_series.push(Series {
             name: name.into(),
@@ -299,13 +323,44 @@ fn push_figures(
     if let Some(d) = crate::stats::summarize(&f.durable_ms) {
         res.note(format!("{name}: each first snapshot's images were in the content store (durable) {:.0} ms (median, p99 {:.0}) after the call began; they are stored in the background", d.p50, d.p99));
     }
-    for (frac, bytes) in &f.dirty {
-        let key = k(
-            DIRTY_BYTES,
-            &format!("{}, {:.0} % dirtied", heap_param(p.heap), frac * 100.0),
-            "MiB",
-        );
-        res.push(Measurement::value(&key, name, is_grove, mib(*bytes)));
+    if !f.second_frozen_ms.is_empty() {
+        res.push(Measurement::samples(
+            &k(SECOND_FROZEN, &heap_param(p.heap), "ms"),
+            name,
+            is_grove,
+            &f.second_frozen_ms,
+        ));
+    }
+    for d in &f.dirty {
+        let param = format!("{}, {:.0} % dirtied", heap_param(p.heap), d.frac * 100.0);
+        res.push(Measurement::value(
+            &k(DIRTY_BYTES, &param, "MiB"),
+            name,
+            is_grove,
+            mib(d.bytes),
+        ));
+        res.push(Measurement::value(
+            &k(DIRTY_WALL, &param, "ms"),
+            name,
+            is_grove,
+            d.wall_ms,
+        ));
+        if let Some(fz) = d.frozen_ms {
+            res.push(Measurement::value(
+                &k(DIRTY_FROZEN, &param, "ms"),
+                name,
+                is_grove,
+                fz,
+            ));
+        }
+        if d.pages > 0 {
+            res.push(Measurement::value(
+                &k(DIRTY_RATIO, &param, "×"),
+                name,
+                is_grove,
+                d.bytes as f64 / (d.pages * 4096) as f64,
+            ));
+        }
     }
     let mut pts = Vec::new();
     for b in &p.branches {

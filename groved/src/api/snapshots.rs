@@ -65,7 +65,10 @@ pub async fn create(
         Some(snap.name.clone()),
         snap.memory_dump
             .as_ref()
-            .map(|m| format!("memory dump: {m}")),
+            .map(|m| match &snap.full_dump_reason {
+                Some(why) => format!("memory dump: {m} ({why})"),
+                None => format!("memory dump: {m}"),
+            }),
     ));
     Ok((StatusCode::CREATED, Json(snap)))
 }

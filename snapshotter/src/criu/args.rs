@@ -46,9 +46,13 @@ pub struct DumpOptions {
     pub freeze_cgroup: Option<PathBuf>,
     /// Checkpoint established TCP connections (loopback ones inside the sandbox).
     pub tcp_established: bool,
-    /// Incremental dump against `prev_images_dir` (needs soft-dirty; see `Features`).
+    /// Incremental dump against `prev_images_dir` (needs soft-dirty or `uffd_wp`; see
+    /// `Features`).
     pub track_mem: bool,
     pub prev_images_dir: Option<PathBuf>,
+    /// Dirty pages come from Grove's userfaultfd write-protect tracking, through the shim
+    /// (`Features::uffd_wp`).
+    pub uffd_wp: bool,
     /// Inode of the tree's network namespace, to dump as external ([`NETNS_KEY`]).
     pub external_net: Option<u64>,
     /// The cgroup hierarchies to dump, named as in `/proc/<pid>/cgroup` (`""` for cgroup2):

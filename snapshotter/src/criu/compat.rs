@@ -51,6 +51,10 @@ impl Shim {
     }
 }
 
+/// Set to "1" for a dump whose sandbox Grove tracks with userfaultfd write-protect: the shim
+/// then answers CRIU's soft-dirty questions from the tracking (see compat/criu-shim.c, 4).
+pub const UFFD_WP_ENV: &str = "GROVE_UFFD_WP";
+
 /// The variable through which the shim learns where the kernel-feature cache goes.
 pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
 

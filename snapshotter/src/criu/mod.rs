@@ -27,6 +27,10 @@ pub struct Features {
     pub mem_dirty_track: bool,
     /// userfaultfd for non-cooperative processes: `--lazy-pages` restores work.
     pub lazy_pages: bool,
+    /// No soft-dirty, but userfaultfd async write-protect and PAGEMAP_SCAN, and the shim that
+    /// turns them into CRIU's soft-dirty: `--track-mem` dumps against the previous snapshot
+    /// work where Grove arms the tracking (`crate::dirty`).
+    pub uffd_wp: bool,
 }
 
 /// A located, checked CRIU binary.
@@ -141,9 +145,20 @@ impl Criu {
 
     /// The kernel features, probed on first use with `criu check --feature`.
     pub fn features(&self) -> Features {
-        *self.features.get_or_init(|| Features {
-            mem_dirty_track: self.has_feature("mem_dirty_track"),
-            lazy_pages: self.has_feature("uffd-noncoop"),
+        *self.features.get_or_init(|| {
+            let mem_dirty_track = self.has_feature("mem_dirty_track");
+            let uffd_wp = !mem_dirty_track && self.shim.is_some() && {
+                let probe = crate::dirty::supported();
+                if let Err(e) = &probe {
+                    tracing::info!(reason = %e, "no dirty-page tracking by userfaultfd write-protect");
+                }
+                probe.is_ok()
+            };
+            Features {
+                mem_dirty_track,
+                lazy_pages: self.has_feature("uffd-noncoop"),
+                uffd_wp,
+            }
         })
     }
 
@@ -160,7 +175,11 @@ impl Criu {
     /// Checkpoints a process tree. On failure the error carries the log's `Error (` lines.
     pub fn dump(&self, opts: &DumpOptions) -> Result<Timing, Error> {
         let start = Instant::now();
-        let status = self.run(&opts.to_args(), &opts.work_dir)?;
+        let mut cmd = self.command();
+        if opts.uffd_wp {
+            cmd.env(compat::UFFD_WP_ENV, "1");
+        }
+        let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
         if status.success() {
             return Ok(Timing {
                 elapsed: start.elapsed(),

@@ -1,6 +1,7 @@
 //! Taking a snapshot: freeze, CRIU dump (leaving the tree running), commit of the root, thaw,
 //! and the record that makes it forkable.
 
+use super::tracking;
 use super::*;
 
 impl Snapshotter {
@@ -39,19 +40,34 @@ impl Snapshotter {
             durable: false,
             paused: None,
             memory_dump: cap.memory_dump,
+            full_dump_reason: cap.full_dump_reason.clone(),
         };
         // The dumped images become the materialized copy forks restore from, and the source
         // of the background import.
-        self.cache.take(&info.id, &cap.images_dir)?;
+        let images = self.cache.take(&info.id, &cap.images_dir)?;
+        // Forks and the import wait for an incremental dump to be made whole; it happens
+        // after this call returns, while the sandbox runs.
+        let incremental = tracking::has_parent(&images);
+        if incremental {
+            self.whole.begin(&info.id);
+        }
         if let Err(e) = self.commit_pending(&info, &cap.fs_root) {
+            self.whole.forget(&info.id);
             self.cache.drop_snapshot(&info.id);
             return Err(e);
+        }
+        if incremental {
+            self.whole.start(&info.id, images.clone());
+        }
+        if self.track_dirty_pages {
+            let dir = self.work_root.join(format!("base-{sandbox}"));
+            self.tracking.based_on(sandbox, &images, dir);
         }
         drop(cap);
         self.queue_import(&info.id);
         tracing::info!(
             snapshot = %info.id, %sandbox, frozen_ms = info.dump_ms,
-            memory_dump = info.memory_dump.as_str(),
+            memory_dump = info.memory_dump.as_str(), full_dump_reason = info.full_dump_reason.as_deref(),
             after_thaw_ms = thawed.elapsed().as_millis() as u64, "snapshot taken"
         );
         if opts.stop {
@@ -87,6 +103,11 @@ impl Snapshotter {
         let scratch = Scratch(self.work_root.join(format!("dump-{sandbox}-{}", now_ms())));
         let images_dir = scratch.0.join(plan::IMAGES);
         let controllers = cgroups::own_controllers(view.init_pid, &view.cgroups);
+        // Userfaultfd write-protect tracking (where the kernel lacks soft-dirty): processes not
+        // yet registered are registered now, while the sandbox runs; the dump is incremental
+        // against the base, if there is one.
+        let uffd = self.track_dirty_pages;
+        let mut tracked = uffd.then(|| self.tracking.prepare(sandbox, view.init_pid, !was_frozen));
         let base = criu::DumpOptions {
             pid: view.init_pid,
             images_dir: images_dir.clone(),
@@ -104,8 +125,9 @@ impl Snapshotter {
                 .and_then(|y| y.covering(&controllers)),
             cgroup_controllers: controllers,
             tcp_established: true,
-            track_mem: false,
-            prev_images_dir: None,
+            track_mem: uffd,
+            prev_images_dir: tracked.as_ref().and_then(|t| t.base.clone()),
+            uffd_wp: uffd,
             // An egress sandbox's namespace holds its veth and is dumped in full. So is a user
             // namespace's: its branches must own theirs (sysfs mounts only where the mounter's
             // user namespace owns the network namespace), not join one made by the host.
@@ -134,6 +156,7 @@ impl Snapshotter {
         // A per-request control connection (an exec just finishing, a ping) may be open at the
         // freeze instant; CRIU then refuses the dump. Such connections close within
         // milliseconds, so retry a few times before reporting a conflict.
+        let mut base = base;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -147,7 +170,7 @@ impl Snapshotter {
                 freeze_cgroup: cgroups::frozen(&view.cgroups),
                 ..plan::dump(base.clone(), pre.as_ref())
             };
-            let frozen = self.dump_and_commit(&opts, mount, pre.as_ref());
+            let frozen = self.dump_and_commit(sandbox, &opts, mount, pre.as_ref());
             let thaw = |ok: bool| {
                 if was_frozen || (ok && keep_frozen) {
                     Ok(())
@@ -159,17 +182,29 @@ impl Snapshotter {
             match frozen {
                 Ok(fs_root) => {
                     thaw(true)?;
+                    let memory_dump = if pre.is_some() {
+                        MemoryDump::SoftDirty
+                    } else if let Some(base) = &opts.prev_images_dir {
+                        // The unwritten pages are the base's: the images carry links to it
+                        // until they are made whole (`Snapshotter::make_whole_later`).
+                        tracking::nest_base(&images_dir, base)
+                            .map_err(|e| Error::io(&images_dir, e))?;
+                        MemoryDump::UffdWp
+                    } else {
+                        MemoryDump::Full
+                    };
+                    let full_dump_reason = match memory_dump {
+                        MemoryDump::Full if uffd => tracked.and_then(|t| t.why_full),
+                        _ => None,
+                    };
                     return Ok(Capture {
                         sandbox: sandbox.clone(),
                         spec: view.spec.clone(),
                         fs_root,
                         images_dir,
                         dump_ms,
-                        memory_dump: if pre.is_some() {
-                            MemoryDump::SoftDirty
-                        } else {
-                            MemoryDump::Full
-                        },
+                        memory_dump,
+                        full_dump_reason,
                         thaw_on_drop: keep_frozen && !was_frozen,
                         runtime: self.runtime.clone(),
                         _scratch: scratch,
@@ -184,6 +219,19 @@ impl Snapshotter {
                     tracing::debug!(%sandbox, attempt, "dump met an open connection; retrying");
                     std::thread::sleep(Duration::from_millis(20 * attempt as u64));
                 }
+                Err(e) if base.prev_images_dir.is_some() && attempt < DUMP_ATTEMPTS => {
+                    // An incremental dump failed: try once more in full rather than fail the
+                    // snapshot on tracking trouble (a full dump needs no base).
+                    thaw(false)?;
+                    tracing::warn!(%sandbox, error = %e, "incremental dump failed; dumping in full");
+                    let why = format!("the incremental dump failed: {}", chain(&e));
+                    self.tracking.doubt(sandbox, &why);
+                    base.prev_images_dir = None;
+                    if let Some(t) = tracked.as_mut() {
+                        t.base = None;
+                        t.why_full = Some(why);
+                    }
+                }
                 Err(e) => {
                     thaw(false)?;
                     return Err(self.conflict_or(sandbox, e));
@@ -195,11 +243,18 @@ impl Snapshotter {
     /// The frozen part: dump the tree (leaving it running), then commit its root.
     fn dump_and_commit(
         &self,
+        sandbox: &SandboxId,
         opts: &criu::DumpOptions,
         mount: &dyn CommitRoot,
         pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
         self.criu.dump(opts)?;
+        if opts.uffd_wp && opts.prev_images_dir.is_none() {
+            // A full dump, still frozen: from here on, a page written reads as written again.
+            let t0 = Instant::now();
+            let written = self.tracking.arm(sandbox);
+            tracing::debug!(%sandbox, written, arm_us = t0.elapsed().as_micros() as u64, "pages write-protected");
+        }
         if !opts.cgroup_controllers.is_empty() {
             cgroups::write_dumped_list(&opts.images_dir, &opts.cgroup_controllers)
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
@@ -209,6 +264,11 @@ impl Snapshotter {
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
         }
         Ok(nodefs::ObjectId(mount.commit().map_err(Error::Commit)?))
+    }
+
+    /// The sandbox is gone: its tracking (uffds, base images) goes with it.
+    pub(crate) fn forget_tracking(&self, sandbox: &SandboxId) {
+        self.tracking.forget(sandbox);
     }
 
     pub(crate) fn claim(&self, sandbox: &SandboxId) -> Result<BusyGuard<'_>, Error> {
@@ -259,4 +319,16 @@ impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         self.set.lock().remove(&self.id);
     }
+}
+
+/// An error and its sources, one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut at = e.source();
+    while let Some(c) = at {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        at = c.source();
+    }
+    s
 }

@@ -103,6 +103,9 @@ impl Snapshotter {
     /// Record, refs, materialized images, then the index entry: whoever sees it gone from the
     /// index sees nothing else of it either.
     pub(crate) fn delete_by_id(&self, id: &str) -> Result<(), Error> {
+        // Its images may still be being made whole (`whole.rs`): not removed under that.
+        let _ = self.whole.wait(id);
+        self.whole.forget(id);
         let _commit = self.imports.commit.lock();
         self.records.remove(id)?;
         let refs = ref_names(id)

@@ -48,6 +48,7 @@ impl Snapshotter {
     /// The materialized images of a snapshot: in scratch space already, or exported from the
     /// store (durable snapshots only: a pending one's images are in scratch space until stored).
     pub(crate) fn images_of(&self, info: &SnapshotInfo) -> Result<PathBuf, Error> {
+        self.wait_whole(&info.id)?;
         if let Some(dir) = self.cache.existing(&info.id) {
             return Ok(dir);
         }
@@ -63,6 +64,19 @@ impl Snapshotter {
         let dir = self.cache.get(&*self.store, &info.id, &images_root)?;
         self.trim_cache();
         Ok(dir)
+    }
+
+    /// Makes whole, in the background, the images of `id` that a crash left incremental.
+    pub(crate) fn whole_again(&self, id: &str, images: PathBuf) {
+        self.whole.begin(id);
+        self.whole.start(id, images);
+    }
+
+    /// Waits until the images of an incremental snapshot are whole (`whole.rs`).
+    pub(crate) fn wait_whole(&self, id: &str) -> Result<(), Error> {
+        self.whole.wait(id).map_err(|why| Error::Unsupported {
+            what: format!("snapshot {id}: its incremental images could not be made whole: {why}"),
+        })
     }
 
     /// Keeps the materialized images under their cap; only stored snapshots' copies go.
@@ -223,6 +237,12 @@ impl Snapshotter {
             }
         }
         r
+    }
+
+    /// Whether snapshots after a sandbox's first dump only the pages written since its last full
+    /// dump (`SnapshotterConfig::track_dirty_pages`, where the kernel can).
+    pub fn tracks_dirty_pages(&self) -> bool {
+        self.track_dirty_pages
     }
 
     /// Whether fork branches are restored mergeable (the config's `merge_fork_pages`, where the

@@ -111,6 +111,7 @@ impl Env {
             image_cache_bytes: None,
             merge_fork_pages: true,
             lazy_pages: true,
+            track_dirty_pages: true,
         };
         let snap = Snapshotter::new(snap_cfg.clone(), rt.clone(), svc).unwrap();
         Env {
@@ -208,10 +209,21 @@ impl Env {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         assert!(left.is_empty(), "mounts or processes (criu) left: {left:?}");
+        // A destroyed sandbox's tracking base goes on the snapshotter's event thread.
         for sub in ["snapshots", "snapshot-work", "lazy-pages", "sandboxes"] {
-            let left: Vec<_> = std::fs::read_dir(self.run_dir.join(sub))
-                .map(|d| d.flatten().map(|e| e.path()).collect())
-                .unwrap_or_default();
+            let listing = || -> Vec<_> {
+                std::fs::read_dir(self.run_dir.join(sub))
+                    .map(|d| d.flatten().map(|e| e.path()).collect())
+                    .unwrap_or_default()
+            };
+            let mut left = listing();
+            for _ in 0..30 {
+                if left.is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                left = listing();
+            }
             assert!(left.is_empty(), "{sub} left: {left:?}");
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
-use super::{mib, Figures, Params, DIRTY, TOUCH};
+use super::{mib, Dirtied, Figures, Params, DIRTY, TOUCH};
 use crate::cleanup;
 use crate::scenarios::Ctx;
 use crate::workload;
@@ -38,6 +38,7 @@ fn grove_inner(
         f.first_ms.push(a.wall_ms);
         f.second_ms.push(b.wall_ms);
         f.frozen_ms.push(a.frozen_ms);
+        f.second_frozen_ms.push(b.frozen_ms);
         f.durable_ms.push(a.durable_ms);
         f.first_mib.push(mib(a.bytes_added));
         f.second_mib.push(mib(b.bytes_added));
@@ -53,9 +54,15 @@ fn grove_inner(
         s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-base"))?;
         for (i, frac) in DIRTY.iter().enumerate() {
             cleanup::check()?;
-            workload::touch(sb.init_pid, *frac)?;
+            let pages = workload::touch(sb.init_pid, *frac)?;
             let x = s.snapshot(&sb, &format!("grove-bench-{tag}-sweep-{i}"))?;
-            f.dirty.push((*frac, x.bytes_added));
+            f.dirty.push(Dirtied {
+                frac: *frac,
+                pages,
+                bytes: x.bytes_added,
+                wall_ms: x.wall_ms,
+                frozen_ms: Some(x.frozen_ms),
+            });
         }
         cleanup::check()?;
         f.pause = Some(s.pause_resume(&mut sb, p.heap)?);

@@ -181,10 +181,16 @@ fn raw_inner(ctx: &Ctx, p: &Params, f: &mut Figures) -> Result<()> {
         workload::wait_ready(w.pid, p.heap, Duration::from_secs(120))?;
         for (i, frac) in DIRTY.iter().enumerate() {
             cleanup::check()?;
-            workload::touch(w.pid, *frac)?;
+            let pages = workload::touch(w.pid, *frac)?;
             let d = dir.join(format!("sweep-{i}"));
-            criu_dump(&ctx.criu, w.pid, &d)?;
-            f.dirty.push((*frac, workload::dir_bytes(&d)));
+            let wall_ms = criu_dump(&ctx.criu, w.pid, &d)?;
+            f.dirty.push(super::Dirtied {
+                frac: *frac,
+                pages,
+                bytes: workload::dir_bytes(&d),
+                wall_ms,
+                frozen_ms: None,
+            });
             let _ = std::fs::remove_dir_all(&d);
         }
     }

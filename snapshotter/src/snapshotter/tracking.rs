@@ -1,0 +1,388 @@
+//! Which images a sandbox's next dump may be incremental against (userfaultfd write-protect,
+//! `crate::dirty`; the design is in docs/incremental-snapshots.md).
+//!
+//! Per sandbox: its registered processes, and the *base*: hard links to the images of its last
+//! full dump, after which every registered page was write-protected while the sandbox was
+//! still frozen. Protection is set after full dumps only, so a registered page not written
+//! since equals the base's copy, however many incremental dumps came in between; every other
+//! page reads as written (unregistered VMAs, processes born later, a uffd that was closed). An
+//! incremental dump therefore always has the base as its one parent: its images carry a
+//! `parent` directory of links to the base, one level deep, and a restore reads exactly as many
+//! bytes as from a full dump. The links keep the base's files when its snapshot is deleted or
+//! its materialized copy evicted (image files are only ever replaced, never rewritten in place).
+//!
+//! When the pages written since the base reach [`REBASE_FRACTION`] of it, the next dump is full
+//! again. Anything that leaves the protection state in doubt forgets the base (a full dump whose
+//! snapshot was not recorded, a restart, which also closes every uffd): the next dump is then
+//! full, and says why.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use grove_runtime::SandboxId;
+use parking_lot::Mutex;
+
+use crate::dirty::{self, Registration};
+
+/// Why a dump was full although the kernel can track dirty pages.
+pub(crate) const NO_BASE: &str =
+    "no tracked base: the sandbox's first snapshot since it (or groved) started";
+
+/// A dump is full again once the pages written since the base exceed this share of the base's
+/// pages: an incremental dump would then save little, and a fresh base makes the next ones small.
+pub(crate) const REBASE_FRACTION: f64 = 0.75;
+
+#[derive(Default)]
+pub(crate) struct Tracking {
+    sandboxes: Mutex<HashMap<SandboxId, Tracked>>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    procs: HashMap<i32, Registration>,
+    /// Links to the images the protection state matches (see the module doc).
+    base: Option<PathBuf>,
+    /// Why the next dump is full, if it has no base (for the record and the event).
+    why_full: Option<String>,
+    /// Armed after a full dump whose snapshot is not recorded yet: nothing matches the
+    /// protection until [`Tracking::based_on`] names the images.
+    armed_unrecorded: bool,
+}
+
+/// What a dump of one sandbox may use.
+pub(crate) struct Prepared {
+    /// Images to dump against (CRIU's `--prev-images-dir`), if any.
+    pub base: Option<PathBuf>,
+    /// Why there is none.
+    pub why_full: Option<String>,
+}
+
+impl Tracking {
+    /// Registers the sandbox's processes not yet registered (only while it runs: injection
+    /// needs a ptrace stop) and says what the coming dump may use. A process that cannot be
+    /// registered stays unregistered: its pages all read as written.
+    pub(crate) fn prepare(&self, sandbox: &SandboxId, init_pid: i32, running: bool) -> Prepared {
+        let known: Vec<i32> = {
+            let mut all = self.sandboxes.lock();
+            let t = all.entry(sandbox.clone()).or_default();
+            t.procs.retain(|_, r| r.is_alive());
+            if std::mem::take(&mut t.armed_unrecorded) {
+                forget_base(t, "the last full dump's snapshot was not recorded");
+            }
+            t.procs.keys().copied().collect()
+        };
+        // Injection takes a ptrace stop of each new process (up to `dirty`'s timeout for one
+        // that cannot stop): outside the lock, so other sandboxes' snapshots do not wait.
+        let mut new = Vec::new();
+        if running {
+            for pid in process_tree(init_pid) {
+                if known.contains(&pid) {
+                    continue;
+                }
+                match dirty::register(pid) {
+                    Ok(r) => {
+                        tracing::debug!(
+                            %sandbox, pid, registered_bytes = r.registered_bytes(),
+                            skipped_vmas = r.skipped_vmas(), "tracking a process's writes"
+                        );
+                        new.push((pid, r));
+                    }
+                    Err(e) => {
+                        tracing::debug!(%sandbox, pid, error = %e, "not tracked: its pages count as written");
+                    }
+                }
+            }
+        }
+        let mut all = self.sandboxes.lock();
+        let Some(t) = all.get_mut(sandbox) else {
+            // Forgotten meanwhile (destroyed): the new registrations just close.
+            return Prepared {
+                base: None,
+                why_full: Some("the sandbox is going away".into()),
+            };
+        };
+        t.procs.extend(new);
+        if let Some(b) = t.base.clone() {
+            if !b.is_dir() {
+                forget_base(t, "the base images are gone");
+            } else if let Some(why) = rebase(&t.procs, &b) {
+                forget_base(t, &why);
+            }
+        }
+        Prepared {
+            why_full: match &t.base {
+                Some(_) => None,
+                None => Some(t.why_full.clone().unwrap_or_else(|| NO_BASE.into())),
+            },
+            base: t.base.clone(),
+        }
+    }
+
+    /// Right after a full dump, the sandbox still frozen: write-protects every registered page
+    /// and forgets the old base (the protection now matches this dump, not it). Returns the
+    /// pages written since the previous arm (for the log). A process whose arm fails is
+    /// unregistered: its pages then read as written.
+    pub(crate) fn arm(&self, sandbox: &SandboxId) -> u64 {
+        let mut all = self.sandboxes.lock();
+        let Some(t) = all.get_mut(sandbox) else {
+            return 0;
+        };
+        forget_base(t, NO_BASE);
+        t.armed_unrecorded = true;
+        let mut written = 0;
+        t.procs.retain(|pid, r| match r.arm() {
+            Ok(n) => {
+                written += n;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(%sandbox, pid, error = %e, "arm failed: unregistered");
+                false
+            }
+        });
+        written
+    }
+
+    /// The full dump the last [`Tracking::arm`] followed is recorded with its images in
+    /// `images`: they become the base, by hard links in `dir` (under the scratch work root,
+    /// which a restart empties).
+    pub(crate) fn based_on(&self, sandbox: &SandboxId, images: &Path, dir: PathBuf) {
+        let mut all = self.sandboxes.lock();
+        let Some(t) = all.get_mut(sandbox) else {
+            return;
+        };
+        if !std::mem::take(&mut t.armed_unrecorded) {
+            return;
+        }
+        forget_base(t, "the last full dump's images could not be kept");
+        let tmp = dir.with_extension("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(&dir);
+        match link_tree(images, &tmp).and_then(|()| std::fs::rename(&tmp, &dir)) {
+            Ok(()) => {
+                t.base = Some(dir);
+                t.why_full = None;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                tracing::warn!(%sandbox, error = %e, "no base for incremental dumps");
+            }
+        }
+    }
+
+    /// The protection state of `sandbox` is in doubt: its next dump is full, for `why`.
+    pub(crate) fn doubt(&self, sandbox: &SandboxId, why: &str) {
+        if let Some(t) = self.sandboxes.lock().get_mut(sandbox) {
+            forget_base(t, why);
+        }
+    }
+
+    /// An orderly stop: every uffd closes and every base goes.
+    pub(crate) fn forget_all(&self) {
+        let ids: Vec<SandboxId> = self.sandboxes.lock().keys().cloned().collect();
+        for id in ids {
+            self.forget(&id);
+        }
+    }
+
+    /// The sandbox is gone or parked: its uffds close, its base goes.
+    pub(crate) fn forget(&self, sandbox: &SandboxId) {
+        if let Some(mut t) = self.sandboxes.lock().remove(sandbox) {
+            forget_base(&mut t, "");
+        }
+    }
+}
+
+/// After an incremental dump, at once: replaces the `parent` symlink CRIU made in `images` with
+/// a directory of hard links to the base's files, so the images are one tree that needs nothing
+/// else (the base may move on; a restart empties the dir the base is in).
+pub(crate) fn nest_base(images: &Path, base: &Path) -> std::io::Result<()> {
+    let link = images.join(PARENT);
+    if std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::remove_file(&link)?;
+    }
+    link_tree(base, &link)
+}
+
+/// Where incremental images keep their parent until [`make_whole`].
+pub(crate) const PARENT: &str = "parent";
+
+/// Whether `images` still holds a nested parent (an incremental dump not yet made whole).
+pub(crate) fn has_parent(images: &Path) -> bool {
+    std::fs::symlink_metadata(images.join(PARENT)).is_ok()
+}
+
+/// Copies the nested parent's pages into the images (`crate::pagemap::flatten`) and removes
+/// the parent: CRIU 4.1 cannot restore parent images lazily. Returns the pages copied. Safe to
+/// run again after a crash part-way (each file is replaced whole; a pagemap already whole has
+/// nothing to copy).
+pub(crate) fn make_whole(images: &Path) -> std::io::Result<u64> {
+    let parent = images.join(PARENT);
+    let flat = crate::pagemap::flatten(images, &parent)?;
+    std::fs::remove_dir_all(&parent)?;
+    Ok(flat.parent_pages)
+}
+
+/// Why the pages to dump call for a full dump, if they do: those written since the base, and
+/// every page of a process registered since (all its pages read written until the next full
+/// dump arms it), against the base's pages.
+fn rebase(procs: &HashMap<i32, Registration>, base: &Path) -> Option<String> {
+    let base_pages = pages_bytes(base) / 4096;
+    let written: u64 = procs.values().filter_map(|r| r.written().ok()).sum();
+    (base_pages > 0 && written as f64 > REBASE_FRACTION * base_pages as f64).then(|| {
+        format!(
+            "re-based: {written} pages written or untracked since the base of {base_pages} (more than {:.0} %)",
+            REBASE_FRACTION * 100.0
+        )
+    })
+}
+
+/// Bytes of the page images (`pages-*.img`) directly in `dir`.
+fn pages_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn forget_base(t: &mut Tracked, why: &str) {
+    if let Some(b) = t.base.take() {
+        let _ = std::fs::remove_dir_all(&b);
+    }
+    t.why_full = Some(why.to_string());
+}
+
+/// Hard links of every file under `from` in `to` (image dirs: files and at most a nested dir;
+/// symlinks are copied as links).
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let t = e.file_type()?;
+        if t.is_dir() {
+            link_tree(&src, &dst)?;
+        } else if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else {
+            std::fs::hard_link(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// `init` and every process descending from it (the sandbox's init reaps orphans, so every
+/// process of the sandbox is one), from /proc's children lists.
+fn process_tree(init: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![init];
+    while let Some(pid) = todo.pop() {
+        out.push(pid);
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            todo.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_tree_holds_a_child_and_a_grandchild() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let me = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let tree = loop {
+            let t = process_tree(me);
+            if t.len() >= 2 || std::time::Instant::now() > deadline {
+                break t;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(tree[0], me);
+        assert_eq!(tree.len(), 2, "sh and its sleep: {tree:?}");
+    }
+
+    #[test]
+    fn a_base_links_the_images_and_survives_their_removal() {
+        let d = tempfile::tempdir().unwrap();
+        let images = d.path().join("images");
+        std::fs::create_dir_all(images.join("sub")).unwrap();
+        std::fs::write(images.join("pages-1.img"), vec![1u8; 8192]).unwrap();
+        std::fs::write(images.join("sub/x"), b"x").unwrap();
+        let t = Tracking::default();
+        let id: SandboxId = "sb-0000000000b1".parse().unwrap();
+        assert_eq!(t.prepare(&id, -1, false).why_full.as_deref(), Some(NO_BASE));
+        // A base only follows an arm (after a full dump).
+        t.based_on(&id, &images, d.path().join("base"));
+        assert!(t.prepare(&id, -1, false).base.is_none());
+        t.arm(&id);
+        t.based_on(&id, &images, d.path().join("base"));
+        std::fs::remove_dir_all(&images).unwrap();
+        let p = t.prepare(&id, -1, false);
+        let base = p.base.expect("a base");
+        assert_eq!(std::fs::read(base.join("pages-1.img")).unwrap().len(), 8192);
+        assert_eq!(std::fs::read(base.join("sub/x")).unwrap(), b"x");
+
+        let dump = d.path().join("dump");
+        std::fs::create_dir_all(&dump).unwrap();
+        std::os::unix::fs::symlink(&base, dump.join("parent")).unwrap();
+        nest_base(&dump, &base).unwrap();
+        assert!(std::fs::symlink_metadata(dump.join("parent"))
+            .unwrap()
+            .is_dir());
+        assert!(has_parent(&dump));
+        assert_eq!(std::fs::read(dump.join("parent/sub/x")).unwrap(), b"x");
+        // No pagemap there: nothing to copy, and the nested parent goes.
+        assert_eq!(make_whole(&dump).unwrap(), 0);
+        assert!(!has_parent(&dump));
+        assert!(
+            base.join("pages-1.img").exists(),
+            "the base keeps its files"
+        );
+
+        t.doubt(&id, "test");
+        assert!(!base.exists(), "a doubted base is removed");
+        assert_eq!(t.prepare(&id, -1, false).why_full.as_deref(), Some("test"));
+        t.forget(&id);
+        assert!(t.sandboxes.lock().is_empty());
+    }
+
+    #[test]
+    fn a_full_dump_not_recorded_leaves_no_base() {
+        let d = tempfile::tempdir().unwrap();
+        let images = d.path().join("images");
+        std::fs::create_dir_all(&images).unwrap();
+        let t = Tracking::default();
+        let id: SandboxId = "sb-0000000000b2".parse().unwrap();
+        t.prepare(&id, -1, false);
+        t.arm(&id);
+        t.based_on(&id, &images, d.path().join("base"));
+        assert!(t.prepare(&id, -1, false).base.is_some());
+        // Armed again after a full dump whose snapshot then failed: the old base is gone.
+        t.arm(&id);
+        let p = t.prepare(&id, -1, false);
+        assert!(p.base.is_none());
+        assert!(!d.path().join("base").exists());
+        assert!(p.why_full.unwrap().contains("not recorded"));
+    }
+}
