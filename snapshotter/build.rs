@@ -7,17 +7,27 @@ use std::process::Command;
 fn main() {
     let src = "compat/criu-shim.c";
     println!("cargo:rerun-if-changed={src}");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("criu-shim.so");
+    let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let ok = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
-        .arg(&out)
-        .arg(src)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        println!("cargo:warning=could not build {src} with {cc}; CRIU will run without the compatibility shim");
-        std::fs::write(&out, b"").expect("write empty shim");
+    // The plain shim, and the one preloaded only into dumps Grove tracks with userfaultfd
+    // write-protect (its wrappers of read(2) and friends stay out of every other CRIU run).
+    for (name, defines) in [
+        ("criu-shim.so", &[][..]),
+        ("criu-shim-uffd.so", &["-DGROVE_SHIM_UFFD_WP"][..]),
+    ] {
+        let out = dir.join(name);
+        let ok = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O2", "-Wall"])
+            .args(defines)
+            .arg("-o")
+            .arg(&out)
+            .arg(src)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            println!("cargo:warning=could not build {src} ({name}) with {cc}; CRIU will run without the compatibility shim");
+            std::fs::write(&out, b"").expect("write empty shim");
+        }
     }
 }

@@ -16,8 +16,12 @@
  *    for, so the switch is a no-op: answer success when, and only when, the target namespace is
  *    the caller's own.
  *
- * And, active only when Grove sets GROVE_UFFD_WP=1 (a dump whose sandbox Grove tracks with
- * userfaultfd write-protect; see snapshotter/src/dirty and docs/incremental-snapshots.md):
+ * And, in a second build of this file (GROVE_SHIM_UFFD_WP defined, criu-shim-uffd.so) that Grove
+ * preloads only into dumps of sandboxes it tracks with userfaultfd write-protect, with
+ * GROVE_UFFD_WP=1 (snapshotter/src/dirty, docs/incremental-snapshots.md). It wraps read(2),
+ * which the plain build must not: with the wrappers merely present, passing every call through,
+ * about one dump in three of a small frozen tree here timed out seizing it (CRIU saw a task stay
+ * in the freezer, state D); without them, none did.
  *
  * 4. Soft-dirty from userfaultfd. This kernel has no soft-dirty bits, so CRIU would refuse
  *    --track-mem. Grove registers every process of the sandbox for async write-protect and
@@ -128,6 +132,7 @@ static int uffd_wp(void)
 	return on;
 }
 
+#ifdef GROVE_SHIM_UFFD_WP
 /* PAGEMAP_SCAN (linux/fs.h, 6.7+), declared here: the build host's headers may predate it. */
 #define GROVE_PAGEMAP_SCAN _IOWR('f', 16, struct grove_pm_scan_arg)
 #define GROVE_PAGE_IS_WPALLOWED (1 << 0)
@@ -179,11 +184,33 @@ static ssize_t all_dirty(int fd, void *buf, ssize_t n, off_t off)
 	return n;
 }
 
+/*
+ * The wrappers below sit on CRIU's hottest calls, some made in CLONE_VM children on small
+ * stacks: their next symbols are resolved once, before main, never lazily inside one.
+ */
+static int (*real_ioctl)(int, unsigned long, ...);
+static ssize_t (*real_read)(int, void *, size_t);
+static ssize_t (*real_pread)(int, void *, size_t, off_t);
+static ssize_t (*real_pread64)(int, void *, size_t, off_t);
+static int (*real_close)(int);
+static int (*real_openat)(int, const char *, int, ...);
+static int (*real_openat64)(int, const char *, int, ...);
+
+__attribute__((constructor)) static void resolve_next(void)
+{
+	real_ioctl = (int (*)(int, unsigned long, ...))dlsym(RTLD_NEXT, "ioctl");
+	real_read = (ssize_t(*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+	real_pread = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread");
+	real_pread64 = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread64");
+	real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
+	real_openat = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, "openat");
+	real_openat64 = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, "openat64");
+	uffd_wp();
+}
+
 int ioctl(int fd, unsigned long req, ...)
 {
-	static int (*real)(int, unsigned long, ...);
-	if (!real)
-		real = (int (*)(int, unsigned long, ...))dlsym(RTLD_NEXT, "ioctl");
+	int (*real)(int, unsigned long, ...) = real_ioctl;
 	va_list ap;
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
@@ -216,9 +243,7 @@ int ioctl(int fd, unsigned long req, ...)
 
 ssize_t read(int fd, void *buf, size_t n)
 {
-	static ssize_t (*real)(int, void *, size_t);
-	if (!real)
-		real = (ssize_t(*)(int, void *, size_t))dlsym(RTLD_NEXT, "read");
+	ssize_t (*real)(int, void *, size_t) = real_read;
 	if (!is_pagemap_fd(fd))
 		return real(fd, buf, n);
 	off_t off = lseek(fd, 0, SEEK_CUR);
@@ -231,16 +256,15 @@ ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 	return read(fd, buf, n);
 }
 
-#define PREAD(name)                                                                        \
-	ssize_t name(int fd, void *buf, size_t n, off_t off)                               \
-	{                                                                                  \
-		static ssize_t (*real)(int, void *, size_t, off_t);                        \
-		if (!real)                                                                 \
-			real = (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, #name); \
-		return all_dirty(fd, buf, real(fd, buf, n, off), off);                     \
-	}
-PREAD(pread)
-PREAD(pread64)
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+	return all_dirty(fd, buf, real_pread(fd, buf, n, off), off);
+}
+
+ssize_t pread64(int fd, void *buf, size_t n, off_t off)
+{
+	return all_dirty(fd, buf, real_pread64(fd, buf, n, off), off);
+}
 
 ssize_t __pread64_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
 {
@@ -256,20 +280,14 @@ ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
 
 int close(int fd)
 {
-	static int (*real)(int);
-	if (!real)
-		real = (int (*)(int))dlsym(RTLD_NEXT, "close");
 	if (fd >= 0 && fd < TRACKED_FDS)
 		pagemap_fd[fd] = 0;
-	return real(fd);
+	return real_close(fd);
 }
 
 #define OPENAT(name)                                                                      \
 	int name(int dirfd, const char *path, int flags, ...)                             \
 	{                                                                                 \
-		static int (*real)(int, const char *, int, ...);                          \
-		if (!real)                                                                \
-			real = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, #name); \
 		mode_t mode = 0;                                                          \
 		if (flags & (O_CREAT | O_TMPFILE)) {                                      \
 			va_list ap;                                                       \
@@ -277,10 +295,18 @@ int close(int fd)
 			mode = va_arg(ap, mode_t);                                        \
 			va_end(ap);                                                       \
 		}                                                                         \
-		return note_open(real(dirfd, path, flags, mode), path);                   \
+		return note_open(real_##name(dirfd, path, flags, mode), path);            \
 	}
 OPENAT(openat)
 OPENAT(openat64)
+
+#else
+static int note_open(int fd, const char *path)
+{
+	(void)path;
+	return fd;
+}
+#endif /* GROVE_SHIM_UFFD_WP */
 
 /* ---- 3: the feature cache ---- */
 

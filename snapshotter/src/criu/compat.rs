@@ -11,6 +11,8 @@ use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::path::{Path, PathBuf};
 
 const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
+/// The build with the userfaultfd write-protect part (see compat/criu-shim.c, 4).
+const SHIM_UFFD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim-uffd.so"));
 
 /// The fd number the shim has in the CRIU process.
 pub const SHIM_FD: RawFd = 3;
@@ -23,7 +25,16 @@ pub struct Shim {
 impl Shim {
     /// None when the shim was not built (no C compiler at build time).
     pub fn load() -> Option<Shim> {
-        if SHIM.is_empty() {
+        Self::load_bytes(SHIM)
+    }
+
+    /// The build for dumps of sandboxes tracked by userfaultfd write-protect.
+    pub fn load_uffd() -> Option<Shim> {
+        Self::load_bytes(SHIM_UFFD)
+    }
+
+    fn load_bytes(bytes: &[u8]) -> Option<Shim> {
+        if bytes.is_empty() {
             return None;
         }
         let fd = match memfd_create(c"grove-criu-shim", MemFdCreateFlag::MFD_CLOEXEC) {
@@ -34,7 +45,7 @@ impl Shim {
             }
         };
         let mut f = std::fs::File::from(fd);
-        if let Err(e) = f.write_all(SHIM) {
+        if let Err(e) = f.write_all(bytes) {
             tracing::warn!(error = %e, "writing the criu shim");
             return None;
         }

@@ -39,6 +39,8 @@ pub struct Criu {
     binary: PathBuf,
     features: OnceLock<Features>,
     shim: Option<compat::Shim>,
+    /// The shim's build for dumps tracked by userfaultfd write-protect.
+    shim_uffd: Option<compat::Shim>,
     /// Where CRIU keeps its kernel-feature cache when /run is not a tmpfs (see the shim).
     kdat: Option<PathBuf>,
 }
@@ -72,6 +74,7 @@ impl Criu {
                 binary: c.clone(),
                 features: OnceLock::new(),
                 shim: compat::Shim::load(),
+                shim_uffd: compat::Shim::load_uffd(),
                 kdat: compat::kdat_cache(),
             };
             match criu.check() {
@@ -105,9 +108,18 @@ impl Criu {
 
     /// `program` (CRIU, or a shell around it) with CRIU's environment and descriptors.
     fn command_of(&self, program: &Path, netns: Option<BorrowedFd<'_>>) -> Command {
+        self.command_with_shim(program, netns, self.shim.as_ref())
+    }
+
+    fn command_with_shim(
+        &self,
+        program: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        shim: Option<&compat::Shim>,
+    ) -> Command {
         let mut cmd = Command::new(program);
         cmd.stdin(Stdio::null());
-        let shim = self.shim.as_ref().map(|s| s.raw());
+        let shim = shim.map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
             if let Some(k) = &self.kdat {
@@ -147,7 +159,7 @@ impl Criu {
     pub fn features(&self) -> Features {
         *self.features.get_or_init(|| {
             let mem_dirty_track = self.has_feature("mem_dirty_track");
-            let uffd_wp = !mem_dirty_track && self.shim.is_some() && {
+            let uffd_wp = !mem_dirty_track && self.shim_uffd.is_some() && {
                 let probe = crate::dirty::supported();
                 if let Err(e) = &probe {
                     tracing::info!(reason = %e, "no dirty-page tracking by userfaultfd write-protect");
@@ -175,10 +187,14 @@ impl Criu {
     /// Checkpoints a process tree. On failure the error carries the log's `Error (` lines.
     pub fn dump(&self, opts: &DumpOptions) -> Result<Timing, Error> {
         let start = Instant::now();
-        let mut cmd = self.command();
-        if opts.uffd_wp {
-            cmd.env(compat::UFFD_WP_ENV, "1");
-        }
+        let cmd = match opts.uffd_wp {
+            true => {
+                let mut c = self.command_with_shim(&self.binary, None, self.shim_uffd.as_ref());
+                c.env(compat::UFFD_WP_ENV, "1");
+                c
+            }
+            false => self.command(),
+        };
         let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
         if status.success() {
             return Ok(Timing {
