@@ -328,10 +328,10 @@ fn merged(entries: impl Iterator<Item = Entry>) -> Vec<Entry> {
     out
 }
 
-fn open_mapped(path: &Path) -> io::Result<crate::sys::Mapped> {
+fn open_mapped(path: &Path) -> io::Result<crate::sys::Mapping> {
     let f = std::fs::File::open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    crate::sys::Mapped::file(&f)
+    crate::sys::Mapping::file(&f)
 }
 
 /// Writes the output pages file in entry order, from the two mapped page files; returns the

@@ -131,7 +131,7 @@ pub struct Snapshotter {
     merger: ksm::Merger,
     /// Dirty-page tracking by userfaultfd write-protect, per sandbox (`tracking.rs`).
     tracking: tracking::Tracking,
-    /// `SnapshotterConfig::track_dirty_pages` where the kernel can (`Features::uffd_wp`).
+    /// `SnapshotterConfig::track_dirty_pages` (used where the kernel can, `tracks_dirty_pages`).
     track_dirty_pages: bool,
     /// Incremental images being made whole, which forks and imports wait for (`whole.rs`).
     whole: Arc<whole::Wholes>,
@@ -294,7 +294,6 @@ impl Snapshotter {
         store: Arc<dyn FsService>,
     ) -> Result<Arc<Snapshotter>, Error> {
         let criu = Criu::locate(cfg.criu.as_deref())?;
-        let track_dirty_pages = cfg.track_dirty_pages && criu.features().uffd_wp;
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
         let scratch = cfg.scratch_dir.as_ref().unwrap_or(&cfg.run_dir);
         let work_root = scratch.join("snapshot-work");
@@ -330,7 +329,7 @@ impl Snapshotter {
             merge_fork_pages: AtomicBool::new(cfg.merge_fork_pages && ksm::available()),
             merger: ksm::Merger::default(),
             tracking: tracking::Tracking::default(),
-            track_dirty_pages,
+            track_dirty_pages: cfg.track_dirty_pages,
             whole: Arc::default(),
             lazy: Arc::default(),
             imports: Imports::default(),

@@ -23,46 +23,60 @@ pub fn set_memory_merge() -> io::Result<()> {
     Ok(())
 }
 
-/// A file mapped read-only and shared (its page cache, no copy), unmapped on drop.
-pub struct Mapped {
+/// A mapping this value owns, unmapped on drop: a file mapped read-only and shared (its page
+/// cache, no copy: `pagemap.rs` reads page images so), or one private anonymous region (the
+/// dirty-tracking probe's page).
+pub struct Mapping {
     ptr: *mut libc::c_void,
     len: usize,
+    writable: bool,
 }
 
-// SAFETY: the mapping is read-only and owned by this value alone; sharing `&[u8]` views of it
-// across threads is as safe as sharing any immutable byte slice.
-unsafe impl Send for Mapped {}
-// SAFETY: as above, only shared reads.
-unsafe impl Sync for Mapped {}
+// SAFETY: the mapping is owned by this value alone; shared access is only through `&[u8]`
+// views, and writes need `&mut self`.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
 
-impl Mapped {
-    /// Maps all of `file` (which must not shrink while mapped: image files are only replaced,
-    /// never truncated). An empty file maps to an empty slice.
-    pub fn file(file: &std::fs::File) -> io::Result<Mapped> {
+impl Mapping {
+    /// Maps all of `file` read-only (it must not shrink while mapped: image files are only
+    /// replaced, never truncated). An empty file maps to an empty slice.
+    pub fn file(file: &std::fs::File) -> io::Result<Mapping> {
         use std::os::fd::AsRawFd;
         let len = file.metadata()?.len() as usize;
+        Self::map(len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd())
+    }
+
+    /// `len` bytes of fresh private anonymous memory, readable and writable.
+    pub fn anon(len: usize) -> io::Result<Mapping> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        Self::map(len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)
+    }
+
+    fn map(
+        len: usize,
+        prot: libc::c_int,
+        flags: libc::c_int,
+        fd: libc::c_int,
+    ) -> io::Result<Mapping> {
         if len == 0 {
-            return Ok(Mapped {
+            return Ok(Mapping {
                 ptr: std::ptr::null_mut(),
                 len: 0,
+                writable: false,
             });
         }
-        // SAFETY: a fresh read-only shared mapping of a file we hold open; the kernel picks the
-        // address; nothing else aliases it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
+        // SAFETY: a fresh mapping at an address the kernel picks (of a file we hold open, or
+        // anonymous): it aliases nothing this process has.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapped { ptr, len })
+        Ok(Mapping {
+            ptr,
+            len,
+            writable: prot & libc::PROT_WRITE != 0,
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -72,12 +86,25 @@ impl Mapped {
         // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
+
+    /// The address of the first byte.
+    pub fn start(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Writes `value` to the first byte of page `page` (of an [`Mapping::anon`]).
+    pub fn touch(&mut self, page: usize, value: u8) {
+        assert!(self.writable && page * 4096 < self.len);
+        // SAFETY: in bounds of a writable mapping (both asserted) this value owns exclusively;
+        // `&mut self` rules out a concurrent access.
+        unsafe { std::ptr::write_volatile((self.ptr as *mut u8).add(page * 4096), value) };
+    }
 }
 
-impl Drop for Mapped {
+impl Drop for Mapping {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: unmaps exactly the mapping made in `file`, once; no slice of it outlives
+            // SAFETY: unmaps exactly the mapping made in `map`, once; no view of it outlives
             // `self` (they borrow it).
             unsafe { libc::munmap(self.ptr, self.len) };
         }

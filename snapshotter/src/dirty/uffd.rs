@@ -128,8 +128,8 @@ fn probe() -> Result<Probe, Unsupported> {
             "UFFDIO_API grants features {granted:#x}, without WP_ASYNC|WP_UNPOPULATED"
         )));
     }
-    let mut page =
-        sys::AnonMap::new(PAGE_SIZE as usize).map_err(|e| unsupported(format!("mmap: {e}")))?;
+    let mut page = crate::sys::Mapping::anon(PAGE_SIZE as usize)
+        .map_err(|e| unsupported(format!("mmap: {e}")))?;
     page.touch(0, 1);
     sys::uffdio_register(
         uffd.as_fd(),

@@ -59,7 +59,7 @@ impl Snapshotter {
         if incremental {
             self.whole.start(&info.id, images.clone());
         }
-        if self.track_dirty_pages {
+        if self.tracks_dirty_pages() {
             let dir = self.work_root.join(format!("base-{sandbox}"));
             self.tracking.based_on(sandbox, &images, dir);
         }
@@ -106,7 +106,7 @@ impl Snapshotter {
         // Userfaultfd write-protect tracking (where the kernel lacks soft-dirty): processes not
         // yet registered are registered now, while the sandbox runs; the dump is incremental
         // against the base, if there is one.
-        let uffd = self.track_dirty_pages;
+        let uffd = self.tracks_dirty_pages();
         let mut tracked = uffd.then(|| self.tracking.prepare(sandbox, view.init_pid, !was_frozen));
         let base = criu::DumpOptions {
             pid: view.init_pid,

@@ -241,8 +241,9 @@ impl Snapshotter {
 
     /// Whether snapshots after a sandbox's first dump only the pages written since its last full
     /// dump (`SnapshotterConfig::track_dirty_pages`, where the kernel can).
+    /// The kernel probe runs once, on first use, not at start-up.
     pub fn tracks_dirty_pages(&self) -> bool {
-        self.track_dirty_pages
+        self.track_dirty_pages && self.criu.features().uffd_wp
     }
 
     /// Whether fork branches are restored mergeable (the config's `merge_fork_pages`, where the

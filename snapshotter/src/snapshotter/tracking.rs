@@ -75,7 +75,8 @@ impl Tracking {
         // that cannot stop): outside the lock, so other sandboxes' snapshots do not wait.
         let mut new = Vec::new();
         if running {
-            for pid in process_tree(init_pid) {
+            // The sandbox's init reaps orphans, so every process of the sandbox descends from it.
+            for pid in grove_sys::proc::tree(init_pid) {
                 if known.contains(&pid) {
                     continue;
                 }
@@ -275,52 +276,9 @@ fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `init` and every process descending from it (the sandbox's init reaps orphans, so every
-/// process of the sandbox is one), from /proc's children lists.
-fn process_tree(init: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut todo = vec![init];
-    while let Some(pid) = todo.pop() {
-        out.push(pid);
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            todo.extend(
-                children
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<i32>().ok()),
-            );
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_process_tree_holds_a_child_and_a_grandchild() {
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & wait"])
-            .spawn()
-            .unwrap();
-        let me = child.id() as i32;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let tree = loop {
-            let t = process_tree(me);
-            if t.len() >= 2 || std::time::Instant::now() > deadline {
-                break t;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
-        let _ = child.kill();
-        let _ = child.wait();
-        assert_eq!(tree[0], me);
-        assert_eq!(tree.len(), 2, "sh and its sleep: {tree:?}");
-    }
 
     #[test]
     fn a_base_links_the_images_and_survives_their_removal() {
