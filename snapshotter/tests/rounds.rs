@@ -8,8 +8,8 @@
 //! each branch each process recomputes its own, which must equal the source's at that snapshot.
 //! Where the kernel has userfaultfd write-protect but no soft-dirty, the snapshots after the
 //! first must be incremental (`uffd_wp`, against the sandbox's last full dump, whose snapshot
-//! the test has deleted by then), except where the pages to dump outgrew the base (`c2`'s
-//! arrival: a re-base), so the test covers that path; elsewhere the path is printed.
+//! the test has deleted by then), except where the pages written outgrew the base (a
+//! re-base), so the test covers that path; elsewhere the path is printed.
 
 mod common;
 

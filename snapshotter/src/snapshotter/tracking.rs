@@ -40,6 +40,9 @@ pub(crate) struct Tracking {
 #[derive(Default)]
 struct Tracked {
     procs: HashMap<i32, Registration>,
+    /// The processes armed at the base's dump: only their writes argue for a re-base (a
+    /// process born since is dumped whole either way, and most are short-lived).
+    armed: Vec<i32>,
     /// Links to the images the protection state matches (see the module doc).
     base: Option<PathBuf>,
     /// Why the next dump is full, if it has no base (for the record and the event).
@@ -106,7 +109,7 @@ impl Tracking {
         if let Some(b) = t.base.clone() {
             if !b.is_dir() {
                 forget_base(t, "the base images are gone");
-            } else if let Some(why) = rebase(&t.procs, &b) {
+            } else if let Some(why) = rebase(&t.procs, &t.armed, &b) {
                 forget_base(t, &why);
             }
         }
@@ -141,6 +144,7 @@ impl Tracking {
                 false
             }
         });
+        t.armed = t.procs.keys().copied().collect();
         written
     }
 
@@ -224,15 +228,18 @@ pub(crate) fn make_whole(images: &Path) -> std::io::Result<u64> {
     Ok(flat.parent_pages)
 }
 
-/// Why the pages to dump call for a full dump, if they do: those written since the base, and
-/// every page of a process registered since (all its pages read written until the next full
-/// dump arms it), against the base's pages.
-fn rebase(procs: &HashMap<i32, Registration>, base: &Path) -> Option<String> {
+/// Why the pages written since the base call for a full dump, if they do: those of the
+/// processes armed at the base, against the base's pages.
+fn rebase(procs: &HashMap<i32, Registration>, armed: &[i32], base: &Path) -> Option<String> {
     let base_pages = pages_bytes(base) / 4096;
-    let written: u64 = procs.values().filter_map(|r| r.written().ok()).sum();
+    let written: u64 = armed
+        .iter()
+        .filter_map(|pid| procs.get(pid))
+        .filter_map(|r| r.written().ok())
+        .sum();
     (base_pages > 0 && written as f64 > REBASE_FRACTION * base_pages as f64).then(|| {
         format!(
-            "re-based: {written} pages written or untracked since the base of {base_pages} (more than {:.0} %)",
+            "re-based: {written} pages written since the base of {base_pages} (more than {:.0} %)",
             REBASE_FRACTION * 100.0
         )
     })
