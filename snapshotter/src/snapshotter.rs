@@ -294,6 +294,9 @@ impl Snapshotter {
         store: Arc<dyn FsService>,
     ) -> Result<Arc<Snapshotter>, Error> {
         let criu = Criu::locate(cfg.criu.as_deref())?;
+        // Probed now, not inside the first snapshot or pause (a pause at a sandbox's timeout
+        // must not pay two `criu check` runs; an e2b auto-pause test missed its deadline so).
+        criu.features();
         let records = RecordDir::open(cfg.state_dir.join("snapshots"))?;
         let scratch = cfg.scratch_dir.as_ref().unwrap_or(&cfg.run_dir);
         let work_root = scratch.join("snapshot-work");

@@ -241,7 +241,7 @@ impl Snapshotter {
 
     /// Whether snapshots after a sandbox's first dump only the pages written since its last full
     /// dump (`SnapshotterConfig::track_dirty_pages`, where the kernel can).
-    /// The kernel probe runs once, on first use, not at start-up.
+    /// The kernel probe ran once, at start-up (`Snapshotter::new`).
     pub fn tracks_dirty_pages(&self) -> bool {
         self.track_dirty_pages && self.criu.features().uffd_wp
     }
