@@ -28,6 +28,18 @@ pub(crate) fn is_external(images: &Path) -> bool {
     })
 }
 
+/// Whether no TCP socket in the network namespace of `pid` is connected, connecting or closing
+/// (listeners and TIME_WAIT aside). Asked while the sandbox is frozen, when no socket can
+/// change state but through a TCP timer, and only a socket counted here has one: the dump
+/// of a loopback-only namespace then needs no network lock (`DumpOptions::skip_network_lock`).
+pub(crate) fn tcp_quiet(pid: i32) -> io::Result<bool> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    grove_sys::thread::on_own_thread(move || -> io::Result<bool> {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+        Ok(grove_sys::net::moving_tcp_sockets()? == 0)
+    })?
+}
+
 /// A new network namespace with `lo` up, held by the returned fd (it lives while the fd or a
 /// process in it does). Made on a short-lived thread: network namespaces are per thread, so
 /// the caller's stays untouched.
@@ -67,5 +79,38 @@ mod tests {
             .ino();
         assert_ne!(ours, theirs);
         assert_eq!(inode_of(std::process::id() as i32).unwrap(), ours);
+    }
+
+    /// Asked of another task's namespace (a thread's own, here): quiet with a listener, not
+    /// with a connection; ours is left alone.
+    #[test]
+    fn tcp_quiet_reads_the_namespace_of_the_task_named() {
+        if !nix::unistd::geteuid().is_root() {
+            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
+            return;
+        }
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (step_tx, step_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            grove_sys::net::loopback_up().unwrap();
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            step_rx.recv().unwrap();
+            let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let s = l.accept().unwrap();
+            tid_tx.send(0).unwrap();
+            step_rx.recv().unwrap();
+            drop((c, s));
+        });
+        let tid = tid_rx.recv().unwrap();
+        let listening = tcp_quiet(tid).unwrap();
+        step_tx.send(()).unwrap();
+        tid_rx.recv().unwrap();
+        let connected = tcp_quiet(tid).unwrap();
+        step_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(listening, "a listener alone is quiet");
+        assert!(!connected, "a connection is not");
     }
 }

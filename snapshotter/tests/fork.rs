@@ -248,3 +248,79 @@ fn lazy_branch_held(env: &Env, snap: &str) -> (grove_runtime::SandboxInfo, Vec<i
     }
     panic!("no lazy branch whose daemon was still copying in 8 tries");
 }
+
+/// Holds a loopback TCP connection open with bytes sent but not yet read, then, once
+/// /root/go exists, reads them, answers them upper-cased and records what came back.
+const CONNECTED: &str = r#"
+import os, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 9100))
+l.listen()
+c = socket.create_connection(("127.0.0.1", 9100))
+s, _ = l.accept()
+c.sendall(b"in-flight")
+open("/root/conn-ready", "w").write("1")
+while not os.path.exists("/root/go"):
+    time.sleep(0.01)
+got = s.recv(100)
+s.sendall(got.upper())
+open("/root/conn-result", "w").write(c.recv(100).decode())
+time.sleep(1000)
+"#;
+
+/// A sandbox snapshotted with an established loopback connection (so with CRIU's network
+/// lock: only a namespace without one is dumped without it) gives branches in which the
+/// connection carries on, the unread bytes included.
+#[test]
+fn an_established_connection_with_bytes_in_flight_carries_on_in_branches() {
+    let Some(_serial) = grove::serial_with_prereqs() else {
+        return;
+    };
+    common::tree::become_subreaper();
+    let env = Env::new("grove-stest-tcp");
+    let src = env.rt.create(env.spec()).unwrap();
+    env.rt
+        .write_file(&src.id, "/root/conn.py", CONNECTED.as_bytes(), None)
+        .unwrap();
+    let mut req = grove_runtime::ExecRequest::shell("python3 /root/conn.py");
+    req.background = true;
+    env.rt.exec(&src.id, req).unwrap();
+    wait_for(&env, &src.id, "cat /root/conn-ready", "1");
+    let snap = env
+        .snap
+        .snapshot(&src.id, SnapshotOptions::default())
+        .unwrap();
+    let mut all = vec![src.id.clone()];
+    for b in env.snap.fork(&snap.id, 2, ForkOptions::default()).unwrap() {
+        all.push(b.expect("branch").id);
+    }
+    for id in &all {
+        env.sh(id, "touch /root/go");
+    }
+    for id in &all {
+        wait_for(&env, id, "cat /root/conn-result 2>/dev/null", "IN-FLIGHT");
+    }
+    for id in &all[1..] {
+        env.rt.destroy(id).unwrap();
+    }
+    env.finish();
+}
+
+fn wait_for(env: &Env, id: &grove_runtime::SandboxId, cmd: &str, want: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = env
+            .rt
+            .exec(id, grove_runtime::ExecRequest::shell(cmd))
+            .unwrap();
+        let got = String::from_utf8_lossy(&r.stdout).trim().to_string();
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id}: `{cmd}` gave {got:?}, not {want:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -66,6 +66,10 @@ impl Shim {
 /// then answers CRIU's soft-dirty questions from the tracking (see compat/criu-shim.c, 4).
 pub const UFFD_WP_ENV: &str = "GROVE_UFFD_WP";
 
+/// Set to "1" for a dump that opens no netfilter socket but CRIU's conntrack dumps: the shim
+/// then answers those itself where the namespace's table is empty (compat/criu-shim.c, 5).
+pub const EMPTY_CONNTRACK_ENV: &str = "GROVE_EMPTY_CONNTRACK";
+
 /// The variable through which the shim learns where the kernel-feature cache goes.
 pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
 
@@ -115,5 +119,98 @@ mod tests {
             None,
             "no tmpfs at hand"
         );
+    }
+
+    /// A CRIU-shaped conntrack dump request, from a process with the shim preloaded; prints
+    /// the socket's type (3 raw netlink, 5 the shim's seqpacket) and how many entries came.
+    const CT_DUMP: &str = r#"
+import socket, struct, sys
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)
+kind = s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE)
+req = struct.pack("=IHHII", 20, (1 << 8) | 1, 0x301, 24680, 0) + struct.pack("=BBH", 0, 0, 0)
+s.sendmsg([req], [], 0, (0, 0))
+n = 0
+while True:
+    d = s.recv(65536)
+    at, done = 0, False
+    while at + 16 <= len(d):
+        l, ty, fl, seq, pid = struct.unpack_from("=IHHII", d, at)
+        if ty == 3:
+            done = True
+            break
+        if ty == 2:
+            sys.exit("netlink error %d" % struct.unpack_from("=i", d, at + 16)[0])
+        n += 1
+        at += (l + 3) & ~3
+    if done:
+        break
+print(kind, n)
+"#;
+
+    fn ct_dump(shim: &Path, empty_conntrack: bool) -> (i32, usize) {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", CT_DUMP]).env("LD_PRELOAD", shim);
+        if empty_conntrack {
+            cmd.env(EMPTY_CONNTRACK_ENV, "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut it = text.split_whitespace().map(|w| w.parse::<usize>().unwrap());
+        (it.next().unwrap() as i32, it.next().unwrap())
+    }
+
+    /// The shim answers an empty namespace's conntrack dump itself, only when asked to, and
+    /// passes a namespace with entries through to the kernel, which lists them.
+    #[test]
+    fn empty_conntrack_is_answered_without_the_kernel_and_only_when_empty() {
+        if SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        if !nix::unistd::geteuid().is_root() || !Path::new("/usr/sbin/nft").exists() {
+            grove_testkit::capability_missing("needs root and nft for a conntrack entry");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim.so");
+        std::fs::write(&shim, SHIM).unwrap();
+        let seen = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            grove_sys::net::loopback_up().unwrap();
+            let empty = (ct_dump(&shim, true), ct_dump(&shim, false));
+            // A rule that matches on conntrack state turns conntrack on in this namespace; a
+            // datagram over lo then makes an entry.
+            let nft = std::process::Command::new("/usr/sbin/nft")
+                .args([
+                    "add table ip t; add chain ip t c { type filter hook output priority 0; }; \
+                     add rule ip t c ct state new counter",
+                ])
+                .status()
+                .unwrap();
+            assert!(nft.success());
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            udp.send_to(b"x", udp.local_addr().unwrap()).unwrap();
+            (empty, ct_dump(&shim, true))
+        })
+        .join()
+        .unwrap();
+        let ((asked, not_asked), with_entry) = seen;
+        assert_eq!(
+            asked,
+            (libc::SOCK_SEQPACKET, 0),
+            "empty, asked: the shim answers"
+        );
+        assert_eq!(
+            not_asked,
+            (libc::SOCK_RAW, 0),
+            "not asked: the kernel answers"
+        );
+        assert_eq!(with_entry.0, libc::SOCK_RAW, "an entry: the kernel answers");
+        assert!(with_entry.1 >= 1, "and lists it: {with_entry:?}");
     }
 }

@@ -187,7 +187,7 @@ impl Criu {
     /// Checkpoints a process tree. On failure the error carries the log's `Error (` lines.
     pub fn dump(&self, opts: &DumpOptions) -> Result<Timing, Error> {
         let start = Instant::now();
-        let cmd = match opts.uffd_wp {
+        let mut cmd = match opts.uffd_wp {
             true => {
                 let mut c = self.command_with_shim(&self.binary, None, self.shim_uffd.as_ref());
                 c.env(compat::UFFD_WP_ENV, "1");
@@ -195,6 +195,9 @@ impl Criu {
             }
             false => self.command(),
         };
+        if opts.skip_network_lock && opts.external_net.is_some() {
+            cmd.env(compat::EMPTY_CONNTRACK_ENV, "1");
+        }
         let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
         if status.success() {
             return Ok(Timing {

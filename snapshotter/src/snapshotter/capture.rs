@@ -125,6 +125,8 @@ impl Snapshotter {
                 .and_then(|y| y.covering(&controllers)),
             cgroup_controllers: controllers,
             tcp_established: true,
+            // Decided once frozen, below.
+            skip_network_lock: false,
             track_mem: uffd,
             prev_images_dir: tracked.as_ref().and_then(|t| t.base.clone()),
             uffd_wp: uffd,
@@ -168,6 +170,7 @@ impl Snapshotter {
             }
             let opts = criu::DumpOptions {
                 freeze_cgroup: cgroups::frozen(&view.cgroups),
+                skip_network_lock: view.veth_host.is_none() && self.tcp_quiet(sandbox, &view),
                 ..plan::dump(base.clone(), pre.as_ref())
             };
             let frozen = self.dump_and_commit(sandbox, &opts, mount, pre.as_ref());
@@ -264,6 +267,16 @@ impl Snapshotter {
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
         }
         Ok(nodefs::ObjectId(mount.commit().map_err(Error::Commit)?))
+    }
+
+    /// Whether the frozen sandbox's loopback-only network has no TCP connection that a kernel
+    /// timer could move while CRIU dumps it (see `DumpOptions::skip_network_lock`). If it
+    /// cannot tell, the dump takes the lock.
+    fn tcp_quiet(&self, sandbox: &SandboxId, view: &grove_runtime::CheckpointView) -> bool {
+        netns::tcp_quiet(view.init_pid).unwrap_or_else(|e| {
+            tracing::debug!(%sandbox, error = %e, "sock_diag of the sandbox's network; dumping with the network lock");
+            false
+        })
     }
 
     /// The sandbox is gone: its tracking (uffds, base images) goes with it.
