@@ -218,10 +218,30 @@ impl RootMount for NodefsRootMount {
 
 impl CommitRoot for NodefsRootMount {
     fn commit(&self) -> Result<[u8; 32], RootError> {
-        self.svc.commit(self.info.id).map(|m| m.0).map_err(|e| {
-            let mp = self.info.mountpoint.display();
-            RootError::with_source(format!("nodefs commit of {mp}"), e)
-        })
+        self.svc
+            .commit(self.info.id)
+            .map(|m| m.0)
+            .map_err(|e| self.failed("commit", e))
+    }
+
+    fn commit_unsealed(&self) -> Result<[u8; 32], RootError> {
+        self.svc
+            .commit_unsealed(self.info.id)
+            .map(|m| m.0)
+            .map_err(|e| self.failed("commit", e))
+    }
+
+    fn seal(&self, id: &[u8; 32]) -> Result<(), RootError> {
+        self.svc
+            .seal_commit(self.info.id, &nodefs::ObjectId(*id))
+            .map_err(|e| self.failed("sealing the commit", e))
+    }
+}
+
+impl NodefsRootMount {
+    fn failed(&self, what: &str, e: nodefs::Error) -> RootError {
+        let mp = self.info.mountpoint.display();
+        RootError::with_source(format!("nodefs {what} of {mp}"), e)
     }
 }
 

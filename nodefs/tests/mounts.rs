@@ -218,6 +218,39 @@ fn commit_of_a_small_change_is_fast_and_cheap() {
     );
 }
 
+/// A snapshot commits in two steps: the frozen instant, then the sync after the thaw. The
+/// unsealed commit holds that instant, is kept through a gc, and is sealed once, by its id.
+#[test]
+fn an_unsealed_commit_holds_its_instant_through_gc_until_sealed() {
+    if !fuse_available() {
+        return;
+    }
+    let env = Env::new();
+    let base = env.empty();
+    let m = env.mount(&base, "m", MountOptions::default());
+    fs::write(m.mountpoint().join("f"), random_bytes(7, 300_000)).unwrap();
+    let id = m.commit_unsealed().unwrap();
+    fs::write(m.mountpoint().join("f"), b"after").unwrap();
+    env.store.gc(&[]).unwrap();
+    let other = nodefs::ObjectId([9; 32]);
+    assert!(matches!(
+        m.seal_commit(&other),
+        Err(nodefs::Error::UnknownManifest(_))
+    ));
+    m.seal_commit(&id).unwrap();
+    assert!(
+        matches!(m.seal_commit(&id), Err(nodefs::Error::UnknownManifest(_))),
+        "sealed once"
+    );
+    let out = env.path("out");
+    env.store.export_dir(&id, &out).unwrap();
+    assert_eq!(fs::read(out.join("f")).unwrap(), random_bytes(7, 300_000));
+    let next = m.commit().unwrap();
+    let out2 = env.path("out2");
+    env.store.export_dir(&next, &out2).unwrap();
+    assert_eq!(fs::read(out2.join("f")).unwrap(), b"after");
+}
+
 #[test]
 fn mounting_is_fast_and_leaves_nothing() {
     if !fuse_available() {

@@ -72,6 +72,16 @@ pub trait RootMount: Send + Sync {
 pub trait CommitRoot: Send + Sync {
     /// Saves the tree; its content address (for a nodefs root, the manifest id's 32 bytes).
     fn commit(&self) -> Result<[u8; 32], RootError>;
+    /// The half of [`CommitRoot::commit`] that must see the tree at one instant (a snapshot
+    /// runs it with the sandbox frozen): saved, not yet durable. [`CommitRoot::seal`] must
+    /// follow before the address is recorded anywhere. By default, the whole commit.
+    fn commit_unsealed(&self) -> Result<[u8; 32], RootError> {
+        self.commit()
+    }
+    /// Makes a [`CommitRoot::commit_unsealed`] durable. By default there is nothing left to do.
+    fn seal(&self, _id: &[u8; 32]) -> Result<(), RootError> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

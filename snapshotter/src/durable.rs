@@ -46,6 +46,7 @@ impl Snapshotter {
         let spawned = std::thread::Builder::new()
             .name("grove-snap-store".into())
             .spawn(move || {
+                crate::snapshotter::background_priority();
                 for id in rx {
                     let Some(s) = me.upgrade() else { return };
                     s.import_one(&id);

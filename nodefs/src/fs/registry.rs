@@ -173,6 +173,8 @@ pub struct Mount {
     transport: Transport,
     owner: Weak<NodeFs>,
     last_commit: Mutex<Option<ManifestId>>,
+    /// A commit made but not yet sealed (`Mount::commit_unsealed`), pinned.
+    unsealed: Mutex<Option<ManifestId>>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -328,6 +330,7 @@ impl NodeFs {
             transport,
             owner: Arc::downgrade(self),
             last_commit: Mutex::new(None),
+            unsealed: Mutex::new(None),
         });
         self.mounts.lock().push(m.clone());
         Ok(m)
@@ -500,6 +503,17 @@ impl Drop for NodeFs {
 impl Mount {
     /// Snapshot the current state as a manifest; writes are held off only while it runs.
     pub fn commit(&self) -> Result<ManifestId, Error> {
+        let id = self.commit_unsealed()?;
+        self.seal_commit(&id)?;
+        Ok(id)
+    }
+
+    /// The part of a commit that must see the mount at one instant (a snapshot runs it with
+    /// the sandbox frozen): the manifest of the mount as it is now, its new chunks appended to
+    /// the store but not yet durable, pinned. [`Mount::seal_commit`] makes it durable and must
+    /// come before the id is recorded anywhere; it may wait for the disk while the sandbox
+    /// runs again (behind a large import's backlog that sync took 180-580 ms here).
+    pub fn commit_unsealed(&self) -> Result<ManifestId, Error> {
         if self.session.lock().is_none() {
             return Err(Error::Unmounted(self.mountpoint.clone()));
         }
@@ -510,15 +524,39 @@ impl Mount {
             let mut st = self.shared.state.lock();
             commit::commit(&mut st, &store)?
         };
-        store.seal_manifest(&id)?;
+        // Pinned before gc may run again: its chunks stay until it is sealed or replaced.
+        store.pin(&id);
+        if let Some(stale) = self.unsealed.lock().replace(id) {
+            store.unpin(&stale);
+        }
+        Ok(id)
+    }
+
+    /// Makes the mount's pending commit `id` (from [`Mount::commit_unsealed`]) durable; later
+    /// commits then build on it. Any other id is `UnknownManifest`.
+    pub fn seal_commit(&self, id: &ManifestId) -> Result<(), Error> {
+        if *self.unsealed.lock() != Some(*id) {
+            return Err(Error::UnknownManifest(*id));
+        }
+        let store = &self.shared.store;
+        let sealed = store.seal_manifest(id);
+        let mut unsealed = self.unsealed.lock();
+        if *unsealed != Some(*id) {
+            // Replaced by a newer commit meanwhile, which unpinned this one.
+            return Err(Error::UnknownManifest(*id));
+        }
+        *unsealed = None;
+        if let Err(e) = sealed {
+            store.unpin(id);
+            return Err(e.into());
+        }
         // Only now that its chunks are held by a sealed manifest may later commits build on
         // them.
         commit::start_from_commit(&mut self.shared.state.lock());
-        store.pin(&id);
-        if let Some(old) = self.last_commit.lock().replace(id) {
+        if let Some(old) = self.last_commit.lock().replace(*id) {
             store.unpin(&old);
         }
-        Ok(id)
+        Ok(())
     }
 
     /// Have the kernel hand over the writes it still holds: those made through shared
@@ -603,6 +641,9 @@ impl Mount {
         let store = &self.shared.store;
         store.unpin(&self.base);
         if let Some(c) = self.last_commit.lock().take() {
+            store.unpin(&c);
+        }
+        if let Some(c) = self.unsealed.lock().take() {
             store.unpin(&c);
         }
     }

@@ -479,6 +479,14 @@ impl FsService for Client {
         self.call(Request::Usage { mount })
     }
 
+    fn commit_unsealed(&self, mount: u64) -> Result<ManifestId, Error> {
+        self.call(Request::CommitUnsealed { mount })
+    }
+
+    fn seal_commit(&self, mount: u64, id: &ManifestId) -> Result<(), Error> {
+        self.call(Request::SealCommit { mount, id: *id })
+    }
+
     fn unmount(&self, mount: u64) -> Result<(), Error> {
         self.call(Request::Unmount { mount })
     }

@@ -199,6 +199,14 @@ impl FsService for Local {
         self.mount_of(mount)?.commit()
     }
 
+    fn commit_unsealed(&self, mount: u64) -> Result<ManifestId, Error> {
+        self.mount_of(mount)?.commit_unsealed()
+    }
+
+    fn seal_commit(&self, mount: u64, id: &ManifestId) -> Result<(), Error> {
+        self.mount_of(mount)?.seal_commit(id)
+    }
+
     fn usage(&self, mount: u64) -> Result<Usage, Error> {
         Ok(self.mount_of(mount)?.usage())
     }

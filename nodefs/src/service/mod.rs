@@ -128,6 +128,11 @@ pub trait FsService: Send + Sync + std::fmt::Debug {
     ) -> Result<MountInfo, Error>;
     /// Commits a mount's current state as a manifest (pinned while the mount lives).
     fn commit(&self, mount: u64) -> Result<ManifestId, Error>;
+    /// [`FsService::commit`] in two steps: the manifest of the mount now, not yet durable
+    /// (what a snapshot takes while the sandbox is frozen), then [`FsService::seal_commit`],
+    /// which must come before the id is recorded anywhere (see `Mount::commit_unsealed`).
+    fn commit_unsealed(&self, mount: u64) -> Result<ManifestId, Error>;
+    fn seal_commit(&self, mount: u64, id: &ManifestId) -> Result<(), Error>;
     fn usage(&self, mount: u64) -> Result<Usage, Error>;
     /// Unmounts and drops the upper layer. Idempotent for this server's own ids: one it no longer
     /// knows (unmounted already, or detached from outside and forgotten) is Ok. An id below the

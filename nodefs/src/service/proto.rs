@@ -109,6 +109,13 @@ pub(crate) enum Request {
     Commit {
         mount: u64,
     },
+    CommitUnsealed {
+        mount: u64,
+    },
+    SealCommit {
+        mount: u64,
+        id: ManifestId,
+    },
     Usage {
         mount: u64,
     },

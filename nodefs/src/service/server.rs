@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use super::proto::{self, Reply, Request, WireError, VERSION};
-use super::{FsService, Local};
+use super::{FsService, ImportPolicy, Local};
 use crate::error::Error;
 use crate::id::ObjectId;
 
@@ -173,6 +173,13 @@ impl Server {
             Request::Stats => v(svc.stats()),
             Request::StoredBytes => v(svc.stored_bytes()),
             Request::ManifestBytes { id } => v(svc.manifest_bytes(&id)),
+            // A snapshot's images are stored in the background: at a lower priority, so that
+            // the sandboxes' own requests and the next snapshot's frozen dump come first.
+            Request::ImportDir { dir, policy, base } if policy == ImportPolicy::CriuImages => {
+                v(in_background(|| {
+                    svc.import_dir(&dir, policy, base.as_ref())
+                }))
+            }
             Request::ImportDir { dir, policy, base } => {
                 v(svc.import_dir(&dir, policy, base.as_ref()))
             }
@@ -231,6 +238,8 @@ impl Server {
             Request::Mount { base, target, opts } => v(svc.mount(&base, &target, &opts)),
             Request::Commit { mount } => v(svc.commit(mount)),
             Request::Usage { mount } => v(svc.usage(mount)),
+            Request::CommitUnsealed { mount } => v(svc.commit_unsealed(mount)),
+            Request::SealCommit { mount, id } => v(svc.seal_commit(mount, &id)),
             Request::Unmount { mount } => v(svc.unmount(mount)),
             Request::Mounts => v(svc.mounts()),
             Request::Shutdown => {
@@ -260,5 +269,36 @@ impl Server {
             ))),
             _ => Err(Error::fsd("expected the end of the stream")),
         }
+    }
+}
+
+/// The nice value of background imports (see `Server::handle`).
+const BACKGROUND_NICE: i32 = 10;
+
+/// Runs `f` on a thread of its own at [`BACKGROUND_NICE`] (Linux keeps nice values per thread,
+/// and this one ends with `f`, so no thread of the server is left lowered).
+fn in_background<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Err(e) = grove_sys::sched::set_nice(0, BACKGROUND_NICE) {
+                tracing::debug!(error = %e, "a background import keeps its priority");
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+#[cfg(test)]
+mod background_tests {
+    use super::*;
+
+    #[test]
+    fn background_work_runs_niced_and_leaves_the_caller_as_it_was() {
+        let ours = grove_sys::sched::nice(0).unwrap();
+        let theirs = in_background(|| grove_sys::sched::nice(0).unwrap());
+        assert_eq!(theirs, BACKGROUND_NICE.max(ours));
+        assert_eq!(grove_sys::sched::nice(0).unwrap(), ours);
     }
 }

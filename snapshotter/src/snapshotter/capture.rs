@@ -1,12 +1,12 @@
 //! Taking a snapshot: freeze, CRIU dump (leaving the tree running), commit of the root, thaw,
-//! and the record that makes it forkable.
+//! the commit made durable, and the record that makes it forkable.
 
 use super::tracking;
 use super::*;
 
 impl Snapshotter {
     /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
-    /// → durable record → returned, forkable from the dumped images; they go into the store in
+    /// → commit synced → durable record → returned, forkable from the dumped images; they go into the store in
     /// the background (`durable.rs`) unless `opts.durable` asks to wait. Any failure before
     /// the record thaws and leaves the source as it was; no scratch is left behind.
     pub fn snapshot(
@@ -185,6 +185,9 @@ impl Snapshotter {
             match frozen {
                 Ok(fs_root) => {
                     thaw(true)?;
+                    // Durable only now, with the sandbox running again: the sync may wait
+                    // behind other writes to the store (an earlier snapshot's images).
+                    mount.seal(&fs_root.0).map_err(Error::Commit)?;
                     let memory_dump = if pre.is_some() {
                         MemoryDump::SoftDirty
                     } else if let Some(base) = &opts.prev_images_dir {
@@ -243,7 +246,8 @@ impl Snapshotter {
         }
     }
 
-    /// The frozen part: dump the tree (leaving it running), then commit its root.
+    /// The frozen part: dump the tree (leaving it running), then commit its root (made durable
+    /// after the thaw, see `capture`).
     fn dump_and_commit(
         &self,
         sandbox: &SandboxId,
@@ -266,7 +270,9 @@ impl Snapshotter {
             plan::nest_parent(&opts.images_dir, &p.images_dir)
                 .map_err(|e| Error::io(&opts.images_dir, e))?;
         }
-        Ok(nodefs::ObjectId(mount.commit().map_err(Error::Commit)?))
+        Ok(nodefs::ObjectId(
+            mount.commit_unsealed().map_err(Error::Commit)?,
+        ))
     }
 
     /// Whether the frozen sandbox's loopback-only network has no TCP connection that a kernel
