@@ -120,6 +120,11 @@ fn diag_count(sock: &OwnedFd, seq: u32, family: u8) -> io::Result<usize> {
             }
             return Err(e);
         }
+        if got == 0 {
+            return Err(io::Error::other(
+                "sock_diag: the socket closed before its answer",
+            ));
+        }
         let mut at = 0;
         let got = got as usize;
         while at + std::mem::size_of::<libc::nlmsghdr>() <= got {
@@ -132,7 +137,7 @@ fn diag_count(sock: &OwnedFd, seq: u32, family: u8) -> io::Result<usize> {
             if word(8) == seq {
                 match kind as i32 {
                     libc::NLMSG_DONE => return Ok(count),
-                    libc::NLMSG_ERROR => {
+                    libc::NLMSG_ERROR if len >= 20 => {
                         let errno = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap());
                         return Err(io::Error::from_raw_os_error(-errno));
                     }

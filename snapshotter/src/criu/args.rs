@@ -144,7 +144,7 @@ pub struct RestoreOptions {
 
 /// CRIU's network lock: an nftables table that drops every packet in the tree's network
 /// namespace while it is dumped or restored (its teardown waits out an RCU grace period, about
-/// 12 ms here). A restore takes the method its images were dumped with.
+/// 13 ms here). A restore takes the method its images were dumped with, whatever it is told.
 const LOCK_NFTABLES: &str = "nftables";
 /// No lock: for a namespace whose only interface is loopback, so that every peer of its
 /// sockets is a task of the frozen tree (see [`DumpOptions::skip_network_lock`]).

@@ -6,9 +6,10 @@ use super::*;
 
 impl Snapshotter {
     /// Snapshots a running sandbox: freeze → CRIU dump (leave running) → nodefs commit → thaw
-    /// → commit synced → durable record → returned, forkable from the dumped images; they go into the store in
-    /// the background (`durable.rs`) unless `opts.durable` asks to wait. Any failure before
-    /// the record thaws and leaves the source as it was; no scratch is left behind.
+    /// → commit synced → durable record → returned, forkable from the dumped images; they go
+    /// into the store in the background (`durable.rs`) unless `opts.durable` asks to wait. Any
+    /// failure before the record thaws and leaves the source as it was; no scratch is left
+    /// behind.
     pub fn snapshot(
         &self,
         sandbox: &SandboxId,
