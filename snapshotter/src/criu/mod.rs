@@ -119,6 +119,9 @@ impl Criu {
     ) -> Command {
         let mut cmd = Command::new(program);
         cmd.stdin(Stdio::null());
+        // Only a dump that asks for it may have the shim answer conntrack dumps (a restore's
+        // netfilter requests must reach the kernel), whatever groved's own environment holds.
+        cmd.env_remove(compat::EMPTY_CONNTRACK_ENV);
         let shim = shim.map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
