@@ -46,7 +46,7 @@ impl Snapshotter {
         let spawned = std::thread::Builder::new()
             .name("grove-snap-store".into())
             .spawn(move || {
-                crate::snapshotter::background_priority();
+                let _ = grove_sys::sched::into_background();
                 for id in rx {
                     let Some(s) = me.upgrade() else { return };
                     s.import_one(&id);

@@ -160,17 +160,6 @@ const REF_PREFIX: &str = "grove/snapshots/";
 
 pub(crate) use grove_runtime::now_ms;
 
-/// The nice value of the threads that finish snapshots in the background (storing images,
-/// making incremental ones whole): they yield the CPU to the next snapshot's frozen dump.
-const BACKGROUND_NICE: i32 = 10;
-
-/// Gives the calling thread [`BACKGROUND_NICE`].
-pub(crate) fn background_priority() {
-    if let Err(e) = grove_sys::sched::set_nice(0, BACKGROUND_NICE) {
-        tracing::debug!(error = %e, "background snapshot work keeps its priority");
-    }
-}
-
 pub(crate) fn parse_manifest(hex: &str, what: &str) -> Result<ManifestId, Error> {
     hex.parse().map_err(|_| Error::InvalidInput {
         field: "snapshot",

@@ -6,6 +6,17 @@
 
 use std::io;
 
+/// The nice value of work that finishes a snapshot in the background (storing its images in
+/// grove-fsd, making incremental ones whole in groved): it yields the CPU to the sandboxes'
+/// own requests and to the next snapshot's frozen dump.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Gives the calling thread [`BACKGROUND_NICE`]. Refused (a thread already nicer, without
+/// CAP_SYS_NICE), it keeps its own: only the order of work changes, so callers may ignore it.
+pub fn into_background() -> io::Result<()> {
+    set_nice(0, BACKGROUND_NICE)
+}
+
 /// Sets the nice value of task `tid` (0: the calling thread). Lowering it needs CAP_SYS_NICE.
 pub fn set_nice(tid: i32, nice: i32) -> io::Result<()> {
     let who = libc::id_t::try_from(tid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;

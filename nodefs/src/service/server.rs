@@ -272,17 +272,12 @@ impl Server {
     }
 }
 
-/// The nice value of background imports (see `Server::handle`).
-const BACKGROUND_NICE: i32 = 10;
-
-/// Runs `f` on a thread of its own at [`BACKGROUND_NICE`] (Linux keeps nice values per thread,
-/// and this one ends with `f`, so no thread of the server is left lowered).
+/// Runs `f` on a thread of its own at `grove_sys::sched::BACKGROUND_NICE` (Linux keeps nice
+/// values per thread, and this one ends with `f`, so no thread of the server is left lowered).
 fn in_background<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
-            if let Err(e) = grove_sys::sched::set_nice(0, BACKGROUND_NICE) {
-                tracing::debug!(error = %e, "a background import keeps its priority");
-            }
+            let _ = grove_sys::sched::into_background();
             f()
         })
         .join()
@@ -298,7 +293,7 @@ mod background_tests {
     fn background_work_runs_niced_and_leaves_the_caller_as_it_was() {
         let ours = grove_sys::sched::nice(0).unwrap();
         let theirs = in_background(|| grove_sys::sched::nice(0).unwrap());
-        assert_eq!(theirs, BACKGROUND_NICE.max(ours));
+        assert_eq!(theirs, grove_sys::sched::BACKGROUND_NICE.max(ours));
         assert_eq!(grove_sys::sched::nice(0).unwrap(), ours);
     }
 }

@@ -75,7 +75,7 @@ impl Wholes {
         let (me, for_thread) = (self.clone(), id.to_string());
         let run = move || {
             let id = for_thread;
-            super::background_priority();
+            let _ = grove_sys::sched::into_background();
             let t0 = Instant::now();
             let outcome = tracking::make_whole(&images).map_err(|e| e.to_string());
             match &outcome {
