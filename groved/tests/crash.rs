@@ -510,7 +510,10 @@ fn check_sandboxes(api: &Api, book: &Book, roots: Roots) {
                     assert_eq!(mark, id, "{id} lost the file it wrote ({roots:?} roots)");
                 }
             }
-            other => panic!("{id} is {other}: not usable ({roots:?} roots)"),
+            other => {
+                let (_, why) = api.must(Method::GET, &format!("/v1/sandboxes/{id}"), None);
+                panic!("{id} is {other}: not usable ({roots:?} roots): {why}")
+            }
         }
     }
 }
