@@ -37,7 +37,7 @@
  *    cache goes to a file of its own (".uffd-wp" appended), so runs with and without this
  *    never share a cached answer.
  *
- * And two speed-ups, each active only when Grove asks for it:
+ * And three speed-ups, each active only when Grove asks for it:
  *
  * 3. CRIU's kernel-feature cache. CRIU probes the kernel on every run (about 30 ms here) unless
  *    it finds /run/criu.kdat, which it writes only where /run is a tmpfs (the cache must not
@@ -55,6 +55,14 @@
  *    seqpacket sendmsg ignores the netlink address CRIU sends the request to. Grove sets the
  *    variable only for dumps that open no other netfilter socket: the namespace is external
  *    (no nftables listing) and the dump takes no network lock (no nftables table).
+ *
+ * 6. tmpfs archives without gzip (GROVE_PLAIN_TMPFS_ARCHIVES=1, dumps). CRIU saves each tmpfs
+ *    mount with `tar --create --gzip` and restores it with `tar --extract --gzip`, and GNU tar
+ *    runs gzip as a process of its own: 2.6 ms of each archive's 4.3 here, for a sandbox's few
+ *    small files, three times in every dump (frozen) and every restore. CRIU runs tar with
+ *    execvp, so a dump that asks drops --gzip there; an extract drops it only when its input
+ *    does not start with gzip's magic, so snapshots written either way restore. The images
+ *    keep CRIU's names; Grove's store compresses them. tar runs without the shim preloaded.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -70,6 +78,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #ifndef SO_PASSSEC
 #define SO_PASSSEC 34
@@ -436,4 +445,52 @@ int unlink(const char *path)
 		real = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
 	char buf[4096];
 	return real(kdat_path(path, buf, sizeof(buf)));
+}
+
+/* ---- 6: tmpfs archives without gzip ---- */
+
+/* CRIU's restore feeds the archive to tar on stdin (a regular file: the image). */
+static int stdin_is_gzip(void)
+{
+	unsigned char magic[2];
+	long at = syscall(SYS_lseek, 0, 0L, SEEK_CUR);
+	if (at < 0)
+		return 1; /* unknown: leave CRIU's command as it is */
+	return syscall(SYS_pread64, 0, magic, sizeof(magic), at) != 2 || (magic[0] == 0x1f && magic[1] == 0x8b);
+}
+
+static int drop_gzip(char *const argv[])
+{
+	if (!argv[0] || !argv[1])
+		return 0;
+	if (strcmp(argv[1], "--create") == 0) {
+		const char *v = getenv("GROVE_PLAIN_TMPFS_ARCHIVES");
+		return v && v[0] == '1';
+	}
+	return strcmp(argv[1], "--extract") == 0 && !stdin_is_gzip();
+}
+
+/* Runs in CRIU's forked child (cr_system), single-threaded, right before the exec. */
+int execvp(const char *file, char *const argv[])
+{
+	static int (*real)(const char *, char *const[]);
+	if (!real)
+		real = (int (*)(const char *, char *const[]))dlsym(RTLD_NEXT, "execvp");
+	if (!file || strcmp(file, "tar") != 0)
+		return real(file, argv);
+	unsetenv("LD_PRELOAD");
+	if (!drop_gzip(argv))
+		return real(file, argv);
+	char *plain[32];
+	size_t n = 0;
+	for (size_t i = 0; argv[i]; i++) {
+		if (n + 1 == sizeof(plain) / sizeof(plain[0])) {
+			errno = E2BIG;
+			return -1;
+		}
+		if (strcmp(argv[i], "--gzip") != 0)
+			plain[n++] = argv[i];
+	}
+	plain[n] = NULL;
+	return real(file, plain);
 }

@@ -28,6 +28,12 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     assert_eq!(before["counter"], 42);
     assert_eq!(before["offset"], 13);
     env.sh(&src.id, "echo before > /root/marker");
+    // The sandbox's tmpfs mounts: CRIU archives them at the dump and extracts them in each
+    // branch (without gzip: compat/criu-shim.c, 6).
+    env.sh(
+        &src.id,
+        "echo tmp > /tmp/t && echo shm > /dev/shm/s && mkdir -p /run/d && echo run > /run/d/r",
+    );
     // A shell that exits leaving a background child: its session leader is dead, so CRIU
     // restores the session through a helper task (see compat/criu-shim.c).
     env.sh(&src.id, "sleep 1000 >/dev/null 2>&1 &");
@@ -90,6 +96,11 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
         // The loopback server still listens inside the branch.
         assert_eq!(app::wait_http(&env, &b.id), DATA);
         assert_eq!(env.out(&b.id, "cat /root/marker"), "before");
+        assert_eq!(
+            env.out(&b.id, "cat /tmp/t /dev/shm/s /run/d/r | tr '\\n' ' '"),
+            "tmp shm run",
+            "branch {i}: tmpfs contents"
+        );
         // Init stays non-dumpable across the restore: its own sandbox cannot ptrace it.
         assert_eq!(env.out(&b.id, PTRACE_INIT), "EPERM", "branch {i}");
         assert_eq!(

@@ -70,6 +70,10 @@ pub const UFFD_WP_ENV: &str = "GROVE_UFFD_WP";
 /// then answers those itself where the namespace's table is empty (compat/criu-shim.c, 5).
 pub const EMPTY_CONNTRACK_ENV: &str = "GROVE_EMPTY_CONNTRACK";
 
+/// Set to "1" for a dump: the shim then has CRIU's tmpfs archives written without gzip, and
+/// restores read either kind (compat/criu-shim.c, 6).
+pub const PLAIN_TMPFS_ARCHIVES_ENV: &str = "GROVE_PLAIN_TMPFS_ARCHIVES";
+
 /// The variable through which the shim learns where the kernel-feature cache goes.
 pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
 
@@ -212,5 +216,108 @@ print(kind, n)
         );
         assert_eq!(with_entry.0, libc::SOCK_RAW, "an entry: the kernel answers");
         assert!(with_entry.1 >= 1, "and lists it: {with_entry:?}");
+    }
+
+    /// CRIU's two tar commands for a tmpfs, run as CRIU runs them (execvp from a process with
+    /// the shim preloaded: coreutils' `env` execs its command with execvp). `input` is tar's
+    /// stdin, `output` its stdout.
+    fn criu_tar(shim: &Path, args: &[&str], plain: bool, input: &Path, output: &Path) -> bool {
+        let mut cmd = std::process::Command::new("env");
+        cmd.arg("tar")
+            .args(args)
+            .env("LD_PRELOAD", shim)
+            .stdin(std::fs::File::open(input).unwrap())
+            .stdout(std::fs::File::create(output).unwrap())
+            .stderr(std::process::Stdio::null());
+        if plain {
+            cmd.env(PLAIN_TMPFS_ARCHIVES_ENV, "1");
+        }
+        cmd.status().unwrap().success()
+    }
+
+    fn is_gzip(archive: &Path) -> bool {
+        std::fs::read(archive).unwrap().starts_with(&[0x1f, 0x8b])
+    }
+
+    /// A dump that asks writes its tmpfs archive without gzip, one that does not writes gzip as
+    /// CRIU asks; a restore extracts either, and only the shim makes the plain one extract.
+    #[test]
+    fn tmpfs_archives_are_plain_when_asked_and_either_kind_restores() {
+        if SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim.so");
+        std::fs::write(&shim, SHIM).unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("shm")).unwrap();
+        std::fs::write(src.join("shm/segment"), b"kept across the snapshot").unwrap();
+        std::os::unix::fs::symlink("shm/segment", src.join("link")).unwrap();
+        let src_s = src.to_str().unwrap();
+        let create = [
+            "--create",
+            "--gzip",
+            "--no-unquote",
+            "--no-wildcards",
+            "--one-file-system",
+            "--check-links",
+            "--preserve-permissions",
+            "--sparse",
+            "--numeric-owner",
+            "--directory",
+            src_s,
+            ".",
+        ];
+        let null = Path::new("/dev/null");
+        let (plain, gz) = (dir.path().join("plain"), dir.path().join("gz"));
+        assert!(criu_tar(&shim, &create, true, null, &plain));
+        assert!(criu_tar(&shim, &create, false, null, &gz));
+        assert!(!is_gzip(&plain), "asked: no gzip");
+        assert!(is_gzip(&gz), "not asked: gzip, as CRIU asks");
+        for (archive, with_shim) in [(&plain, true), (&gz, true), (&gz, false)] {
+            let out = tempfile::tempdir_in(dir.path()).unwrap();
+            let out_s = out.path().to_str().unwrap();
+            let extract = [
+                "--extract",
+                "--gzip",
+                "--no-unquote",
+                "--no-wildcards",
+                "--directory",
+                out_s,
+            ];
+            let used = if with_shim {
+                shim.clone()
+            } else {
+                PathBuf::new()
+            };
+            assert!(criu_tar(
+                &used,
+                &extract,
+                false,
+                archive,
+                &dir.path().join("log")
+            ));
+            assert_eq!(
+                std::fs::read(out.path().join("shm/segment")).unwrap(),
+                b"kept across the snapshot"
+            );
+            assert_eq!(
+                std::fs::read_link(out.path().join("link")).unwrap(),
+                Path::new("shm/segment")
+            );
+        }
+        let out = tempfile::tempdir_in(dir.path()).unwrap();
+        let extract = [
+            "--extract",
+            "--gzip",
+            "--directory",
+            out.path().to_str().unwrap(),
+        ];
+        let log = dir.path().join("log");
+        assert!(
+            !criu_tar(Path::new(""), &extract, false, &plain, &log),
+            "without the shim CRIU's extract cannot read a plain archive"
+        );
     }
 }

@@ -3,6 +3,7 @@
 mod args;
 mod compat;
 mod error;
+mod launch;
 pub mod log;
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -16,6 +17,7 @@ pub use args::{
     PRE_DUMP_LOG, RESTORE_LOG,
 };
 pub use error::Error;
+pub use launch::Launch;
 
 /// Where scripts/setup installs a CRIU that works on this kernel.
 pub const DEFAULT_BINARY: &str = "/var/lib/grove/criu/criu";
@@ -37,6 +39,8 @@ pub struct Features {
 #[derive(Debug)]
 pub struct Criu {
     binary: PathBuf,
+    /// How `binary` is started (without its wrapper where it is scripts/setup's).
+    launch: launch::Launch,
     features: OnceLock<Features>,
     shim: Option<compat::Shim>,
     /// The shim's build for dumps tracked by userfaultfd write-protect.
@@ -71,6 +75,7 @@ impl Criu {
                 continue;
             }
             let criu = Criu {
+                launch: launch::Launch::of(&c),
                 binary: c.clone(),
                 features: OnceLock::new(),
                 shim: compat::Shim::load(),
@@ -103,25 +108,22 @@ impl Criu {
 
     /// A CRIU command that inherits `netns` at [`args::NETNS_FD`] (see `RestoreOptions`).
     fn command_with(&self, netns: Option<BorrowedFd<'_>>) -> Command {
-        self.command_of(&self.binary, netns)
+        self.prepare(self.launch.command(), netns, self.shim.as_ref())
     }
 
-    /// `program` (CRIU, or a shell around it) with CRIU's environment and descriptors.
-    fn command_of(&self, program: &Path, netns: Option<BorrowedFd<'_>>) -> Command {
-        self.command_with_shim(program, netns, self.shim.as_ref())
-    }
-
-    fn command_with_shim(
+    /// `cmd` (CRIU, or a shell around it) with CRIU's environment and descriptors.
+    fn prepare(
         &self,
-        program: &Path,
+        mut cmd: Command,
         netns: Option<BorrowedFd<'_>>,
         shim: Option<&compat::Shim>,
     ) -> Command {
-        let mut cmd = Command::new(program);
         cmd.stdin(Stdio::null());
         // Only a dump that asks for it may have the shim answer conntrack dumps (a restore's
-        // netfilter requests must reach the kernel), whatever groved's own environment holds.
+        // netfilter requests must reach the kernel), or write plain tmpfs archives, whatever
+        // groved's own environment holds.
         cmd.env_remove(compat::EMPTY_CONNTRACK_ENV);
+        cmd.env_remove(compat::PLAIN_TMPFS_ARCHIVES_ENV);
         let shim = shim.map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
@@ -192,7 +194,7 @@ impl Criu {
         let start = Instant::now();
         let mut cmd = match opts.uffd_wp {
             true => {
-                let mut c = self.command_with_shim(&self.binary, None, self.shim_uffd.as_ref());
+                let mut c = self.prepare(self.launch.command(), None, self.shim_uffd.as_ref());
                 c.env(compat::UFFD_WP_ENV, "1");
                 c
             }
@@ -201,6 +203,7 @@ impl Criu {
         if opts.skip_network_lock && opts.external_net.is_some() {
             cmd.env(compat::EMPTY_CONNTRACK_ENV, "1");
         }
+        cmd.env(compat::PLAIN_TMPFS_ARCHIVES_ENV, "1");
         let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
         if status.success() {
             return Ok(Timing {
@@ -298,12 +301,12 @@ impl Criu {
     pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
         use std::os::unix::process::CommandExt;
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
-        let mut cmd = self.command_of(Path::new("/bin/sh"), None);
+        let mut cmd = self.prepare(Command::new("/bin/sh"), None, self.shim.as_ref());
         cmd.arg("-c")
             .arg(LAZY_WRAPPER)
             .arg(LAZY_WRAPPER_NAME)
             .arg(work_dir)
-            .arg(&self.binary)
+            .args(self.launch.argv())
             .args(args::lazy_pages_args(images_dir, work_dir))
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use grove_snapshotter::criu::Launch;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -69,7 +70,7 @@ fn criu_log_errors(log: &Path) -> String {
 
 pub(in crate::scenarios) fn criu_dump(criu: &Path, pid: i32, dir: &Path) -> Result<f64> {
     std::fs::create_dir_all(dir)?;
-    let mut c = Command::new(criu);
+    let mut c = Launch::of(criu).command();
     c.arg("dump")
         .arg("-t")
         .arg(pid.to_string())
@@ -98,7 +99,7 @@ pub(in crate::scenarios) fn criu_restore_n(
                 s.spawn(move || -> Result<i32> {
                     let pidfile = dir.join(format!("pid-{tag}-{k}"));
                     let log = format!("restore-{tag}-{k}.log");
-                    let mut c = Command::new(criu);
+                    let mut c = Launch::of(criu).command();
                     c.arg("restore")
                         .arg("-D")
                         .arg(dir)
