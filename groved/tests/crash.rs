@@ -201,9 +201,10 @@ disk_mb = {disk_mb}
 
 impl Drop for Node {
     /// On a failed run the node's sandboxes go too, or a panicking test would leave them (and
-    /// their grove-fsd, mounts, cgroups and heaps) to the tests after it: the daemon, started
-    /// again if a kill left it down, is stopped with `keep_sandboxes_on_stop` off, so that its
-    /// SIGTERM destroys everything it adopted. The dir and its log stay.
+    /// their grove-fsd, mounts, cgroups and heaps) to the tests after it: the daemon is started
+    /// again with `keep_sandboxes_on_stop` off (a running one read it on, so it is stopped
+    /// first, leaving them to the next), and stopped, so that its SIGTERM destroys everything
+    /// it adopted. The dir and its log stay.
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("crash test: log kept in {}", self.dir.display());
@@ -215,10 +216,13 @@ impl Drop for Node {
                 );
                 let _ = std::fs::write(&config, c);
             }
-            if self.child.is_none() {
-                if let Err(e) = self.try_start() {
-                    eprintln!("crash test: could not restart groved to clean up: {e}");
-                }
+            if let Some(mut child) = self.child.take() {
+                // SAFETY: kill(2) on the pid of our own child.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                let _ = child.wait();
+            }
+            if let Err(e) = self.try_start() {
+                eprintln!("crash test: could not restart groved to clean up: {e}");
             }
         }
         if let Some(mut child) = self.child.take() {
@@ -559,6 +563,15 @@ fn sandboxes_on_overlay_roots_keep_running_through_sigkills() {
     }
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// `state_fs_mb`: the state dir on a tmpfs of that size (the full-disk variant).
 fn kill_stream(roots: Roots, kills: usize, state_fs_mb: Option<u64>) {
     let started = Instant::now();
@@ -579,6 +592,8 @@ fn kill_stream(roots: Roots, kills: usize, state_fs_mb: Option<u64>) {
     let counts = Arc::new(Counts::default());
     let gate = Arc::new(RwLock::new(()));
     let stop = Arc::new(AtomicBool::new(false));
+    // Dropped before `node` when a check panics: the worker stops streaming into the clean-up.
+    let _stop_worker = StopOnDrop(stop.clone());
     let worker = {
         let (book, counts, gate, stop) = (book.clone(), counts.clone(), gate.clone(), stop.clone());
         let socket = node.socket();
