@@ -189,15 +189,24 @@ fn diag_count(sock: &OwnedFd, seq: u32, family: u8) -> io::Result<usize> {
 mod tests {
     use super::*;
 
+    /// Runs `f` on a thread of its own in a new network namespace, so the host's is not
+    /// touched; None, said loudly, without root.
+    fn in_fresh_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        if !nix::unistd::geteuid().is_root() {
+            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
+            return None;
+        }
+        let t = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        });
+        Some(t.join().unwrap())
+    }
+
     /// In a namespace of its own (a thread's), so the host's `lo` is not touched.
     #[test]
     fn brings_up_lo_in_a_fresh_namespace() {
-        if !nix::unistd::geteuid().is_root() {
-            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
-            return;
-        }
-        let up = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let Some(up) = in_fresh_netns(|| {
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let to = sock.local_addr().unwrap();
             let down = sock.send_to(b"x", to).is_err(); // ENETUNREACH while lo is down
@@ -206,9 +215,9 @@ mod tests {
             let mut b = [0u8; 1];
             sock.recv(&mut b).unwrap();
             down && b == *b"x"
-        })
-        .join()
-        .unwrap();
+        }) else {
+            return;
+        };
         assert!(up, "lo was down before and carried a datagram after");
     }
 
@@ -227,12 +236,7 @@ mod tests {
     /// family, in that namespace only.
     #[test]
     fn counts_the_namespaces_own_tcp_sockets_without_a_walk() {
-        if !nix::unistd::geteuid().is_root() {
-            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
-            return;
-        }
-        let seen = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let Some(seen) = in_fresh_netns(|| {
             loopback_up().unwrap();
             let here = Path::new("/proc/thread-self/net");
             let empty = tcp_sockets_in_use(here).unwrap();
@@ -252,9 +256,9 @@ mod tests {
                 listening - l6.is_some() as u64,
                 connected - listening,
             )
-        })
-        .join()
-        .unwrap();
+        }) else {
+            return;
+        };
         assert_eq!(
             seen,
             (0, 0, 1, 2),
@@ -291,12 +295,7 @@ mod tests {
 
     #[test]
     fn counts_connections_not_listeners_or_time_wait() {
-        if !nix::unistd::geteuid().is_root() {
-            grove_testkit::capability_missing("needs root (CAP_SYS_ADMIN) for a network namespace");
-            return;
-        }
-        let seen = std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let Some(seen) = in_fresh_netns(|| {
             loopback_up().unwrap();
             let empty = moving_tcp_sockets().unwrap();
             let l4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -316,9 +315,9 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             (empty, listening, connected, closed)
-        })
-        .join()
-        .unwrap();
+        }) else {
+            return;
+        };
         assert_eq!(seen, (0, 0, 2, 0), "(empty, listening, connected, closed)");
     }
 }
