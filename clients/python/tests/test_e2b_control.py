@@ -153,6 +153,27 @@ def test_auto_pause_at_the_timeout_keeps_the_sandbox(e2b_env):
         time.sleep(0.2)
 
 
+def test_connect_the_moment_it_reads_paused_waits_for_the_pause(e2b_env):
+    """A sandbox reads paused while its pause still parks it; a connect then must wait for the
+    pause to land and resume it, not answer 409 (the auto-pause test met that window)."""
+    import threading
+
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("echo kept > /tmp/moment.txt; sleep 600 >/dev/null 2>&1 &", user="root")
+        pausing = threading.Thread(target=sbx.pause)
+        pausing.start()
+        deadline = time.monotonic() + 30
+        while Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "never read paused"
+        back = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        pausing.join()
+        assert back.files.read("/tmp/moment.txt") == "kept\n"
+        assert back.commands.run("pgrep -x sleep").exit_code == 0
+    finally:
+        sbx.kill()
+
+
 def test_fork_into_four_that_diverge(e2b_env):
     sbx = Sandbox.create(timeout=120)
     forks = []

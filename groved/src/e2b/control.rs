@@ -618,7 +618,9 @@ async fn connect(
     let secs = given.unwrap_or_else(|| stored_timeout(&i));
     let was_paused = i.state == SandboxState::Paused;
     if was_paused {
-        crate::api::pause::resume_any(&app, &id).await?;
+        // A sandbox reads paused while its pause still parks it: wait that out, as every other
+        // request that needs it running does, rather than answer 409 to the SDK's connect.
+        crate::api::pause::awake(&app, &id).await?;
     }
     let keep = !was_paused && i.expires_at_ms.is_some_and(|e| e >= now_ms() + secs * 1000);
     let rt = app.runtime.clone();
