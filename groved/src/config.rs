@@ -164,6 +164,10 @@ pub struct FileConfig {
     pub import_retry_secs: Option<u64>,
     /// Fork branches share their clean pages through kernel samepage merging (default true).
     pub merge_fork_pages: Option<bool>,
+    /// Turn on the cgroup2 superblock's `favordynmods` at start, so that moving a task into a
+    /// cgroup (every restored task, every new sandbox's init) waits out no RCU grace period
+    /// (default true; a host setting that Linux 6.18 keeps until reboot).
+    pub favor_cgroup_moves: Option<bool>,
     /// Fork branches restore with CRIU lazy pages where the kernel can (default true;
     /// `GROVE_LAZY_PAGES=0` in groved's environment turns it off).
     pub lazy_pages: Option<bool>,
@@ -246,6 +250,7 @@ pub struct Config {
     pub peers: Vec<Peer>,
     pub import_retry: Duration,
     pub merge_fork_pages: bool,
+    pub favor_cgroup_moves: bool,
     pub lazy_pages: bool,
     pub track_dirty_pages: bool,
     /// See `FileConfig::default_ttl_secs` (0 is None here).
@@ -423,6 +428,7 @@ impl Config {
             peers,
             import_retry: Duration::from_secs(f.import_retry_secs.unwrap_or(30).max(1)),
             merge_fork_pages: f.merge_fork_pages.unwrap_or(true),
+            favor_cgroup_moves: f.favor_cgroup_moves.unwrap_or(true),
             lazy_pages: f.lazy_pages.unwrap_or(true)
                 && std::env::var("GROVE_LAZY_PAGES").as_deref() != Ok("0"),
             track_dirty_pages: f.track_dirty_pages.unwrap_or(true)

@@ -91,6 +91,13 @@ pub fn checks() -> Vec<Check> {
             cgroups(),
         ),
         Check::new(
+            "cgroup moves",
+            Optional,
+            "groved turns favordynmods on at start (favor_cgroup_moves = true, the default); \
+             without it each move of a task into a cgroup waits out an RCU grace period",
+            cgroup_moves(),
+        ),
+        Check::new(
             "devices",
             Required,
             "sandboxes need a device allowlist: mount the cgroup v1 devices hierarchy at \
@@ -220,6 +227,17 @@ fn which(bin: &str) -> Result<String, String> {
         .find(|p| p.is_file())
         .map(|p| p.display().to_string())
         .ok_or_else(|| format!("{bin} not on PATH"))
+}
+
+/// Whether moving a task into a cgroup skips an RCU grace period (runtime `cgroup::moves`).
+fn cgroup_moves() -> Result<String, String> {
+    use grove_runtime::cgroup::moves;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let state = moves::state(&text);
+    match state {
+        moves::Dynmods::On { .. } => Ok(moves::describe(&state)),
+        _ => Err(moves::describe(&state)),
+    }
 }
 
 fn cgroups() -> Result<String, String> {

@@ -19,10 +19,30 @@ fn main() {
     }
 }
 
+/// Turns on the host's cgroup2 `favordynmods` (`grove_runtime::cgroup::moves`): a failure
+/// only costs restores and creates their grace period, so it is logged, not fatal.
+fn favor_cgroup_moves() {
+    use grove_runtime::cgroup::moves;
+    match moves::favor_moves() {
+        Ok(moves::Favored::TurnedOn) => tracing::info!(
+            "turned on the cgroup2 superblock's favordynmods: moving a task into a cgroup no \
+             longer waits out an RCU grace period"
+        ),
+        Ok(moves::Favored::AlreadyOn) => {}
+        Err(e) => tracing::warn!(
+            error = %groved::error::chain(&e),
+            "favordynmods stays off: each move of a task into a cgroup waits out an RCU grace period"
+        ),
+    }
+}
+
 fn run(args: &Args) -> anyhow::Result<()> {
     let config = Config::load(&args.overrides)?;
     // Dropped last, at exit: groved leaves its cgroup and removes it.
     let _cgroups = groved::daemon_cgroup::enter(&config)?;
+    if config.favor_cgroup_moves {
+        favor_cgroup_moves();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

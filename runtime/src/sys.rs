@@ -1,10 +1,12 @@
 //! The runtime's system calls that `nix` does not wrap (bpf, capability bounding set, terminal
-//! ioctls, signal dispositions by number, poll over raw `pollfd`s): one place for their unsafe
-//! blocks. What more than one crate needs lives in `grove_sys`; everything else goes through nix.
+//! ioctls, signal dispositions by number, poll over raw `pollfd`s, a superblock reconfigured
+//! through the new mount API): one place for their unsafe blocks. What more than one crate needs lives in `grove_sys`; everything else goes through nix.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
     if rc < 0 {
@@ -185,4 +187,56 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
     // SAFETY: fds is a valid, correctly sized array of pollfd for the duration of the call.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     check(n.into()).map(|n| n as usize)
+}
+
+/// fspick(2) flag, and fsconfig(2) commands (linux/mount.h; libc has the syscall numbers only).
+const FSPICK_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_CMD_RECONFIGURE: libc::c_uint = 7;
+
+/// Reconfigures the superblock of the filesystem mounted at `mountpoint` with exactly the
+/// parameter flags `flags` (fspick, one fsconfig per flag, then a reconfigure). Unlike a
+/// `mount -o remount`, the mount's own attributes (nosuid, noexec, ...) are left as they are.
+/// A flag the filesystem does not know fails the call before anything changes.
+pub fn reconfigure_superblock(mountpoint: &Path, flags: &[&str]) -> io::Result<()> {
+    let path = CString::new(mountpoint.as_os_str().as_bytes())?;
+    // SAFETY: fspick reads one NUL-terminated path that outlives the call; the descriptor it
+    // returns is owned right below.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_fspick,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            FSPICK_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fd is a descriptor fspick just opened, owned by nothing else.
+    let fs = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    for flag in flags {
+        let key = CString::new(*flag)?;
+        // SAFETY: FSCONFIG_SET_FLAG reads one NUL-terminated key that outlives the call; the
+        // value must be NULL and aux 0.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_FLAG,
+                key.as_ptr(),
+                std::ptr::null::<libc::c_char>(),
+                0,
+            )
+        })?;
+    }
+    // SAFETY: FSCONFIG_CMD_RECONFIGURE takes no key, value or aux.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_RECONFIGURE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })?;
+    Ok(())
 }

@@ -7,6 +7,7 @@ mod daemon;
 mod devices;
 mod fs;
 mod memory;
+pub mod moves;
 mod pids;
 mod unified;
 mod v1;
