@@ -217,8 +217,13 @@ fn host_description() -> String {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ");
+    // A host setting every peer's restores and creates feel (each task move into a cgroup),
+    // which the bench's groved turns on where it is off (runtime `cgroup::moves`).
+    let moves = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| grove_runtime::cgroup::moves::describe(&grove_runtime::cgroup::moves::state(&m)))
+        .unwrap_or_default();
     format!(
-        "Linux {}, {cpus} CPUs, {mem} GiB RAM, load at start {load}",
+        "Linux {}, {cpus} CPUs, {mem} GiB RAM, load at start {load}, cgroup2 at start: {moves}",
         kernel.trim()
     )
 }

@@ -74,6 +74,10 @@ pub const EMPTY_CONNTRACK_ENV: &str = "GROVE_EMPTY_CONNTRACK";
 /// restores read either kind (compat/criu-shim.c, 6).
 pub const PLAIN_TMPFS_ARCHIVES_ENV: &str = "GROVE_PLAIN_TMPFS_ARCHIVES";
 
+/// Set to "1" for a dump with the userfaultfd build: the shim then moves each pipe of pages
+/// into its image with one splice instead of one per pagemap entry (compat/criu-shim.c, 7).
+pub const COALESCE_PAGE_WRITES_ENV: &str = "GROVE_COALESCE_PAGE_WRITES";
+
 /// The variable through which the shim learns where the kernel-feature cache goes.
 pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
 
@@ -319,5 +323,77 @@ print(kind, n)
             !criu_tar(Path::new(""), &extract, false, &plain, &log),
             "without the shim CRIU's extract cannot read a plain archive"
         );
+    }
+
+    /// CRIU's page writes as write_pages_loc makes them, from python3 with the uffd build
+    /// preloaded: one pipe filled with a buffer's pages, then one splice per page into a
+    /// "pages-N.img" opened through openat. Prints the image's size after the first splice,
+    /// whether the image holds the pages in order, and the errno of a splice from another pipe
+    /// while moved bytes are unclaimed and of the next one into the same image (0: none).
+    const PAGE_WRITES: &str = r#"
+import errno, fcntl, os, sys
+d = os.open(sys.argv[1], os.O_RDONLY)
+img = os.open("pages-7.img", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=d)
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 1 << 20)
+pages = [bytes([i]) * 4096 for i in range(200)]
+os.write(w, b"".join(pages))
+first = None
+for p in pages:
+    assert os.splice(r, img, 4096) == 4096
+    first = first if first is not None else os.fstat(img).st_size
+whole = open(os.path.join(sys.argv[1], "pages-7.img"), "rb").read() == b"".join(pages)
+os.write(w, pages[0] + pages[1])
+os.splice(r, img, 4096)
+r2, w2 = os.pipe()
+os.write(w2, pages[2])
+def err(f):
+    try:
+        f()
+        return 0
+    except OSError as e:
+        return e.errno
+other = err(lambda: os.splice(r2, img, 4096))
+after = err(lambda: os.splice(r, img, 4096))
+print(first, whole, other, after)
+"#;
+
+    fn page_writes(shim: &Path, coalesce: bool) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", PAGE_WRITES])
+            .arg(dir.path())
+            .env("LD_PRELOAD", shim);
+        if coalesce {
+            cmd.env(COALESCE_PAGE_WRITES_ENV, "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// Asked, the first splice of a pipe moves all of it and the rest are answered from it:
+    /// the image is the same bytes in the same order. A splice CRIU would never make then (from
+    /// another pipe) fails, and so does every later one into that image. Not asked, each
+    /// splice moves what it names (the control).
+    #[test]
+    fn a_pipe_of_pages_goes_to_its_image_in_one_splice_when_asked() {
+        if SHIM_UFFD.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim-uffd.so");
+        std::fs::write(&shim, SHIM_UFFD).unwrap();
+        let eio = libc::EIO.to_string();
+        assert_eq!(
+            page_writes(&shim, true),
+            format!("{} True {eio} {eio}", 200 * 4096)
+        );
+        assert_eq!(page_writes(&shim, false), "4096 True 0 0");
     }
 }

@@ -124,6 +124,7 @@ impl Criu {
         // groved's own environment holds.
         cmd.env_remove(compat::EMPTY_CONNTRACK_ENV);
         cmd.env_remove(compat::PLAIN_TMPFS_ARCHIVES_ENV);
+        cmd.env_remove(compat::COALESCE_PAGE_WRITES_ENV);
         let shim = shim.map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
@@ -196,6 +197,7 @@ impl Criu {
             true => {
                 let mut c = self.prepare(self.launch.command(), None, self.shim_uffd.as_ref());
                 c.env(compat::UFFD_WP_ENV, "1");
+                c.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
                 c
             }
             false => self.command(),
