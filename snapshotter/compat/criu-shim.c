@@ -445,7 +445,16 @@ ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, uns
 	}
 	int queued = 0;
 	if (!coalesce_pages() || off_in || off_out || !is_pages_img_fd(out) ||
-	    real_ioctl(in, FIONREAD, &queued) < 0 || (size_t)queued <= len)
+	    real_ioctl(in, FIONREAD, &queued) < 0)
+		return real_splice(in, off_in, out, off_out, len, flags);
+	if (queued == 0) {
+		/* An ask the pipe cannot meet (CRIU fills it first): a plain splice would wait for
+		 * ever, with the tree frozen. */
+		broken_out = out;
+		errno = EIO;
+		return -1;
+	}
+	if ((size_t)queued <= len)
 		return real_splice(in, off_in, out, off_out, len, flags);
 	size_t done = 0;
 	while (done < (size_t)queued) {

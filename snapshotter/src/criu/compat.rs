@@ -329,7 +329,8 @@ print(kind, n)
     /// preloaded: one pipe filled with a buffer's pages, then one splice per page into a
     /// "pages-N.img" opened through openat. Prints the image's size after the first splice,
     /// whether the image holds the pages in order, and the errno of a splice from another pipe
-    /// while moved bytes are unclaimed and of the next one into the same image (0: none).
+    /// while moved bytes are unclaimed and of the next one into the same image (0: none), and,
+    /// asked, of a splice from an empty pipe into a fresh image (a plain one would wait).
     const PAGE_WRITES: &str = r#"
 import errno, fcntl, os, sys
 d = os.open(sys.argv[1], os.O_RDONLY)
@@ -355,7 +356,12 @@ def err(f):
         return e.errno
 other = err(lambda: os.splice(r2, img, 4096))
 after = err(lambda: os.splice(r, img, 4096))
-print(first, whole, other, after)
+empty = "-"
+if len(sys.argv) > 2:
+    img2 = os.open("pages-8.img", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=d)
+    r3, w3 = os.pipe()
+    empty = err(lambda: os.splice(r3, img2, 4096))
+print(first, whole, other, after, empty)
 "#;
 
     fn page_writes(shim: &Path, coalesce: bool) -> String {
@@ -365,7 +371,7 @@ print(first, whole, other, after)
             .arg(dir.path())
             .env("LD_PRELOAD", shim);
         if coalesce {
-            cmd.env(COALESCE_PAGE_WRITES_ENV, "1");
+            cmd.arg("asked").env(COALESCE_PAGE_WRITES_ENV, "1");
         }
         let out = cmd.output().unwrap();
         assert!(
@@ -378,8 +384,8 @@ print(first, whole, other, after)
 
     /// Asked, the first splice of a pipe moves all of it and the rest are answered from it:
     /// the image is the same bytes in the same order. A splice CRIU would never make then (from
-    /// another pipe) fails, and so does every later one into that image. Not asked, each
-    /// splice moves what it names (the control).
+    /// another pipe) fails, and so does every later one into that image, and one from an empty
+    /// pipe fails instead of waiting. Not asked, each splice moves what it names (the control).
     #[test]
     fn a_pipe_of_pages_goes_to_its_image_in_one_splice_when_asked() {
         if SHIM_UFFD.is_empty() {
@@ -392,8 +398,8 @@ print(first, whole, other, after)
         let eio = libc::EIO.to_string();
         assert_eq!(
             page_writes(&shim, true),
-            format!("{} True {eio} {eio}", 200 * 4096)
+            format!("{} True {eio} {eio} {eio}", 200 * 4096)
         );
-        assert_eq!(page_writes(&shim, false), "4096 True 0 0");
+        assert_eq!(page_writes(&shim, false), "4096 True 0 0 -");
     }
 }
