@@ -76,6 +76,7 @@ pub const PLAIN_TMPFS_ARCHIVES_ENV: &str = "GROVE_PLAIN_TMPFS_ARCHIVES";
 
 /// Set to "1" for a dump with the userfaultfd build: the shim then moves each pipe of pages
 /// into its image with one splice instead of one per pagemap entry (compat/criu-shim.c, 7).
+/// groved sets it on every tracked dump unless its own environment has it at "0".
 pub const COALESCE_PAGE_WRITES_ENV: &str = "GROVE_COALESCE_PAGE_WRITES";
 
 /// The variable through which the shim learns where the kernel-feature cache goes.

@@ -197,7 +197,10 @@ impl Criu {
             true => {
                 let mut c = self.prepare(self.launch.command(), None, self.shim_uffd.as_ref());
                 c.env(compat::UFFD_WP_ENV, "1");
-                c.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
+                // On unless groved runs with the variable at "0" (an A/B, or a way out).
+                if std::env::var(compat::COALESCE_PAGE_WRITES_ENV).as_deref() != Ok("0") {
+                    c.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
+                }
                 c
             }
             false => self.command(),
