@@ -11,7 +11,10 @@
 //!
 //! The flag belongs to the cgroup2 superblock, which every cgroup2 mount shares, and it acts
 //! on the one global rwsem, so turning it on there serves v1 hierarchies too. It is a host
-//! setting: Linux 6.18 does not turn it off again before a reboot.
+//! setting, and a fragile one: a later cgroup2 mount in the host's cgroup namespace applies
+//! its own options to that one superblock and clears it (raw CRIU without a cgroup yard and
+//! podman on a v1 host do such mounts; Grove's CRIU runs use a yard). From Linux 6.18 on,
+//! once it has been on, moves keep their per-thread-group lock until reboot either way.
 
 use std::path::{Path, PathBuf};
 
