@@ -180,7 +180,8 @@ mod tests {
         }
         let was_on = before.iter().any(|f| f == FAVOR_DYNMODS);
         let done = favor_moves().expect("turn favordynmods on");
-        assert_eq!(done == Favored::AlreadyOn, was_on);
+        // Off before may still read on by now: another groved or test run on the host.
+        assert!(!was_on || done == Favored::AlreadyOn, "{done:?}");
         let (_, after) = cgroup2_superblock(&mountinfo()).unwrap();
         assert!(after.iter().any(|f| f == FAVOR_DYNMODS), "{after:?}");
         for f in before {
