@@ -237,6 +237,10 @@ fn open_stack(image_dir: &Path, work: &Path, criu: &Path) -> Result<Stack> {
         .context("image dir has no name")?
         .to_string();
     let pid = std::process::id();
+    // As groved does at start by default (`favor_cgroup_moves`): Grove is measured as it runs.
+    if let Err(e) = grove_runtime::cgroup::moves::favor_moves() {
+        eprintln!("grove-bench: favordynmods stays off: {e}");
+    }
     // Records and mountpoints: on a systemd node the run dir is /run/grove, a tmpfs; this machine
     // kind's /run is on disk, so the bench keeps it on a tmpfs as well. What sandboxes write (their
     // upper layers) stays on disk, under the state dir.
