@@ -218,7 +218,7 @@ fn host_description() -> String {
         .collect::<Vec<_>>()
         .join(" ");
     // A host setting every peer's restores and creates feel (each task move into a cgroup),
-    // which the bench's groved turns on where it is off (runtime `cgroup::moves`).
+    // which the bench's Grove stack then turns on, as groved does (runtime `cgroup::moves`).
     let moves = std::fs::read_to_string("/proc/self/mountinfo")
         .map(|m| grove_runtime::cgroup::moves::describe(&grove_runtime::cgroup::moves::state(&m)))
         .unwrap_or_default();
