@@ -93,6 +93,13 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
+/* Whether Grove asked for a part: its variable is exactly "1". */
+static int asked(const char *name)
+{
+	const char *v = getenv(name);
+	return v && strcmp(v, "1") == 0;
+}
+
 #ifndef SO_PASSSEC
 #define SO_PASSSEC 34
 #endif
@@ -199,8 +206,7 @@ int socket(int domain, int type, int protocol)
 		real = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
 	if (domain == AF_NETLINK && protocol == GROVE_NETLINK_NETFILTER &&
 	    (type & 0xf) == SOCK_RAW) {
-		const char *v = getenv("GROVE_EMPTY_CONNTRACK");
-		if (v && v[0] == '1' && netns_conntrack_empty()) {
+		if (asked("GROVE_EMPTY_CONNTRACK") && netns_conntrack_empty()) {
 			int fd = empty_dump_socket(type);
 			if (fd >= 0)
 				return fd;
@@ -214,10 +220,8 @@ int socket(int domain, int type, int protocol)
 static int uffd_wp(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("GROVE_UFFD_WP");
-		on = v && strcmp(v, "1") == 0;
-	}
+	if (on < 0)
+		on = asked("GROVE_UFFD_WP");
 	return on;
 }
 
@@ -255,10 +259,8 @@ static int is_pagemap_path(const char *path)
 static int coalesce_pages(void)
 {
 	static int on = -1;
-	if (on < 0) {
-		const char *v = getenv("GROVE_COALESCE_PAGE_WRITES");
-		on = v && strcmp(v, "1") == 0;
-	}
+	if (on < 0)
+		on = asked("GROVE_COALESCE_PAGE_WRITES");
 	return on;
 }
 
@@ -585,10 +587,8 @@ static int drop_gzip(char *const argv[])
 {
 	if (!argv[0] || !argv[1])
 		return 0;
-	if (strcmp(argv[1], "--create") == 0) {
-		const char *v = getenv("GROVE_PLAIN_TMPFS_ARCHIVES");
-		return v && v[0] == '1';
-	}
+	if (strcmp(argv[1], "--create") == 0)
+		return asked("GROVE_PLAIN_TMPFS_ARCHIVES");
 	return strcmp(argv[1], "--extract") == 0 && !stdin_is_gzip();
 }
 
