@@ -50,7 +50,18 @@
  *    image no longer matches its pagemap: that splice, and every later one into the image,
  *    fails with EIO, and so does the dump; Grove then dumps in full.
  *
- * And three speed-ups, each active only when Grove asks for it:
+ * 9. No TCP socket, answered without the walk (GROVE_EMPTY_TCP_DIAG=1, tracked dumps). CRIU
+ *    collects the namespace's sockets with sock_diag dumps, and the kernel answers a TCP dump
+ *    by walking the host's whole established table, every namespace's buckets: 1.6 ms per
+ *    address family here, while the sandbox is frozen. Where the namespace holds no hashed TCP
+ *    socket (its own sockstat and sockstat6 say `inuse 0`: no listener, no connection in any
+ *    state; a socket never bound or connected is in no table and CRIU dumps it without the
+ *    diag), and it has no TIME_WAIT entry (`tw 0`), the kernel's answer would be empty. So a TCP
+ *    dump request sent on a sock_diag socket of the caller's own namespace is not sent, and the
+ *    next read of that socket is one NLMSG_DONE with the request's sequence number. Sockets of another namespace, other
+ *    families and protocols, and namespaces with a TCP socket go to the kernel as before.
+ *
+ * And four speed-ups in both builds, each active only when Grove asks for it:
  *
  * 3. CRIU's kernel-feature cache. CRIU probes the kernel on every run (about 30 ms here) unless
  *    it finds /run/criu.kdat, which it writes only where /run is a tmpfs (the cache must not
@@ -68,6 +79,14 @@
  *    seqpacket sendmsg ignores the netlink address CRIU sends the request to. Grove sets the
  *    variable only for dumps that open no other netfilter socket: the namespace is external
  *    (no nftables listing) and the dump takes no network lock (no nftables table).
+ *
+ * 8. Started before the freeze (GROVE_START_FD=<fd>, dumps). Starting CRIU costs about 5 ms
+ *    here (the loader maps and relocates its 22 libraries) before it does anything; in a dump
+ *    that is time the sandbox spends frozen. So Grove starts the dump's CRIU first and freezes
+ *    the sandbox after: this constructor, which runs once the loader is done and before CRIU's
+ *    main, says "r" on the inherited socket and waits for one byte back. "g" lets CRIU go on;
+ *    anything else, or the socket closed (Grove dropped the dump, or died), exits at once,
+ *    before CRIU has read an argument or opened a file.
  *
  * 6. tmpfs archives without gzip (GROVE_PLAIN_TMPFS_ARCHIVES=1, dumps). CRIU saves each tmpfs
  *    mount with `tar --create --gzip` and restores it with `tar --extract --gzip`, and GNU tar
@@ -89,6 +108,8 @@
 #include <stdint.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/netlink.h>
+#include <netinet/in.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -98,6 +119,36 @@ static int asked(const char *name)
 {
 	const char *v = getenv(name);
 	return v && strcmp(v, "1") == 0;
+}
+
+/* ---- 8: started before the freeze ---- */
+
+/* CRIU never exits with it: a dump Grove dropped before it began. */
+#define GROVE_NOT_STARTED 75
+
+__attribute__((constructor)) static void wait_for_start(void)
+{
+	const char *v = getenv("GROVE_START_FD");
+	if (!v)
+		return;
+	char *end;
+	long fd = strtol(v, &end, 10);
+	unsetenv("GROVE_START_FD");
+	if (*v == '\0' || *end != '\0' || fd < 0 || fd > 1024)
+		_exit(GROVE_NOT_STARTED);
+	char go = 'r';
+	long r;
+	do
+		r = syscall(SYS_write, (int)fd, &go, 1);
+	while (r < 0 && errno == EINTR);
+	if (r != 1)
+		_exit(GROVE_NOT_STARTED);
+	do
+		r = syscall(SYS_read, (int)fd, &go, 1);
+	while (r < 0 && errno == EINTR);
+	syscall(SYS_close, (int)fd);
+	if (r != 1 || go != 'g')
+		_exit(GROVE_NOT_STARTED);
 }
 
 #ifndef SO_PASSSEC
@@ -264,6 +315,16 @@ static int coalesce_pages(void)
 	return on;
 }
 
+/* ---- 9 (below): no TCP socket ---- */
+
+static int empty_tcp_diag(void)
+{
+	static int on = -1;
+	if (on < 0)
+		on = asked("GROVE_EMPTY_TCP_DIAG");
+	return on;
+}
+
 /* Open pages images (CRIU's "pages-<id>.img"), by fd. */
 static unsigned char pages_img_fd[TRACKED_FDS];
 
@@ -321,6 +382,8 @@ static int (*real_close)(int);
 static int (*real_openat)(int, const char *, int, ...);
 static int (*real_openat64)(int, const char *, int, ...);
 static ssize_t (*real_splice)(int, loff_t *, int, loff_t *, size_t, unsigned int);
+static ssize_t (*real_sendmsg)(int, const struct msghdr *, int);
+static ssize_t (*real_recvmsg)(int, struct msghdr *, int);
 
 __attribute__((constructor)) static void resolve_next(void)
 {
@@ -333,8 +396,11 @@ __attribute__((constructor)) static void resolve_next(void)
 	real_openat64 = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, "openat64");
 	real_splice = (ssize_t(*)(int, loff_t *, int, loff_t *, size_t, unsigned int))dlsym(
 		RTLD_NEXT, "splice");
+	real_sendmsg = (ssize_t(*)(int, const struct msghdr *, int))dlsym(RTLD_NEXT, "sendmsg");
+	real_recvmsg = (ssize_t(*)(int, struct msghdr *, int))dlsym(RTLD_NEXT, "recvmsg");
 	uffd_wp();
 	coalesce_pages();
+	empty_tcp_diag();
 }
 
 int ioctl(int fd, unsigned long req, ...)
@@ -475,12 +541,140 @@ ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, uns
 	return (ssize_t)len;
 }
 
+/* ---- 9: no TCP socket, answered without the walk ---- */
+
+#define GROVE_NETLINK_SOCK_DIAG 4
+#define GROVE_SOCK_DIAG_BY_FAMILY 20
+#define GROVE_NLM_F_DUMP 0x300
+#ifndef SIOCGSKNS
+#define SIOCGSKNS 0x894C
+#endif
+
+struct grove_nlmsghdr {
+	uint32_t len;
+	uint16_t type, flags;
+	uint32_t seq, pid;
+};
+
+/* linux/inet_diag.h's inet_diag_req_v2, up to what is read here. */
+struct grove_inet_diag_req {
+	uint8_t family, protocol, ext, pad;
+	uint32_t states;
+	unsigned char id[48];
+};
+
+/* The sock_diag socket whose next read is the end of an empty dump, and that dump's seq. */
+static int done_fd = -1;
+static uint32_t done_seq;
+
+/* The number after `key` in a /proc/self/net file, or -1. */
+static long net_count(const char *file, const char *key)
+{
+	char buf[512];
+	int fd = real_openat(AT_FDCWD, file, O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	ssize_t n = real_read(fd, buf, sizeof(buf) - 1);
+	real_close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	const char *at = strstr(buf, key);
+	if (!at)
+		return -1;
+	char *end;
+	long v = strtol(at + strlen(key), &end, 10);
+	return end == at + strlen(key) ? -1 : v;
+}
+
+static int netns_has_no_tcp(void)
+{
+	return net_count("/proc/thread-self/net/sockstat", "TCP: inuse ") == 0 &&
+	       net_count("/proc/thread-self/net/sockstat", " tw ") == 0 &&
+	       net_count("/proc/thread-self/net/sockstat6", "TCP6: inuse ") == 0;
+}
+
+/* A netlink socket of the sock_diag family, in the caller's own network namespace. */
+static int is_own_diag_socket(int fd)
+{
+	int v;
+	socklen_t len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0 || v != AF_NETLINK)
+		return 0;
+	len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &len) < 0 || v != GROVE_NETLINK_SOCK_DIAG)
+		return 0;
+	int ns = real_ioctl(fd, SIOCGSKNS);
+	if (ns < 0)
+		return 0;
+	struct stat sock_ns, own;
+	int same = fstat(ns, &sock_ns) == 0 && stat("/proc/thread-self/ns/net", &own) == 0 &&
+		   sock_ns.st_dev == own.st_dev && sock_ns.st_ino == own.st_ino;
+	real_close(ns);
+	return same;
+}
+
+/* A TCP dump request of CRIU's shape: one buffer, one message, all of it. */
+static const struct grove_nlmsghdr *tcp_dump_request(const struct msghdr *msg)
+{
+	if (!msg || msg->msg_iovlen != 1 || !msg->msg_iov)
+		return NULL;
+	const struct iovec *iov = msg->msg_iov;
+	if (iov->iov_len < sizeof(struct grove_nlmsghdr) + sizeof(struct grove_inet_diag_req))
+		return NULL;
+	const struct grove_nlmsghdr *h = iov->iov_base;
+	const struct grove_inet_diag_req *r = (const void *)(h + 1);
+	if (h->len != iov->iov_len || h->type != GROVE_SOCK_DIAG_BY_FAMILY ||
+	    (h->flags & GROVE_NLM_F_DUMP) != GROVE_NLM_F_DUMP)
+		return NULL;
+	if ((r->family != AF_INET && r->family != AF_INET6) || r->protocol != IPPROTO_TCP)
+		return NULL;
+	return h;
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	const struct grove_nlmsghdr *h;
+	if (empty_tcp_diag() && (h = tcp_dump_request(msg)) && is_own_diag_socket(fd) &&
+	    netns_has_no_tcp()) {
+		done_fd = fd;
+		done_seq = h->seq;
+		return (ssize_t)h->len;
+	}
+	return real_sendmsg(fd, msg, flags);
+}
+
+ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	if (fd != done_fd || fd < 0 || !msg || msg->msg_iovlen < 1 || !msg->msg_iov)
+		return real_recvmsg(fd, msg, flags);
+	struct {
+		struct grove_nlmsghdr h;
+		int32_t status;
+	} done = {{sizeof(done), 3 /* NLMSG_DONE */, 2 /* NLM_F_MULTI */, done_seq, 0}, 0};
+	if (msg->msg_iov[0].iov_len < sizeof(done))
+		return real_recvmsg(fd, msg, flags);
+	memcpy(msg->msg_iov[0].iov_base, &done, sizeof(done));
+	if (msg->msg_name && msg->msg_namelen >= sizeof(struct sockaddr_nl)) {
+		struct sockaddr_nl from = {.nl_family = AF_NETLINK};
+		memcpy(msg->msg_name, &from, sizeof(from));
+		msg->msg_namelen = sizeof(from);
+	}
+	msg->msg_controllen = 0;
+	msg->msg_flags = 0;
+	if (!(flags & MSG_PEEK))
+		done_fd = -1;
+	return (ssize_t)sizeof(done);
+}
+
 int close(int fd)
 {
 	if (fd >= 0 && fd < TRACKED_FDS) {
 		pagemap_fd[fd] = 0;
 		pages_img_fd[fd] = 0;
 	}
+	if (fd == done_fd)
+		done_fd = -1;
 	forget_fd(fd);
 	return real_close(fd);
 }

@@ -6,35 +6,59 @@ use std::path::{Path, PathBuf};
 /// The freezer CRIU should use: the one the runtime froze the sandbox with (v1 freezer or the
 /// cgroup2 `cgroup.freeze`). CRIU then seizes the frozen tasks and leaves the cgroup frozen.
 pub(crate) fn frozen(cgroups: &[(String, PathBuf)]) -> Option<PathBuf> {
-    let rel = |p: &PathBuf| p.strip_prefix("/").unwrap_or(p).to_path_buf();
-    for (ctrl, path) in cgroups {
-        if ctrl == "freezer" {
-            let dir = Path::new("/sys/fs/cgroup/freezer").join(rel(path));
-            let state = std::fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
-            if state.trim() == "FROZEN" {
-                return Some(dir);
-            }
-        }
+    freezers(cgroups)
+        .into_iter()
+        .find(|f| f.is_frozen())
+        .map(|f| f.dir)
+}
+
+/// The freezer the runtime will freeze the sandbox with, before it does: the first of its
+/// freezers (the runtime takes the v1 freezer where the sandbox has one). [`frozen`] says, once
+/// frozen, whether that guess was right.
+pub(crate) fn freezer(cgroups: &[(String, PathBuf)]) -> Option<PathBuf> {
+    freezers(cgroups).into_iter().next().map(|f| f.dir)
+}
+
+struct Freezer {
+    dir: PathBuf,
+    /// Its state file and the content that means frozen.
+    state: (&'static str, &'static str),
+}
+
+impl Freezer {
+    fn is_frozen(&self) -> bool {
+        let (file, frozen) = self.state;
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_default()
+            .trim()
+            == frozen
     }
+}
+
+/// The sandbox's freezers: its v1 freezer, then its cgroup2 dir.
+fn freezers(cgroups: &[(String, PathBuf)]) -> Vec<Freezer> {
+    let rel = |p: &PathBuf| p.strip_prefix("/").unwrap_or(p).to_path_buf();
     // cgroup2 sits at /sys/fs/cgroup/unified beside v1 hierarchies, at /sys/fs/cgroup alone.
     let base = Path::new("/sys/fs/cgroup");
     let unified = match base.join("cgroup.controllers").exists() {
         true => base.to_path_buf(),
         false => base.join("unified"),
     };
-    for (ctrl, path) in cgroups {
-        if ctrl == "unified" {
-            let dir = unified.join(rel(path));
-            if std::fs::read_to_string(dir.join("cgroup.freeze"))
-                .unwrap_or_default()
-                .trim()
-                == "1"
-            {
-                return Some(dir);
-            }
-        }
-    }
-    None
+    let v1 = cgroups
+        .iter()
+        .filter(|(ctrl, _)| ctrl == "freezer")
+        .map(|(_, path)| Freezer {
+            dir: Path::new("/sys/fs/cgroup/freezer").join(rel(path)),
+            state: ("freezer.state", "FROZEN"),
+        });
+    let v2 = cgroups
+        .iter()
+        .filter(|(ctrl, _)| ctrl == "unified")
+        .map(|(_, path)| Freezer {
+            dir: unified.join(rel(path)),
+            state: ("cgroup.freeze", "1"),
+        });
+    v1.chain(v2).collect()
 }
 
 /// The hierarchies in which `pid` sits in one of the sandbox's own cgroups (`cgroups`: the

@@ -152,6 +152,93 @@ fn restore_of_corrupt_images_is_a_typed_error_and_leaves_nothing() {
     assert!(left.is_empty(), "residue: {left:?}");
 }
 
+/// Processes whose command line names `path`.
+fn processes_naming(path: &std::path::Path) -> Vec<i32> {
+    let needle = path.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// A dump started before the freeze does nothing until let go: the tree runs on, no image or
+/// log is written. Let go once frozen, it dumps that instant; dropped instead, its CRIU is gone
+/// and has written nothing.
+#[test]
+fn a_dump_started_early_waits_to_be_let_go() {
+    let Some((criu, _serial)) = setup() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("grove-test-criu")
+        .tempdir()
+        .unwrap();
+    let t = TestTree::start();
+    tree::wait_for(5, "counter > 2", || t.counter() > 2);
+    let opts = |name: &str| {
+        let images = work.path().join(name);
+        std::fs::create_dir(&images).unwrap();
+        DumpOptions {
+            pid: t.init_pid,
+            images_dir: images,
+            work_dir: work.path().join(format!("{name}-work")),
+            leave_running: true,
+            freeze_cgroup: Some(t.freezer.path()),
+            tcp_established: true,
+            ..Default::default()
+        }
+    };
+    let written = |o: &DumpOptions| {
+        let images = std::fs::read_dir(&o.images_dir).unwrap().count();
+        (images, o.work_dir.join("dump.log").exists())
+    };
+
+    let dropped = opts("dropped");
+    let early = criu
+        .start_dump_early(&dropped)
+        .expect("the shim is built here")
+        .expect("started");
+    assert_eq!(
+        processes_naming(&dropped.images_dir).len(),
+        1,
+        "its CRIU waits"
+    );
+    drop(early);
+    assert!(
+        processes_naming(&dropped.images_dir).is_empty(),
+        "and is gone once dropped"
+    );
+    assert_eq!(written(&dropped), (0, false), "having written nothing");
+
+    let let_go = opts("let-go");
+    let early = criu
+        .start_dump_early(&let_go)
+        .expect("the shim is built here")
+        .expect("started");
+    let before = t.counter();
+    tree::wait_for(5, "the tree runs while CRIU waits", || {
+        t.counter() > before + 1
+    });
+    assert_eq!(
+        written(&let_go),
+        (0, false),
+        "nothing written before it is let go"
+    );
+    t.freezer.set("FROZEN");
+    early.go().expect("dump");
+    assert_eq!(t.freezer.state(), "FROZEN", "left frozen");
+    assert!(
+        let_go.images_dir.join("inventory.img").exists(),
+        "a whole dump"
+    );
+    assert!(written(&let_go).1, "with its log");
+    t.freezer.set("THAWED");
+}
+
 #[test]
 fn dump_of_a_missing_pid_is_a_typed_error() {
     let Some((criu, _serial)) = setup() else {

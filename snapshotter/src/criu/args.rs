@@ -29,7 +29,7 @@ pub fn lazy_pages_args(images: &std::path::Path, work: &std::path::Path) -> Vec<
 }
 
 /// What to checkpoint and how.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DumpOptions {
     /// Host pid of the tree's root (the sandbox's pid 1).
     pub pid: i32,

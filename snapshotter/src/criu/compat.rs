@@ -74,6 +74,17 @@ pub const EMPTY_CONNTRACK_ENV: &str = "GROVE_EMPTY_CONNTRACK";
 /// restores read either kind (compat/criu-shim.c, 6).
 pub const PLAIN_TMPFS_ARCHIVES_ENV: &str = "GROVE_PLAIN_TMPFS_ARCHIVES";
 
+/// Set to "1" for a dump with the userfaultfd build: the shim then answers TCP sock_diag dumps
+/// of a namespace with no TCP socket itself (compat/criu-shim.c, 9).
+pub const EMPTY_TCP_DIAG_ENV: &str = "GROVE_EMPTY_TCP_DIAG";
+
+/// Names the fd a dump's CRIU, started before the freeze, waits on before its main
+/// (compat/criu-shim.c, 8; see `criu::EarlyDump`).
+pub const START_FD_ENV: &str = "GROVE_START_FD";
+
+/// Where that fd is in the CRIU process (a dump inherits no network namespace fd).
+pub const START_FD: RawFd = 5;
+
 /// Set to "1" for a dump with the userfaultfd build: the shim then moves each pipe of pages
 /// into its image with one splice instead of one per pagemap entry (compat/criu-shim.c, 7).
 /// groved sets it on every tracked dump unless its own environment has it at "0".
@@ -402,5 +413,164 @@ print(first, whole, other, after, empty)
             format!("{} True {eio} {eio} {eio}", 200 * 4096)
         );
         assert_eq!(page_writes(&shim, false), "4096 True 0 0 -");
+    }
+
+    /// CRIU-shaped TCP sock_diag dumps (IPv4, then IPv6) from a process with the shim preloaded,
+    /// with a TCP listener open first when asked (`listen`); prints each dump's entry count and
+    /// the port id its NLMSG_DONE came from (0: not the kernel, which answers from our socket's).
+    const TCP_DIAG: &str = r#"
+import socket, struct, sys
+if len(sys.argv) > 1:
+    l = socket.socket()
+    l.bind(("127.0.0.1", 0))
+    l.listen()
+def dump(family):
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)
+    req = struct.pack("=BBBBI", family, 6, 0, 0, 0xffffffff) + bytes(48)
+    s.sendmsg([struct.pack("=IHHII", 16 + len(req), 20, 0x301, 24680, 0) + req], [], 0, (0, 0))
+    n = 0
+    while True:
+        d = s.recvmsg(65536)[0]
+        at = 0
+        while at + 16 <= len(d):
+            l, ty, fl, seq, pid = struct.unpack_from("=IHHII", d, at)
+            if ty == 3:
+                assert seq == 24680, seq
+                return "%d/%d" % (n, pid)
+            if ty == 2:
+                sys.exit("netlink error %d" % struct.unpack_from("=i", d, at + 16)[0])
+            n += 1
+            at += (l + 3) & ~3
+print(dump(socket.AF_INET), dump(socket.AF_INET6))
+"#;
+
+    /// (entries, DONE's port id) for the IPv4 and IPv6 dumps.
+    fn tcp_diag(shim: &Path, asked: bool, listen: bool) -> [(u32, u32); 2] {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", TCP_DIAG]).env("LD_PRELOAD", shim);
+        if listen {
+            cmd.arg("listen");
+        }
+        if asked {
+            cmd.env(EMPTY_TCP_DIAG_ENV, "1");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut it = text.split_whitespace().map(|w| {
+            let (n, pid) = w.split_once('/').unwrap();
+            (n.parse().unwrap(), pid.parse().unwrap())
+        });
+        [it.next().unwrap(), it.next().unwrap()]
+    }
+
+    /// Asked, a namespace with no TCP socket has its TCP dumps answered by the shim (a DONE from
+    /// port 0); not asked, or with a listener, the kernel answers (and lists the listener).
+    #[test]
+    fn tcp_diag_of_a_namespace_without_tcp_is_answered_without_the_kernel() {
+        if SHIM_UFFD.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        if !nix::unistd::geteuid().is_root() {
+            grove_testkit::capability_missing("needs root for a network namespace");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim-uffd.so");
+        std::fs::write(&shim, SHIM_UFFD).unwrap();
+        let [asked, not_asked, listening] = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            grove_sys::net::loopback_up().unwrap();
+            [
+                tcp_diag(&shim, true, false),
+                tcp_diag(&shim, false, false),
+                tcp_diag(&shim, true, true),
+            ]
+        })
+        .join()
+        .unwrap();
+        assert_eq!(asked, [(0, 0), (0, 0)], "no TCP, asked: the shim answers");
+        for (n, pid) in not_asked {
+            assert_eq!(n, 0);
+            assert_ne!(pid, 0, "not asked: the kernel answers");
+        }
+        assert_eq!(listening[0].0, 1, "a listener: the kernel lists it");
+        assert_ne!(listening[0].1, 0);
+        assert_ne!(listening[1].1, 0, "and answers IPv6 too: {listening:?}");
+    }
+
+    /// A python3 held by the shim at `START_FD`: what it said, then its exit and output once
+    /// `go` is sent (None: the socket is closed instead).
+    fn held_start(shim: &Path, go: Option<&[u8]>) -> (Vec<u8>, bool, Option<i32>, String) {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        use std::os::unix::process::CommandExt;
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let fd = theirs.as_raw_fd();
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", "print('main ran')"])
+            .env("LD_PRELOAD", shim)
+            .env(START_FD_ENV, START_FD.to_string())
+            .stdout(std::process::Stdio::piped());
+        // SAFETY: between fork and exec, only fcntl and dup2 (async-signal-safe) on plain
+        // integers.
+        unsafe {
+            cmd.pre_exec(move || {
+                use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+                match fd == START_FD {
+                    // dup2 onto itself would keep close-on-exec.
+                    true => fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).map(drop),
+                    false => nix::unistd::dup2(fd, START_FD).map(drop),
+                }
+                .map_err(Into::into)
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        drop(theirs);
+        ours.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut said = vec![0u8; 1];
+        ours.read_exact(&mut said).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let held = child.try_wait().unwrap().is_none();
+        if let Some(go) = go {
+            ours.write_all(go).unwrap();
+        }
+        drop(ours);
+        let out = child.wait_with_output().unwrap();
+        (
+            said,
+            held,
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+        )
+    }
+
+    /// The shim says "r" once loaded and holds the program before its main until "g"; closed
+    /// instead, or sent anything else, it exits without running the program.
+    #[test]
+    fn a_held_start_runs_main_only_when_let_go() {
+        if SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [("criu-shim.so", SHIM), ("criu-shim-uffd.so", SHIM_UFFD)] {
+            let shim = dir.path().join(name);
+            std::fs::write(&shim, bytes).unwrap();
+            let (said, held, code, out) = held_start(&shim, Some(b"g"));
+            assert_eq!((said.as_slice(), held), (&b"r"[..], true), "{name}");
+            assert_eq!((code, out.as_str()), (Some(0), "main ran\n"), "{name}");
+            for go in [None, Some(&b"x"[..])] {
+                let (said, held, code, out) = held_start(&shim, go);
+                assert_eq!((said.as_slice(), held), (&b"r"[..], true), "{name}");
+                assert_eq!((code, out.as_str()), (Some(75), ""), "{name}: {go:?}");
+            }
+        }
     }
 }

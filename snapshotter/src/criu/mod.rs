@@ -2,6 +2,7 @@
 
 mod args;
 mod compat;
+mod early;
 mod error;
 mod launch;
 pub mod log;
@@ -16,6 +17,7 @@ pub use args::{
     DumpOptions, PreDumpOptions, RestoreOptions, DUMP_LOG, LAZY_LOG, NETNS_FD, NETNS_KEY,
     PRE_DUMP_LOG, RESTORE_LOG,
 };
+pub use early::EarlyDump;
 pub use error::Error;
 pub use launch::Launch;
 
@@ -114,17 +116,34 @@ impl Criu {
     /// `cmd` (CRIU, or a shell around it) with CRIU's environment and descriptors.
     fn prepare(
         &self,
-        mut cmd: Command,
+        cmd: Command,
         netns: Option<BorrowedFd<'_>>,
         shim: Option<&compat::Shim>,
     ) -> Command {
+        let placed = netns.map(|f| (f.as_raw_fd(), args::NETNS_FD));
+        self.prepare_placing(cmd, placed, shim)
+    }
+
+    /// [`Criu::prepare`], with `placed`'s fd inherited at its number.
+    fn prepare_placing(
+        &self,
+        mut cmd: Command,
+        placed: Option<(RawFd, RawFd)>,
+        shim: Option<&compat::Shim>,
+    ) -> Command {
         cmd.stdin(Stdio::null());
-        // Only a dump that asks for it may have the shim answer conntrack dumps (a restore's
-        // netfilter requests must reach the kernel), or write plain tmpfs archives, whatever
-        // groved's own environment holds.
-        cmd.env_remove(compat::EMPTY_CONNTRACK_ENV);
-        cmd.env_remove(compat::PLAIN_TMPFS_ARCHIVES_ENV);
-        cmd.env_remove(compat::COALESCE_PAGE_WRITES_ENV);
+        // Only a dump that asks for it may have the shim answer conntrack or TCP diag dumps (a
+        // restore's netfilter requests must reach the kernel), write plain tmpfs archives, or
+        // wait to be started, whatever groved's own environment holds.
+        for var in [
+            compat::EMPTY_CONNTRACK_ENV,
+            compat::EMPTY_TCP_DIAG_ENV,
+            compat::PLAIN_TMPFS_ARCHIVES_ENV,
+            compat::COALESCE_PAGE_WRITES_ENV,
+            compat::START_FD_ENV,
+        ] {
+            cmd.env_remove(var);
+        }
         let shim = shim.map(|s| s.raw());
         if shim.is_some() {
             cmd.env("LD_PRELOAD", compat::Shim::preload_path());
@@ -132,7 +151,7 @@ impl Criu {
                 cmd.env(compat::KDAT_ENV, k);
             }
         }
-        prepare_fds(&mut cmd, shim, netns.map(|f| f.as_raw_fd()));
+        prepare_fds(&mut cmd, shim, placed);
         cmd
     }
 
@@ -193,41 +212,40 @@ impl Criu {
     /// Checkpoints a process tree. On failure the error carries the log's `Error (` lines.
     pub fn dump(&self, opts: &DumpOptions) -> Result<Timing, Error> {
         let start = Instant::now();
-        let mut cmd = match opts.uffd_wp {
-            true => {
-                let mut c = self.prepare(self.launch.command(), None, self.shim_uffd.as_ref());
-                c.env(compat::UFFD_WP_ENV, "1");
-                // On unless groved runs with the variable at "0" (an A/B, or a way out).
-                if std::env::var(compat::COALESCE_PAGE_WRITES_ENV).as_deref() != Ok("0") {
-                    c.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
-                }
-                c
+        let cmd = self.dump_command(opts, None);
+        let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
+        dump_outcome(status, opts, start)
+    }
+
+    /// The shim a dump runs with, if it was built.
+    fn dump_shim(&self, opts: &DumpOptions) -> Option<&compat::Shim> {
+        match opts.uffd_wp {
+            true => self.shim_uffd.as_ref(),
+            false => self.shim.as_ref(),
+        }
+    }
+
+    /// CRIU for `opts`'s dump, without its arguments; `start`, where given, is the read end of
+    /// the pipe it waits on before its main (see [`EarlyDump`]).
+    fn dump_command(&self, opts: &DumpOptions, start: Option<RawFd>) -> Command {
+        let placed = start.map(|fd| (fd, compat::START_FD));
+        let mut cmd = self.prepare_placing(self.launch.command(), placed, self.dump_shim(opts));
+        if opts.uffd_wp {
+            cmd.env(compat::UFFD_WP_ENV, "1");
+            cmd.env(compat::EMPTY_TCP_DIAG_ENV, "1");
+            // On unless groved runs with the variable at "0" (an A/B, or a way out).
+            if std::env::var(compat::COALESCE_PAGE_WRITES_ENV).as_deref() != Ok("0") {
+                cmd.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
             }
-            false => self.command(),
-        };
+        }
         if opts.skip_network_lock && opts.external_net.is_some() {
             cmd.env(compat::EMPTY_CONNTRACK_ENV, "1");
         }
         cmd.env(compat::PLAIN_TMPFS_ARCHIVES_ENV, "1");
-        let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
-        if status.success() {
-            return Ok(Timing {
-                elapsed: start.elapsed(),
-            });
+        if start.is_some() {
+            cmd.env(compat::START_FD_ENV, compat::START_FD.to_string());
         }
-        let log_tail = read_log(&opts.work_dir.join(DUMP_LOG));
-        remove_staging_dirs(&opts.work_dir.join(DUMP_LOG));
-        if log::is_external_socket(&log_tail) {
-            Err(Error::ExternalSocket {
-                pid: opts.pid,
-                log_tail,
-            })
-        } else {
-            Err(Error::DumpFailed {
-                pid: opts.pid,
-                log_tail,
-            })
-        }
+        cmd
     }
 
     /// Copies the tree's memory while it runs and arms soft-dirty tracking (see
@@ -461,6 +479,32 @@ pub fn set_group_nice(pgid: u32, nice: i32) {
 
 /// Removes the /tmp staging dirs a failed or killed CRIU named in its log and left behind.
 /// Only empty dirs go (remove_dir), and a finished CRIU no longer uses them.
+/// What a dump's exit status means: its time from `start`, or its failure with CRIU's log.
+fn dump_outcome(
+    status: std::process::ExitStatus,
+    opts: &DumpOptions,
+    start: Instant,
+) -> Result<Timing, Error> {
+    if status.success() {
+        return Ok(Timing {
+            elapsed: start.elapsed(),
+        });
+    }
+    let log_tail = read_log(&opts.work_dir.join(DUMP_LOG));
+    remove_staging_dirs(&opts.work_dir.join(DUMP_LOG));
+    if log::is_external_socket(&log_tail) {
+        Err(Error::ExternalSocket {
+            pid: opts.pid,
+            log_tail,
+        })
+    } else {
+        Err(Error::DumpFailed {
+            pid: opts.pid,
+            log_tail,
+        })
+    }
+}
+
 pub(crate) fn remove_staging_dirs(log: &Path) {
     let Ok(text) = std::fs::read_to_string(log) else {
         return;
@@ -482,7 +526,7 @@ fn read_log(path: &Path) -> Vec<String> {
 /// CRIU must not inherit the daemon's descriptors (FUSE sessions, sockets): it would dump or hold
 /// them. Rust opens its own fds close-on-exec, but other code in the daemon may not. The shim,
 /// if any, is passed on at `SHIM_FD` and a network namespace to join at `NETNS_FD`; nothing else.
-fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, netns: Option<RawFd>) {
+fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, placed: Option<(RawFd, RawFd)>) {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     use nix::unistd::{close, dup2};
     use std::os::unix::process::CommandExt;
@@ -490,9 +534,9 @@ fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, netns: Option<RawFd>) {
     // (fcntl, dup2, close, close_range) on plain integers; it touches no memory of the parent.
     unsafe {
         cmd.pre_exec(move || {
-            // Park the netns fd above both targets first, so placing the shim cannot clobber it.
-            let parked = match netns {
-                Some(fd) => Some(fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(64))?),
+            // Park the placed fd above both targets first, so placing the shim cannot clobber it.
+            let parked = match placed {
+                Some((fd, at)) => Some((fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(64))?, at)),
                 None => None,
             };
             match shim {
@@ -508,10 +552,14 @@ fn prepare_fds(cmd: &mut Command, shim: Option<RawFd>, netns: Option<RawFd>) {
                 }
             }
             let mut first_closed = compat::SHIM_FD as u32 + 1;
-            if let Some(fd) = parked {
-                dup2(fd, args::NETNS_FD)?;
+            if let Some((fd, at)) = parked {
+                // Nothing inherited between the shim and the placed fd.
+                for gap in compat::SHIM_FD + 1..at {
+                    let _ = close(gap);
+                }
+                dup2(fd, at)?;
                 let _ = close(fd);
-                first_closed = args::NETNS_FD as u32 + 1;
+                first_closed = at as u32 + 1;
             }
             grove_sys::fd::close_from(first_closed);
             Ok(())

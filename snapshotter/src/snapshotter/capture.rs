@@ -165,16 +165,22 @@ impl Snapshotter {
             attempt += 1;
             let _ = std::fs::remove_dir_all(&images_dir);
             std::fs::create_dir_all(&images_dir).map_err(|e| Error::io(&images_dir, e))?;
+            let opts_with = |freeze_cgroup| criu::DumpOptions {
+                freeze_cgroup,
+                skip_network_lock: view.veth_host.is_none() && self.tcp_quiet(sandbox, &view),
+                ..plan::dump(base.clone(), pre.as_ref())
+            };
+            // CRIU starts while the sandbox runs, with the freezer and network lock as they
+            // would be now; once frozen, options that differ drop it for one started then (see
+            // `criu::EarlyDump`).
+            let early = self.start_dump_early(sandbox, &opts_with(cgroups::freezer(&view.cgroups)));
             let t0 = Instant::now();
             if !was_frozen {
                 self.runtime.freeze(sandbox)?;
             }
-            let opts = criu::DumpOptions {
-                freeze_cgroup: cgroups::frozen(&view.cgroups),
-                skip_network_lock: view.veth_host.is_none() && self.tcp_quiet(sandbox, &view),
-                ..plan::dump(base.clone(), pre.as_ref())
-            };
-            let frozen = self.dump_and_commit(sandbox, &opts, mount, pre.as_ref());
+            let opts = opts_with(cgroups::frozen(&view.cgroups));
+            let early = early.filter(|e| e.options() == &opts);
+            let frozen = self.dump_and_commit(sandbox, &opts, early, mount, pre.as_ref());
             let thaw = |ok: bool| {
                 if was_frozen || (ok && keep_frozen) {
                     Ok(())
@@ -253,10 +259,14 @@ impl Snapshotter {
         &self,
         sandbox: &SandboxId,
         opts: &criu::DumpOptions,
+        early: Option<criu::EarlyDump>,
         mount: &dyn CommitRoot,
         pre: Option<&criu::PreDumpOptions>,
     ) -> Result<ManifestId, Error> {
-        self.criu.dump(opts)?;
+        match early {
+            Some(started) => started.go()?,
+            None => self.criu.dump(opts)?,
+        };
         if opts.uffd_wp && opts.prev_images_dir.is_none() {
             // A full dump, still frozen: from here on, a page written reads as written again.
             let t0 = Instant::now();
@@ -274,6 +284,22 @@ impl Snapshotter {
         Ok(nodefs::ObjectId(
             mount.commit_unsealed().map_err(Error::Commit)?,
         ))
+    }
+
+    /// The dump's CRIU, started before the freeze; None where it cannot be (no shim to hold
+    /// it, or its start failed: then it starts once frozen, as before).
+    fn start_dump_early(
+        &self,
+        sandbox: &SandboxId,
+        opts: &criu::DumpOptions,
+    ) -> Option<criu::EarlyDump> {
+        match self.criu.start_dump_early(opts)? {
+            Ok(started) => Some(started),
+            Err(e) => {
+                tracing::warn!(%sandbox, error = %e, "starting the dump's criu early; starting it frozen");
+                None
+            }
+        }
     }
 
     /// Whether the frozen sandbox's loopback-only network has no TCP connection that a kernel
