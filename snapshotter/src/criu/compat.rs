@@ -78,6 +78,10 @@ pub const PLAIN_TMPFS_ARCHIVES_ENV: &str = "GROVE_PLAIN_TMPFS_ARCHIVES";
 /// of a namespace with no TCP socket itself (compat/criu-shim.c, 9).
 pub const EMPTY_TCP_DIAG_ENV: &str = "GROVE_EMPTY_TCP_DIAG";
 
+/// Milliseconds a lazy-pages daemon's background copy waits for the restored tree to go without
+/// a fault (compat/criu-shim.c, 10); 0: it does not wait.
+pub const LAZY_QUIET_ENV: &str = "GROVE_LAZY_QUIET_MS";
+
 /// Names the fd a dump's CRIU, started before the freeze, waits on before its main
 /// (compat/criu-shim.c, 8; see `criu::EarlyDump`).
 pub const START_FD_ENV: &str = "GROVE_START_FD";
@@ -571,6 +575,81 @@ print(dump(socket.AF_INET), dump(socket.AF_INET6))
                 assert_eq!((said.as_slice(), held), (&b"r"[..], true), "{name}");
                 assert_eq!((code, out.as_str()), (Some(75), ""), "{name}: {go:?}");
             }
+        }
+    }
+
+    /// Polls that do not wait, as a lazy-pages daemon makes them between background copies,
+    /// from a process with the shim preloaded: how long each took (ms) with no event, the
+    /// first one, one right after, one with an event ready, and one right after that event.
+    const QUIET_POLLS: &str = r#"
+import os, select, time
+r, w = os.pipe()
+ep = select.epoll()
+ep.register(r, select.EPOLLIN)
+def took(f):
+    t = time.monotonic()
+    got = f()
+    return round((time.monotonic() - t) * 1000), len(got)
+first = took(lambda: ep.poll(0))
+after = took(lambda: ep.poll(0))
+os.write(w, b"x")
+event = took(lambda: ep.poll(0))
+os.read(r, 1)
+after_event = took(lambda: ep.poll(0))
+print(*("%d/%d" % x for x in (first, after, event, after_event)))
+"#;
+
+    fn quiet_polls(shim: &Path, quiet_ms: Option<&str>) -> Vec<(u64, u64)> {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", QUIET_POLLS]).env("LD_PRELOAD", shim);
+        if let Some(ms) = quiet_ms {
+            cmd.env(LAZY_QUIET_ENV, ms);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(|w| {
+                let (ms, n) = w.split_once('/').unwrap();
+                (ms.parse().unwrap(), n.parse().unwrap())
+            })
+            .collect()
+    }
+
+    /// Asked, a poll that would not wait waits until the process has gone that long without an
+    /// event; an event ready is returned at once, and restarts the wait. Not asked (or asked
+    /// with something that is not a number of ms), no poll waits.
+    #[test]
+    fn background_polls_wait_for_a_quiet_tree_when_asked() {
+        if SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim.so");
+        std::fs::write(&shim, SHIM).unwrap();
+        let polls = quiet_polls(&shim, Some("300"));
+        let [first, after, event, after_event] = polls[..] else {
+            panic!("{polls:?}")
+        };
+        assert!(
+            (290..1000).contains(&first.0) && first.1 == 0,
+            "first: {polls:?}"
+        );
+        assert!(after.0 < 100 && after.1 == 0, "quiet by then: {polls:?}");
+        assert!(event.0 < 100 && event.1 == 1, "an event at once: {polls:?}");
+        assert!(
+            (290..1000).contains(&after_event.0) && after_event.1 == 0,
+            "then quiet again: {polls:?}"
+        );
+        for quiet in [None, Some("soon")] {
+            let polls = quiet_polls(&shim, quiet);
+            assert!(polls.iter().all(|p| p.0 < 100), "{quiet:?}: {polls:?}");
         }
     }
 }
