@@ -266,7 +266,10 @@ int epoll_wait(int epfd, struct epoll_event *events, int max, int timeout)
 	long until = last_event + quiet;
 	if (until > first + 10 * quiet)
 		until = first + 10 * quiet;
-	int r = real_epoll_wait(epfd, events, max, until > now ? (int)(until - now) : 0);
+	int wait = until > now ? (int)(until - now) : 0;
+	int r = real_epoll_wait(epfd, events, max, wait);
+	if (r < 0 && errno == EINTR && wait > 0)
+		return 0; /* what the poll CRIU asked for, which does not wait, would have said */
 	if (r > 0)
 		last_event = now_ms();
 	return r;

@@ -36,7 +36,8 @@ const BOOST_SLEEP_MS: u64 = 1;
 
 /// Merging needs two passes over a page (the first finds its twin in the unstable tree, the
 /// second settles it in the stable one): a boost lasts at least this many full scans after the
-/// last fork, and then until a full scan finds the memory settled (see [`Tally::settled_since`]).
+/// last fork (or the last lazily restored page's arrival), and then until a full scan finds the
+/// memory settled (see [`Tally::settled_since`]).
 const SETTLE_SCANS: u64 = 2;
 
 /// A boost never outlives this, whatever ksmd does.
@@ -202,19 +203,27 @@ pub struct Merger {
     state: Arc<Mutex<MergerState>>,
 }
 
+/// Whether pages are still on their way into branches (lazy restores copying): their memory
+/// cannot have settled yet, whatever a scan found.
+pub type Arriving = Arc<dyn Fn() -> bool + Send + Sync>;
+
 #[derive(Default)]
 struct MergerState {
     /// A boost thread is running.
     active: bool,
     /// ksmd's full scans when the last fork was noted.
     scans_at_last_fork: u64,
+    /// The last fork's.
+    arriving: Option<Arriving>,
 }
 
 impl Merger {
-    /// A fork's branches were restored mergeable: boost ksmd until they settle.
-    pub fn after_fork(&self) {
+    /// A fork's branches were restored mergeable: boost ksmd until they settle, which they do
+    /// not while `arriving` says so.
+    pub fn after_fork(&self, arriving: Arriving) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.scans_at_last_fork = full_scans();
+        st.arriving = Some(arriving);
         if st.active {
             return;
         }
@@ -242,6 +251,11 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
         let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
         let mut settled = false;
         let now_scans = full_scans();
+        // Pages still arriving: as if the fork were now (a scan that ended before they came
+        // says nothing of them).
+        if st.arriving.as_ref().is_some_and(|a| a()) {
+            st.scans_at_last_fork = now_scans;
+        }
         if now_scans != scans {
             let now = Tally::now();
             settled =

@@ -78,6 +78,11 @@ impl LazyCopies {
         }
     }
 
+    /// Whether any daemon is still copying.
+    pub fn any(&self) -> bool {
+        !self.live.lock().is_empty()
+    }
+
     /// Whether a daemon is still copying into `sandbox`.
     #[cfg(test)]
     pub fn copying(&self, sandbox: &SandboxId) -> bool {

@@ -5,6 +5,7 @@ mod cgroups;
 pub mod criu;
 mod dirty;
 mod durable;
+mod eager;
 mod error;
 pub mod images;
 pub mod ksm;

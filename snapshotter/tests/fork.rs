@@ -156,6 +156,18 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
     // snapshot holds the whole heap (a dump of the holes would read zeros). Busy CPUs keep
     // the daemon (nice 19) from finishing before it is stopped.
     let (lazy, daemons) = lazy_branch_held(&env, &snap.id);
+    // Its daemon stopped mid-copy, the processes' argument strings are there for another
+    // process to read (they are restored eagerly: `ps` and `pgrep -f` work at once).
+    let cmdlines: Vec<String> = descendants(lazy.init_pid.expect("init pid"))
+        .iter()
+        .map(|p| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .collect();
+    assert!(
+        cmdlines.iter().any(|c| c == "sleep 1000 "),
+        "the orphaned sleep's command line, read from outside: {cmdlines:?}"
+    );
+    assert!(cmdlines.iter().all(|c| !c.is_empty()), "{cmdlines:?}");
     let again = std::thread::scope(|s| {
         let t = s.spawn(|| env.snap.snapshot(&lazy.id, SnapshotOptions::default()));
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -234,6 +246,26 @@ fn fork_branches_continue_from_the_snapshot_and_diverge() {
 /// its own. Busy CPUs keep the daemon (nice 19) from finishing first; when it finished anyway,
 /// another branch is tried. Daemons of earlier branches may still be copying: only the new one
 /// is this branch's.
+/// `pid` and every process below it.
+fn descendants(pid: i32) -> Vec<i32> {
+    let parent_of = |p: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+    };
+    let all: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut found = vec![pid];
+    let mut at = 0;
+    while at < found.len() {
+        let p = found[at];
+        found.extend(all.iter().filter(|c| parent_of(**c) == Some(p)));
+        at += 1;
+    }
+    found
+}
+
 fn lazy_branch_held(env: &Env, snap: &str) -> (grove_runtime::SandboxInfo, Vec<i32>) {
     let busy = common::tree::BusyCpus::start(2);
     for _ in 0..8 {

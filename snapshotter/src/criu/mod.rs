@@ -398,11 +398,12 @@ impl Criu {
 
 /// How long a lazy-pages daemon's background copy waits for its tree to go without a fault
 /// (compat/criu-shim.c, 10); `GROVE_LAZY_QUIET_MS` in groved's environment sets it. Off by
-/// default: at 250 ms a fork of 8 answered in 377.6 ms instead of 410-600, but another
-/// process's read of a branch's /proc/<pid>/cmdline (ps, pgrep -f) fails while the page
-/// holding it is not copied yet (the kernel does not wait on userfaultfd for a remote
-/// access), and the wait widens that window past the first commands a branch runs
-/// (docs/incremental-snapshots.md, "Lazy pages and the background copy").
+/// default. At 250 ms the first branches of a fork leave the cores to the restores of the next
+/// ones and to answering: a fork of 8 answered in 377.6 ms instead of 410-600. But a branch's
+/// memory is whole that much later (a snapshot of it waits), another process's read of a page
+/// not copied yet (a debugger's, /proc/<pid>/mem) fails for longer, and ksmd's boost, which
+/// ends once a full scan finds nothing new, ended before the late pages were merged in one
+/// `merge` test run of three (docs/incremental-snapshots.md, "The lazy copy put off").
 const LAZY_QUIET_MS: u32 = 0;
 
 fn lazy_quiet_ms() -> u32 {

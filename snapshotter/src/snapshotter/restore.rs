@@ -40,7 +40,8 @@ impl Snapshotter {
                 .collect()
         });
         if merge && results.iter().any(Result::is_ok) {
-            self.merger.after_fork();
+            let lazy = self.lazy.clone();
+            self.merger.after_fork(Arc::new(move || lazy.any()));
         }
         Ok(results)
     }
