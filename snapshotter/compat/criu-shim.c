@@ -378,7 +378,7 @@ static int coalesce_pages(void)
 	return on;
 }
 
-/* ---- 9 (below): no TCP socket ---- */
+/* ---- 9: whether Grove asked for it (its wrappers come further down) ---- */
 
 static int empty_tcp_diag(void)
 {

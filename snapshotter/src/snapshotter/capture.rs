@@ -179,7 +179,13 @@ impl Snapshotter {
                 self.runtime.freeze(sandbox)?;
             }
             let opts = opts_with(cgroups::frozen(&view.cgroups));
-            let early = early.filter(|e| e.options() == &opts);
+            let early = early.filter(|e| {
+                let same = e.options() == &opts;
+                if !same {
+                    tracing::debug!(%sandbox, "the dump's options changed once frozen; CRIU starts again");
+                }
+                same
+            });
             let frozen = self.dump_and_commit(sandbox, &opts, early, mount, pre.as_ref());
             let thaw = |ok: bool| {
                 if was_frozen || (ok && keep_frozen) {
