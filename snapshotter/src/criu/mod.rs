@@ -402,8 +402,9 @@ impl Criu {
 /// ones and to answering: a fork of 8 answered in 377.6 ms instead of 410-600. But a branch's
 /// memory is whole that much later (a snapshot of it waits), another process's read of a page
 /// not copied yet (a debugger's, /proc/<pid>/mem) fails for longer, and ksmd's boost, which
-/// ends once a full scan finds nothing new, ended before the late pages were merged in one
-/// `merge` test run of three (docs/incremental-snapshots.md, "The lazy copy put off").
+/// ends once a full scan finds nothing new, ended before the late pages were merged in the
+/// `merge` test, still once after the boost learnt to wait for them
+/// (docs/incremental-snapshots.md, "Pages other processes read").
 const LAZY_QUIET_MS: u32 = 0;
 
 fn lazy_quiet_ms() -> u32 {
