@@ -17,18 +17,14 @@
 use std::io;
 use std::path::Path;
 
-use crate::pagemap::{Entry, Pagemap, PE_LAZY, PE_PRESENT};
+use crate::pagemap::{
+    bad, varint, word, Entry, Pagemap, IMG_COMMON_MAGIC, PAGE, PE_LAZY, PE_PRESENT,
+};
 
-const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const MM_MAGIC: u32 = 0x5749_2820;
-const PAGE: u64 = 4096;
 /// Larger than any argument and environment area Linux accepts (a quarter of an 8 MiB stack
 /// limit, by default): a range beyond it is not trusted.
 const MOST: u64 = 64 << 20;
-
-fn bad(what: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.into())
-}
 
 /// Marks the argument and environment pages of every process in the dump at `images` eager.
 /// Returns how many pagemap entries changed. A dump without them (no mm image, a kernel
@@ -70,16 +66,10 @@ pub(crate) fn args_and_env(images: &Path) -> io::Result<usize> {
 /// The pages [start, end) holding a process's argument and environment strings, from its mm
 /// image; None where it names none.
 fn strings_range(mm: &[u8]) -> io::Result<Option<(u64, u64)>> {
-    let word = |at: usize| -> io::Result<u32> {
-        let w = mm
-            .get(at..at + 4)
-            .ok_or_else(|| bad("truncated mm image"))?;
-        Ok(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-    };
-    if word(0)? != IMG_COMMON_MAGIC || word(4)? != MM_MAGIC {
+    if word(mm, 0)? != IMG_COMMON_MAGIC || word(mm, 4)? != MM_MAGIC {
         return Err(bad("not a CRIU mm image"));
     }
-    let len = word(8)? as usize;
+    let len = word(mm, 8)? as usize;
     let msg = mm
         .get(12..12 + len)
         .ok_or_else(|| bad("truncated mm entry"))?;
@@ -110,19 +100,6 @@ fn strings_range(mm: &[u8]) -> io::Result<Option<(u64, u64)>> {
         return Ok(None);
     }
     Ok(Some((start, end)))
-}
-
-fn varint(b: &[u8], at: &mut usize) -> io::Result<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*at).ok_or_else(|| bad("truncated varint"))?;
-        *at += 1;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Ok(v);
-        }
-    }
-    Err(bad("varint too long"))
 }
 
 /// `entries` with the lazy present pages inside `range` split off and made eager; the pages

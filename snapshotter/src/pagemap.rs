@@ -19,9 +19,9 @@
 use std::io;
 use std::path::Path;
 
-const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+pub(crate) const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 
 pub(crate) const PE_PARENT: u32 = 1;
 pub(crate) const PE_LAZY: u32 = 2;
@@ -48,11 +48,11 @@ pub(crate) struct Pagemap {
     pub entries: Vec<Entry>,
 }
 
-fn bad(what: impl Into<String>) -> io::Error {
+pub(crate) fn bad(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
 
-fn varint(b: &[u8], at: &mut usize) -> io::Result<u64> {
+pub(crate) fn varint(b: &[u8], at: &mut usize) -> io::Result<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *b.get(*at).ok_or_else(|| bad("truncated varint"))?;
@@ -73,7 +73,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn word(b: &[u8], at: usize) -> io::Result<u32> {
+pub(crate) fn word(b: &[u8], at: usize) -> io::Result<u32> {
     let w = b.get(at..at + 4).ok_or_else(|| bad("truncated image"))?;
     Ok(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
 }
