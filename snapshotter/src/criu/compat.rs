@@ -120,6 +120,7 @@ fn is_tmpfs(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsStr;
 
     #[test]
     fn kdat_cache_goes_to_a_tmpfs_only_where_run_is_none() {
@@ -171,19 +172,48 @@ while True:
 print(kind, n)
 "#;
 
-    fn ct_dump(shim: &Path, empty_conntrack: bool) -> (i32, usize) {
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", CT_DUMP]).env("LD_PRELOAD", shim);
-        if empty_conntrack {
-            cmd.env(EMPTY_CONNTRACK_ENV, "1");
-        }
-        let out = cmd.output().unwrap();
+    /// Runs `python3 -c script args…` with `shim` preloaded and `env` set; its stdout, once it
+    /// exited 0 (else the test fails with its stderr).
+    fn python_with_shim(
+        shim: &Path,
+        script: &str,
+        args: &[&OsStr],
+        env: &[(&str, &str)],
+    ) -> String {
+        let out = std::process::Command::new("python3")
+            .args(["-c", script])
+            .args(args)
+            .env("LD_PRELOAD", shim)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let text = String::from_utf8(out.stdout).unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Words of the form `a/b`, as number pairs.
+    fn pairs<T: std::str::FromStr>(text: &str) -> Vec<(T, T)>
+    where
+        T::Err: std::fmt::Debug,
+    {
+        text.split_whitespace()
+            .map(|w| {
+                let (a, b) = w.split_once('/').unwrap();
+                (a.parse().unwrap(), b.parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn ct_dump(shim: &Path, empty_conntrack: bool) -> (i32, usize) {
+        let env: &[(&str, &str)] = match empty_conntrack {
+            true => &[(EMPTY_CONNTRACK_ENV, "1")],
+            false => &[],
+        };
+        let text = python_with_shim(shim, CT_DUMP, &[], env);
         let mut it = text.split_whitespace().map(|w| w.parse::<usize>().unwrap());
         (it.next().unwrap() as i32, it.next().unwrap())
     }
@@ -382,20 +412,16 @@ print(first, whole, other, after, empty)
 
     fn page_writes(shim: &Path, coalesce: bool) -> String {
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", PAGE_WRITES])
-            .arg(dir.path())
-            .env("LD_PRELOAD", shim);
-        if coalesce {
-            cmd.arg("asked").env(COALESCE_PAGE_WRITES_ENV, "1");
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        let (args, env): (&[&OsStr], &[(&str, &str)]) = match coalesce {
+            true => (
+                &[dir.path().as_os_str(), OsStr::new("asked")],
+                &[(COALESCE_PAGE_WRITES_ENV, "1")],
+            ),
+            false => (&[dir.path().as_os_str()], &[]),
+        };
+        python_with_shim(shim, PAGE_WRITES, args, env)
+            .trim()
+            .to_owned()
     }
 
     /// Asked, the first splice of a pipe moves all of it and the rest are answered from it:
@@ -450,26 +476,14 @@ print(dump(socket.AF_INET), dump(socket.AF_INET6))
 
     /// (entries, DONE's port id) for the IPv4 and IPv6 dumps.
     fn tcp_diag(shim: &Path, asked: bool, listen: bool) -> [(u32, u32); 2] {
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", TCP_DIAG]).env("LD_PRELOAD", shim);
-        if listen {
-            cmd.arg("listen");
-        }
-        if asked {
-            cmd.env(EMPTY_TCP_DIAG_ENV, "1");
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout).unwrap();
-        let mut it = text.split_whitespace().map(|w| {
-            let (n, pid) = w.split_once('/').unwrap();
-            (n.parse().unwrap(), pid.parse().unwrap())
-        });
-        [it.next().unwrap(), it.next().unwrap()]
+        let args: &[&OsStr] = if listen { &[OsStr::new("listen")] } else { &[] };
+        let env: &[(&str, &str)] = if asked {
+            &[(EMPTY_TCP_DIAG_ENV, "1")]
+        } else {
+            &[]
+        };
+        let got = pairs(&python_with_shim(shim, TCP_DIAG, args, env));
+        [got[0], got[1]]
     }
 
     /// Asked, a namespace with no TCP socket has its TCP dumps answered by the shim (a DONE from
@@ -600,25 +614,11 @@ print(*("%d/%d" % x for x in (first, after, event, after_event)))
 "#;
 
     fn quiet_polls(shim: &Path, quiet_ms: Option<&str>) -> Vec<(u64, u64)> {
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", QUIET_POLLS]).env("LD_PRELOAD", shim);
-        if let Some(ms) = quiet_ms {
-            cmd.env(LAZY_QUIET_ENV, ms);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(|w| {
-                let (ms, n) = w.split_once('/').unwrap();
-                (ms.parse().unwrap(), n.parse().unwrap())
-            })
-            .collect()
+        let env: Vec<(&str, &str)> = quiet_ms
+            .map(|ms| (LAZY_QUIET_ENV, ms))
+            .into_iter()
+            .collect();
+        pairs(&python_with_shim(shim, QUIET_POLLS, &[], &env))
     }
 
     /// Asked, a poll that would not wait waits until the process has gone that long without an
