@@ -96,7 +96,9 @@
  *    restored and the first ones asked to answer. Asked, such a poll waits instead until the
  *    tree has gone that long without a fault (or any other event) since the last one, and
  *    since the restore finished; at most ten times that after the restore, it no longer waits.
- *    Faults are served as they come, as before; only the background copy is put off.
+ *    Faults are served as they come, as before; only the background copy is put off. SIGWINCH
+ *    (ignored by default, so a shell around the daemon lets it pass) ends the waiting for good:
+ *    Grove sends it when something needs the branch's memory whole, a snapshot of the branch.
  *
  * 6. tmpfs archives without gzip (GROVE_PLAIN_TMPFS_ARCHIVES=1, dumps). CRIU saves each tmpfs
  *    mount with `tar --create --gzip` and restores it with `tar --extract --gzip`, and GNU tar
@@ -114,6 +116,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <stdint.h>
 #include <sys/epoll.h>
@@ -247,10 +250,28 @@ static long now_ms(void)
 
 static int (*real_epoll_wait)(int, struct epoll_event *, int, int);
 
+/* Set by SIGWINCH: the branch's memory is wanted whole, the background copy waits no more. */
+static volatile sig_atomic_t lazy_hurry;
+
+static void on_hurry(int sig)
+{
+	(void)sig;
+	lazy_hurry = 1;
+}
+
 __attribute__((constructor)) static void resolve_epoll_wait(void)
 {
 	real_epoll_wait = (int (*)(int, struct epoll_event *, int, int))dlsym(RTLD_NEXT, "epoll_wait");
-	lazy_quiet_ms();
+	if (lazy_quiet_ms() > 0) {
+		/* SA_RESTART: whatever else the process waits in goes on; epoll_wait is never
+		 * restarted, so a waiting poll returns at once. */
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_hurry;
+		sa.sa_flags = SA_RESTART;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGWINCH, &sa, NULL);
+	}
 }
 
 int epoll_wait(int epfd, struct epoll_event *events, int max, int timeout)
@@ -258,7 +279,7 @@ int epoll_wait(int epfd, struct epoll_event *events, int max, int timeout)
 	/* When the first poll that does not wait came, and when the last event did. */
 	static long first = -1, last_event = -1;
 	long quiet = lazy_quiet_ms();
-	if (timeout != 0 || quiet == 0)
+	if (timeout != 0 || quiet == 0 || lazy_hurry)
 		return real_epoll_wait(epfd, events, max, timeout);
 	long now = now_ms();
 	if (first < 0)

@@ -35,10 +35,11 @@ const BOOST_PAGES: u64 = 4000;
 const BOOST_SLEEP_MS: u64 = 1;
 
 /// Merging needs two passes over a page (the first finds its twin in the unstable tree, the
-/// second settles it in the stable one): a boost lasts at least this many full scans after the
-/// last fork (or the last lazily restored page's arrival), and then until a full scan finds the
-/// memory settled (see [`Tally::settled_since`]).
-const SETTLE_SCANS: u64 = 2;
+/// second settles it in the stable one), and the scan under way when the last fork was made (or
+/// the last lazily restored page arrived) may have passed that page's address already, so it
+/// counts for nothing: a boost lasts at least this many full scans after that, and then until a
+/// full scan finds the memory settled (see [`Tally::settled_since`]).
+const SETTLE_SCANS: u64 = 3;
 
 /// A boost never outlives this, whatever ksmd does.
 const MAX_BOOST: Duration = Duration::from_secs(120);

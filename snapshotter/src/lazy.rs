@@ -34,6 +34,9 @@ pub const LAZY_DIR: &str = "lazy-pages";
 /// A snapshot that waits on a daemon raises it back to 0.
 pub const DAEMON_NICE: i32 = 19;
 
+/// How often a waiting snapshot tells a daemon again not to wait for a quiet tree.
+const HURRY_AGAIN: Duration = Duration::from_millis(100);
+
 /// How a daemon ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -107,7 +110,8 @@ impl LazyCopies {
     }
 
     /// Waits (up to `limit`) until no daemon is copying into `sandbox`, raising the daemon's
-    /// priority meanwhile. Err if it failed (the branch's memory is incomplete) or is still at it.
+    /// priority meanwhile and telling it not to wait for a quiet tree. Err if it failed (the
+    /// branch's memory is incomplete) or is still at it.
     pub fn wait(&self, sandbox: &SandboxId, limit: Duration) -> Result<(), Error> {
         let Some(copy) = self.live.lock().get(sandbox).cloned() else {
             return Ok(());
@@ -115,10 +119,11 @@ impl LazyCopies {
         criu::set_group_nice(copy.pid, 0);
         let deadline = Instant::now() + limit;
         let mut outcome = copy.outcome.lock();
-        while *outcome == Outcome::Copying {
-            if copy.ended.wait_until(&mut outcome, deadline).timed_out() {
-                break;
-            }
+        while *outcome == Outcome::Copying && Instant::now() < deadline {
+            // Again and again: a signal that came before the daemon's handler was set is lost.
+            criu::hurry_group(copy.pid);
+            let until = deadline.min(Instant::now() + HURRY_AGAIN);
+            copy.ended.wait_until(&mut outcome, until);
         }
         match *outcome {
             Outcome::Done => Ok(()),

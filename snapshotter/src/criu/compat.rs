@@ -652,4 +652,42 @@ print(*("%d/%d" % x for x in (first, after, event, after_event)))
             assert!(polls.iter().all(|p| p.0 < 100), "{quiet:?}: {polls:?}");
         }
     }
+
+    /// A waiting poll with SIGWINCH sent to the poller 200 ms in, then one more poll.
+    const HURRIED_POLLS: &str = r#"
+import os, select, signal, threading, time
+r, w = os.pipe()
+ep = select.epoll()
+ep.register(r, select.EPOLLIN)
+main = threading.get_ident()
+threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGWINCH)).start()
+def took(f):
+    t = time.monotonic()
+    got = f()
+    return round((time.monotonic() - t) * 1000), len(got)
+print(*("%d/%d" % x for x in (took(lambda: ep.poll(0)), took(lambda: ep.poll(0)))))
+"#;
+
+    /// SIGWINCH (a snapshot of the branch wants its memory whole) ends a waiting poll at once,
+    /// and no poll waits after it, however quiet the tree.
+    #[test]
+    fn a_hurried_daemon_waits_no_more() {
+        if SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim.so");
+        std::fs::write(&shim, SHIM).unwrap();
+        let env = [(LAZY_QUIET_ENV, "5000")];
+        let polls: Vec<(u64, u64)> = pairs(&python_with_shim(&shim, HURRIED_POLLS, &[], &env));
+        let [hurried, after] = polls[..] else {
+            panic!("{polls:?}")
+        };
+        assert!(
+            (190..1000).contains(&hurried.0) && hurried.1 == 0,
+            "hurried: {polls:?}"
+        );
+        assert!(after.0 < 100 && after.1 == 0, "no wait after: {polls:?}");
+    }
 }

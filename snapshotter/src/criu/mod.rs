@@ -397,15 +397,14 @@ impl Criu {
 }
 
 /// How long a lazy-pages daemon's background copy waits for its tree to go without a fault
-/// (compat/criu-shim.c, 10); `GROVE_LAZY_QUIET_MS` in groved's environment sets it. Off by
-/// default. At 250 ms the first branches of a fork leave the cores to the restores of the next
-/// ones and to answering: a fork of 8 answered in 377.6 ms instead of 410-600. But a branch's
-/// memory is whole that much later (a snapshot of it waits), another process's read of a page
-/// not copied yet (a debugger's, /proc/<pid>/mem) fails for longer, and ksmd's boost, which
-/// ends once a full scan finds nothing new, ended before the late pages were merged in the
-/// `merge` test, still once after the boost learnt to wait for them
-/// (docs/incremental-snapshots.md, "Pages other processes read").
-const LAZY_QUIET_MS: u32 = 0;
+/// (compat/criu-shim.c, 10); `GROVE_LAZY_QUIET_MS` in groved's environment sets it (0: no wait).
+/// The first branches of a fork then leave the cores to the restores of the next ones and to
+/// answering: a fork of 8 answered in 377.6 ms instead of 476-597. A snapshot of a branch does
+/// not wait for it (`lazy::LazyCopies::wait` tells the daemon to hurry); what waits is another
+/// process's read of a page not copied yet (a debugger's, /proc/<pid>/mem), which fails until
+/// then, and the branch's full share of memory (docs/incremental-snapshots.md, "Pages other
+/// processes read").
+const LAZY_QUIET_MS: u32 = 250;
 
 fn lazy_quiet_ms() -> u32 {
     std::env::var(compat::LAZY_QUIET_ENV)
@@ -485,10 +484,25 @@ impl LazyPages {
 
 /// SIGKILL to the process group `pgid` (a lazy-pages shell and its daemon).
 pub fn kill_group(pgid: u32) {
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pgid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// `sig` to the process group `pgid`; never to our own group (0) or to every process (-1).
+fn signal_group(pgid: u32, sig: nix::sys::signal::Signal) {
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return;
+    };
+    if pgid > 1 {
+        // At worst the group is gone already (ESRCH).
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig);
+    }
+}
+
+/// Tells the lazy-pages daemon in the group `pgid` that its branch's memory is wanted whole:
+/// SIGWINCH, which ends its wait for a quiet tree (compat/criu-shim.c, 10). The shell around it
+/// ignores the signal, as does a daemon without the shim.
+pub fn hurry_group(pgid: u32) {
+    signal_group(pgid, nix::sys::signal::Signal::SIGWINCH);
 }
 
 /// Sets the niceness of every process in the group `pgid`.
