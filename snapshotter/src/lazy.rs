@@ -372,6 +372,50 @@ mod tests {
         lc.wait(&sb, Duration::from_millis(1)).unwrap();
     }
 
+    /// A stand-in for a lazy-pages daemon with the shim preloaded: 50 background chunks, each
+    /// after a poll that does not wait (so, asked to, waits for a quiet tree: 10 s here).
+    const DAEMON: &str = r#"
+import select, time
+ep = select.epoll()
+for _ in range(50):
+    ep.poll(0)
+    time.sleep(0.001)
+"#;
+
+    /// A snapshot waiting on a daemon that waits for a quiet tree hurries it (SIGWINCH to its
+    /// group, through the shim), so the wait ends long before the tree would have been quiet.
+    #[test]
+    fn a_waiting_snapshot_hurries_the_daemon() {
+        use std::os::unix::process::CommandExt;
+        if criu::compat::SHIM.is_empty() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shim = dir.path().join("criu-shim.so");
+        std::fs::write(&shim, criu::compat::SHIM).unwrap();
+        // Its shell, as in a real daemon's group, must let the signal pass.
+        let mut child = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                "python3 -c \"$1\"; exit $?",
+                "grove-lazy-pages",
+                DAEMON,
+            ])
+            .env("LD_PRELOAD", &shim)
+            .env(criu::compat::LAZY_QUIET_ENV, "10000")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let lc = Arc::new(LazyCopies::default());
+        let sb = id("sb-00000000005a");
+        let end = lc.start(&sb, child.id());
+        let waiter = std::thread::spawn(move || end(child.wait().unwrap().success()));
+        let waited = lc.wait(&sb, Duration::from_secs(5));
+        waiter.join().unwrap();
+        waited.expect("the daemon ended well within the 10 s it would have waited");
+    }
+
     #[test]
     fn a_failed_or_slow_copy_is_a_conflict() {
         let lc = Arc::new(LazyCopies::default());

@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::path::{Path, PathBuf};
 
-const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
+pub(crate) const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim.so"));
 /// The build with the userfaultfd write-protect part (see compat/criu-shim.c, 4).
 const SHIM_UFFD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/criu-shim-uffd.so"));
 

@@ -1,7 +1,7 @@
 //! Driving the CRIU binary: locating it, probing kernel features once, dump and restore.
 
 mod args;
-mod compat;
+pub(crate) mod compat;
 mod early;
 mod error;
 mod launch;
