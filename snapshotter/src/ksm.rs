@@ -150,6 +150,20 @@ impl Boost {
     }
 }
 
+impl Boost {
+    /// Stops ksmd (`run` 0: what it merged stays merged) while `paused`, else boosts it again.
+    /// Host-wide, like the boost: a pause is short (a fork's restores, see [`Hold`]).
+    fn pause(&self, paused: bool) -> io::Result<()> {
+        let _state = flock(lock_file(&self.dir, "state.lock")?, FlockArg::LockExclusive)?;
+        if paused {
+            return set_knob("run", "0");
+        }
+        set_knob("pages_to_scan", &BOOST_PAGES.to_string())?;
+        set_knob("sleep_millisecs", &BOOST_SLEEP_MS.to_string())?;
+        set_knob("run", "1")
+    }
+}
+
 impl Drop for Boost {
     fn drop(&mut self) {
         if let Err(e) = end(&self.dir, self.user.take()) {
@@ -216,9 +230,46 @@ struct MergerState {
     scans_at_last_fork: u64,
     /// The last fork's.
     arriving: Option<Arriving>,
+    /// Forks restoring branches now ([`Merger::hold`]).
+    forking: u32,
+    /// After the last of them, ksmd stays at its own rate until then.
+    held_until: Option<Instant>,
+}
+
+impl MergerState {
+    fn held(&self) -> bool {
+        self.forking > 0 || self.held_until.is_some_and(|t| Instant::now() < t)
+    }
+}
+
+/// While this lives, and for its `after` once dropped, no boost runs: ksmd, CPU-bound when
+/// boosted, leaves the cores to a fork's restores and to its branches' first answers. It has
+/// little to merge by then: lazily restored pages arrive after their tree's quiet wait
+/// (`criu::lazy_quiet`), and a boost from an earlier fork picks up where it was.
+pub struct Hold {
+    state: Arc<Mutex<MergerState>>,
+    after: Duration,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.forking = st.forking.saturating_sub(1);
+        let until = Instant::now() + self.after;
+        st.held_until = Some(st.held_until.map_or(until, |t| t.max(until)));
+    }
 }
 
 impl Merger {
+    /// A fork is starting: see [`Hold`].
+    pub fn hold(&self, after: Duration) -> Hold {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).forking += 1;
+        Hold {
+            state: self.state.clone(),
+            after,
+        }
+    }
+
     /// A fork's branches were restored mergeable: boost ksmd until they settle, which they do
     /// not while `arriving` says so.
     pub fn after_fork(&self, arriving: Arriving) {
@@ -247,20 +298,29 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
     }
     let started = Instant::now();
     let (mut scans, mut tally) = (full_scans(), Tally::now());
+    let mut paused = false;
     loop {
-        std::thread::sleep(Duration::from_millis(100));
+        let held = state.lock().unwrap_or_else(|p| p.into_inner()).held();
+        if let (Ok(b), true) = (&boost, held != paused) {
+            if let Err(e) = b.pause(held) {
+                tracing::warn!("pausing or resuming a ksmd boost: {e}");
+            }
+            paused = held;
+        }
+        std::thread::sleep(Duration::from_millis(HOLD_TICK_MS));
         let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
         let mut settled = false;
         let now_scans = full_scans();
-        // Pages still arriving: as if the fork were now (a scan that ended before they came
-        // says nothing of them).
-        if st.arriving.as_ref().is_some_and(|a| a()) {
+        // Pages still arriving, or a hold: as if the fork were now (a scan that ended before
+        // they came says nothing of them).
+        if paused || st.arriving.as_ref().is_some_and(|a| a()) {
             st.scans_at_last_fork = now_scans;
         }
         if now_scans != scans {
             let now = Tally::now();
-            settled =
-                now_scans >= st.scans_at_last_fork + SETTLE_SCANS && now.settled_since(&tally);
+            settled = !paused
+                && now_scans >= st.scans_at_last_fork + SETTLE_SCANS
+                && now.settled_since(&tally);
             (scans, tally) = (now_scans, now);
         }
         if boost.is_err() || settled || started.elapsed() > MAX_BOOST {
@@ -270,6 +330,9 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
     }
     drop(boost);
 }
+
+/// How often the boost thread looks at the scans and at a [`Hold`].
+const HOLD_TICK_MS: u64 = 50;
 
 /// Whether process `pid` has every VMA mergeable (`PR_SET_MEMORY_MERGE`), as its
 /// `/proc/<pid>/ksm_stat` says.
@@ -286,7 +349,26 @@ pub fn merge_this_process() -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Tally;
+    use super::{Merger, Tally};
+    use std::time::Duration;
+
+    #[test]
+    fn a_hold_lasts_while_forks_restore_and_its_after_once_the_last_ends() {
+        let m = Merger::default();
+        let held = || m.state.lock().unwrap().held();
+        assert!(!held());
+        let (a, b) = (
+            m.hold(Duration::from_millis(200)),
+            m.hold(Duration::from_millis(0)),
+        );
+        assert!(held());
+        drop(a);
+        assert!(held(), "b still restoring");
+        drop(b);
+        assert!(held(), "a's 200 ms after: the longer one counts");
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(!held());
+    }
 
     #[test]
     fn a_scan_that_found_more_memory_or_merged_more_is_not_settled() {

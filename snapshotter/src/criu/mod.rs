@@ -406,6 +406,12 @@ impl Criu {
 /// processes read").
 const LAZY_QUIET_MS: u32 = 250;
 
+/// The quiet wait of lazy-pages daemons started now ([`LAZY_QUIET_MS`] unless groved's
+/// environment says otherwise).
+pub fn lazy_quiet() -> Duration {
+    Duration::from_millis(lazy_quiet_ms().into())
+}
+
 fn lazy_quiet_ms() -> u32 {
     std::env::var(compat::LAZY_QUIET_ENV)
         .ok()

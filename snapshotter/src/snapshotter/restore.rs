@@ -21,6 +21,8 @@ impl Snapshotter {
         let info = self.get(snapshot)?;
         let images = self.images_of(&info)?;
         let merge = self.merge_fork_pages.load(Ordering::Relaxed);
+        // ksmd, boosted for an earlier fork, leaves the cores to these restores (`ksm::Hold`).
+        let hold = merge.then(|| self.merger.hold(criu::lazy_quiet()));
         let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..count)
                 .map(|i| {
@@ -43,6 +45,7 @@ impl Snapshotter {
             let lazy = self.lazy.clone();
             self.merger.after_fork(Arc::new(move || lazy.any()));
         }
+        drop(hold);
         Ok(results)
     }
 
