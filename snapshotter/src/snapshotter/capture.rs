@@ -201,10 +201,10 @@ impl Snapshotter {
                     // Durable only now, with the sandbox running again: the sync may wait
                     // behind other writes to the store (an earlier snapshot's images).
                     mount.seal(&fs_root.0).map_err(Error::Commit)?;
-                    // What `ps` in a lazily restored branch reads of its other processes
-                    // (`eager.rs`); without it a branch only shows them late.
-                    if let Err(e) = crate::eager::args_and_env(&images_dir) {
-                        tracing::warn!(%sandbox, error = %e, "marking argument pages eager");
+                    // What a lazily restored branch touches first, and what `ps` in it reads
+                    // of its other processes, restored without a fault each (`eager.rs`).
+                    if let Err(e) = crate::eager::mark(&images_dir) {
+                        tracing::warn!(%sandbox, error = %e, "marking small areas and argument pages eager");
                     }
                     let memory_dump = if pre.is_some() {
                         MemoryDump::SoftDirty
