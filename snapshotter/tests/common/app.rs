@@ -1,5 +1,7 @@
 //! A python3 program run inside test sandboxes: it holds a counter variable and an open file at
-//! an offset, and answers requests written to /root/req by writing /root/state.json.
+//! an offset, and answers requests written to /root/req by writing /root/state.json. Its heap is
+//! larger than the areas a lazy restore copies eagerly (16 MiB, `eager.rs`), so a branch's daemon
+//! has pages to serve.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,7 @@ pub const DATA: &str = "abcdefghijklmnopqrstuvwxyz";
 pub const APP: &str = r#"
 import os, json, time, hashlib
 counter = 41
-heap = bytearray(os.urandom(8 << 20))
+heap = bytearray(os.urandom(24 << 20))
 f = open('/root/data.txt', 'r')
 f.seek(10)
 done = set()
