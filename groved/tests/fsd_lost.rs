@@ -120,3 +120,35 @@ fn destroying_sandboxes_whose_fs_server_died_leaves_nothing() {
     d.delete(&again);
     assert_eq!(d.residue()["items"], json!([]));
 }
+
+/// groved stops its grove-fsd last when it stops; a snapshot's images still being stored then
+/// (a background thread) used to find the server gone and start a new one, which outlived the
+/// daemon (with its cgroup). A client that stopped its server starts none again.
+#[test]
+fn a_server_stopped_by_its_client_is_not_started_again() {
+    let tmp = tempfile::Builder::new()
+        .prefix("grove-fsd-stop")
+        .tempdir()
+        .unwrap();
+    let run = tmp.path().join("run");
+    let spawn = nodefs::service::Spawn {
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_grove-fsd")),
+        store: tmp.path().join("store"),
+        log: run.join("fsd.log"),
+        cgroup_procs: Vec::new(),
+    };
+    let c = nodefs::service::Client::start(&run.join("fsd.sock"), Some(spawn)).unwrap();
+    assert_eq!(fsd_pids(&run).len(), 1, "started");
+    c.shutdown().unwrap();
+    let after = nodefs::service::FsService::refs(&c);
+    let left = fsd_pids(&run);
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(left.is_empty(), "a grove-fsd was started again: {left:?}");
+    let err = after.expect_err("a call after the shutdown");
+    assert!(err.to_string().contains("stopped"), "{err}");
+}

@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -45,6 +46,10 @@ pub struct Client {
     session: String,
     pool: Mutex<Vec<UnixStream>>,
     start: Mutex<()>,
+    /// Set by [`Client::shutdown`]: a server this client stopped is not started again by a
+    /// later call (a background store still running while its daemon stops), which would
+    /// outlive the daemon.
+    stopped: AtomicBool,
 }
 
 /// A transport failure (the server is gone or misbehaves), as opposed to its answer.
@@ -66,6 +71,7 @@ impl Client {
             session: format!("{}-{nanos}", std::process::id()),
             pool: Mutex::new(Vec::new()),
             start: Mutex::new(()),
+            stopped: AtomicBool::new(false),
         };
         let conn = c.connect()?;
         c.pool.lock().push(conn);
@@ -96,6 +102,13 @@ impl Client {
     }
 
     fn connect(&self) -> Result<UnixStream, Error> {
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(transport(
+                &self.socket,
+                "connect",
+                "grove-fsd was stopped by this client",
+            ));
+        }
         if let Ok(s) = UnixStream::connect(&self.socket) {
             self.hello(&s)?;
             return Ok(s);
@@ -105,6 +118,13 @@ impl Client {
         };
         // One starter at a time; whoever comes second finds the server up.
         let _g = self.start.lock();
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(transport(
+                &self.socket,
+                "connect",
+                "grove-fsd was stopped by this client",
+            ));
+        }
         if let Ok(s) = UnixStream::connect(&self.socket) {
             self.hello(&s)?;
             return Ok(s);
@@ -264,8 +284,14 @@ impl Client {
         serde_json::from_value(v).map_err(|e| transport(&self.socket, "reply", e))
     }
 
-    /// Asks the server to unmount everything and exit; returns once it has exited.
+    /// Asks the server to unmount everything and exit; returns once it has exited. From then on
+    /// this client starts no server: its calls fail as unreachable.
     pub fn shutdown(&self) -> Result<(), Error> {
+        {
+            // Under the start lock: a connect that is starting a server finishes first.
+            let _g = self.start.lock();
+            self.stopped.store(true, Ordering::SeqCst);
+        }
         self.pool.lock().clear();
         let sock =
             UnixStream::connect(&self.socket).map_err(|e| transport(&self.socket, "connect", e))?;
