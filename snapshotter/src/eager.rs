@@ -65,15 +65,11 @@ pub(crate) fn mark(images: &Path) -> io::Result<usize> {
         let ranges = eager_ranges(&mm)?;
         let path = images.join(&name);
         let mut map = Pagemap::parse(&std::fs::read(&path)?)?;
-        let mut n = 0;
-        for range in ranges {
-            let (entries, more) = eager_in(&map.entries, range);
-            map.entries = entries;
-            n += more;
-        }
+        let (entries, n) = eager_in(&map.entries, &ranges);
         if n == 0 {
             continue;
         }
+        map.entries = entries;
         let tmp = images.join(format!(".{id}.pagemap.tmp"));
         std::fs::write(&tmp, map.encode())?;
         std::fs::rename(&tmp, &path)?;
@@ -185,34 +181,55 @@ fn strings_range([arg_start, arg_end, env_start, env_end]: [u64; 4]) -> Option<(
     Some((start, end))
 }
 
-/// `entries` with the lazy present pages inside `range` split off and made eager; the pages
-/// stay in the same order, so the pages image still matches. Also how many entries changed.
-fn eager_in(entries: &[Entry], (start, end): (u64, u64)) -> (Vec<Entry>, usize) {
+/// `entries` with the lazy present pages inside any of `ranges` split off and made eager; the
+/// pages stay in the same order, so the pages image still matches. Also how many entries
+/// changed. One pass over the entries (a process may have thousands of small areas).
+fn eager_in(entries: &[Entry], ranges: &[(u64, u64)]) -> (Vec<Entry>, usize) {
+    let ranges = coalesce(ranges);
     let mut out = Vec::with_capacity(entries.len() + 2);
     let mut changed = 0;
     for e in entries {
         let e_end = e.vaddr + e.nr_pages * PAGE;
         let lazy_present = e.flags & (PE_LAZY | PE_PRESENT) == PE_LAZY | PE_PRESENT;
-        if !lazy_present || e_end <= start || e.vaddr >= end {
+        let first = ranges.partition_point(|r| r.1 <= e.vaddr);
+        if !lazy_present || ranges.get(first).is_none_or(|r| r.0 >= e_end) {
             out.push(*e);
             continue;
         }
         changed += 1;
-        let (from, to) = (e.vaddr.max(start), e_end.min(end));
         let part = |a: u64, b: u64, flags: u32| Entry {
             vaddr: a,
             nr_pages: (b - a) / PAGE,
             flags,
         };
-        if e.vaddr < from {
-            out.push(part(e.vaddr, from, e.flags));
+        let mut at = e.vaddr;
+        for &(start, end) in ranges[first..].iter().take_while(|r| r.0 < e_end) {
+            let (from, to) = (start.max(at), end.min(e_end));
+            if at < from {
+                out.push(part(at, from, e.flags));
+            }
+            out.push(part(from, to, e.flags & !PE_LAZY));
+            at = to;
         }
-        out.push(part(from, to, e.flags & !PE_LAZY));
-        if to < e_end {
-            out.push(part(to, e_end, e.flags));
+        if at < e_end {
+            out.push(part(at, e_end, e.flags));
         }
     }
     (out, changed)
+}
+
+/// `ranges` sorted, with the empty ones dropped and the overlapping or touching ones joined.
+fn coalesce(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut sorted: Vec<_> = ranges.iter().copied().filter(|(a, b)| a < b).collect();
+    sorted.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+    for (a, b) in sorted {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -313,6 +330,37 @@ mod tests {
     }
 
     #[test]
+    fn several_ranges_in_one_entry_split_it_once_each() {
+        let lazy = PE_PRESENT | PE_LAZY;
+        let entries = [e(0x10000, 16, lazy), e(0x30000, 2, lazy)];
+        // Unsorted, one inside another, two touching, one empty, one beyond every entry.
+        let ranges = [
+            (0x1c000, 0x1e000),
+            (0x12000, 0x14000),
+            (0x12000, 0x13000),
+            (0x16000, 0x18000),
+            (0x18000, 0x19000),
+            (0x30000, 0x30000),
+            (0x40000, 0x41000),
+        ];
+        let (out, changed) = eager_in(&entries, &ranges);
+        assert_eq!(changed, 1);
+        assert_eq!(
+            out,
+            [
+                e(0x10000, 2, lazy),
+                e(0x12000, 2, PE_PRESENT),
+                e(0x14000, 2, lazy),
+                e(0x16000, 3, PE_PRESENT),
+                e(0x19000, 3, lazy),
+                e(0x1c000, 2, PE_PRESENT),
+                e(0x1e000, 2, lazy),
+                e(0x30000, 2, lazy),
+            ]
+        );
+    }
+
+    #[test]
     fn small_private_anonymous_areas_are_eager_up_to_a_total() {
         const ANON: u64 = MAP_PRIVATE | MAP_ANONYMOUS;
         const MIB: u64 = 1 << 20;
@@ -364,7 +412,7 @@ mod tests {
             e(0x2c000, 8, lazy),                // straddles its end
             e(0x40000, 1, lazy),                // after
         ];
-        let (out, changed) = eager_in(&entries, (0x24000, 0x2e000));
+        let (out, changed) = eager_in(&entries, &[(0x24000, 0x2e000)]);
         assert_eq!(changed, 2);
         assert_eq!(
             out,
@@ -390,7 +438,7 @@ mod tests {
             pages(&entries),
             "the pages image still matches"
         );
-        let (same, none) = eager_in(&entries, (0x50000, 0x51000));
+        let (same, none) = eager_in(&entries, &[(0x50000, 0x51000)]);
         assert_eq!((same.as_slice(), none), (&entries[..], 0));
     }
 }

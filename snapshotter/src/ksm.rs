@@ -138,9 +138,7 @@ impl Boost {
             std::fs::write(&tmp, now)?;
             std::fs::rename(&tmp, &saved)?;
         }
-        set_knob("pages_to_scan", &BOOST_PAGES.to_string())?;
-        set_knob("sleep_millisecs", &BOOST_SLEEP_MS.to_string())?;
-        set_knob("run", "1")?;
+        boosted()?;
         let user = flock(lock_file(dir, "users.lock")?, FlockArg::LockShared)?;
         drop(state);
         Ok(Boost {
@@ -148,9 +146,7 @@ impl Boost {
             user: Some(user),
         })
     }
-}
 
-impl Boost {
     /// Stops ksmd (`run` 0: what it merged stays merged) while `paused`, else boosts it again.
     /// Host-wide, like the boost: a pause is short (a fork's restores, see [`Hold`]).
     fn pause(&self, paused: bool) -> io::Result<()> {
@@ -158,10 +154,15 @@ impl Boost {
         if paused {
             return set_knob("run", "0");
         }
-        set_knob("pages_to_scan", &BOOST_PAGES.to_string())?;
-        set_knob("sleep_millisecs", &BOOST_SLEEP_MS.to_string())?;
-        set_knob("run", "1")
+        boosted()
     }
+}
+
+/// ksmd at the boosted rate, running.
+fn boosted() -> io::Result<()> {
+    set_knob("pages_to_scan", &BOOST_PAGES.to_string())?;
+    set_knob("sleep_millisecs", &BOOST_SLEEP_MS.to_string())?;
+    set_knob("run", "1")
 }
 
 impl Drop for Boost {
