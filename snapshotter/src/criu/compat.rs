@@ -117,6 +117,23 @@ fn is_tmpfs(dir: &Path) -> bool {
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
+/// For tests: `bytes` (a build of the shim) written to `name` in a fresh temp dir, kept while
+/// the dir lives; None, said loudly, where the shim was not built (no C compiler).
+#[cfg(test)]
+pub(crate) fn shim_in_temp_dir(
+    bytes: &[u8],
+    name: &str,
+) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+    if bytes.is_empty() {
+        grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shim = dir.path().join(name);
+    std::fs::write(&shim, bytes).unwrap();
+    Some((dir, shim))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,17 +239,13 @@ print(kind, n)
     /// passes a namespace with entries through to the kernel, which lists them.
     #[test]
     fn empty_conntrack_is_answered_without_the_kernel_and_only_when_empty() {
-        if SHIM.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM, "criu-shim.so") else {
             return;
-        }
+        };
         if !nix::unistd::geteuid().is_root() || !Path::new("/usr/sbin/nft").exists() {
             grove_testkit::capability_missing("needs root and nft for a conntrack entry");
             return;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim.so");
-        std::fs::write(&shim, SHIM).unwrap();
         let seen = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             grove_sys::net::loopback_up().unwrap();
@@ -293,13 +306,9 @@ print(kind, n)
     /// CRIU asks; a restore extracts either, and only the shim makes the plain one extract.
     #[test]
     fn tmpfs_archives_are_plain_when_asked_and_either_kind_restores() {
-        if SHIM.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((dir, shim)) = shim_in_temp_dir(SHIM, "criu-shim.so") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim.so");
-        std::fs::write(&shim, SHIM).unwrap();
+        };
         let src = dir.path().join("src");
         std::fs::create_dir_all(src.join("shm")).unwrap();
         std::fs::write(src.join("shm/segment"), b"kept across the snapshot").unwrap();
@@ -430,13 +439,9 @@ print(first, whole, other, after, empty)
     /// pipe fails instead of waiting. Not asked, each splice moves what it names (the control).
     #[test]
     fn a_pipe_of_pages_goes_to_its_image_in_one_splice_when_asked() {
-        if SHIM_UFFD.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim-uffd.so");
-        std::fs::write(&shim, SHIM_UFFD).unwrap();
+        };
         let eio = libc::EIO.to_string();
         assert_eq!(
             page_writes(&shim, true),
@@ -490,17 +495,13 @@ print(dump(socket.AF_INET), dump(socket.AF_INET6))
     /// port 0); not asked, or with a listener, the kernel answers (and lists the listener).
     #[test]
     fn tcp_diag_of_a_namespace_without_tcp_is_answered_without_the_kernel() {
-        if SHIM_UFFD.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
             return;
-        }
+        };
         if !nix::unistd::geteuid().is_root() {
             grove_testkit::capability_missing("needs root for a network namespace");
             return;
         }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim-uffd.so");
-        std::fs::write(&shim, SHIM_UFFD).unwrap();
         let [asked, not_asked, listening] = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             grove_sys::net::loopback_up().unwrap();
@@ -626,13 +627,9 @@ print(*("%d/%d" % x for x in (first, after, event, after_event)))
     /// with something that is not a number of ms), no poll waits.
     #[test]
     fn background_polls_wait_for_a_quiet_tree_when_asked() {
-        if SHIM.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM, "criu-shim.so") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim.so");
-        std::fs::write(&shim, SHIM).unwrap();
+        };
         let polls = quiet_polls(&shim, Some("300"));
         let [first, after, event, after_event] = polls[..] else {
             panic!("{polls:?}")
@@ -672,13 +669,9 @@ print(*("%d/%d" % x for x in (took(lambda: ep.poll(0)), took(lambda: ep.poll(0))
     /// and no poll waits after it, however quiet the tree.
     #[test]
     fn a_hurried_daemon_waits_no_more() {
-        if SHIM.is_empty() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM, "criu-shim.so") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let shim = dir.path().join("criu-shim.so");
-        std::fs::write(&shim, SHIM).unwrap();
+        };
         let env = [(LAZY_QUIET_ENV, "5000")];
         let polls: Vec<(u64, u64)> = pairs(&python_with_shim(&shim, HURRIED_POLLS, &[], &env));
         let [hurried, after] = polls[..] else {
