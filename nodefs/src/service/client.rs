@@ -101,7 +101,8 @@ impl Client {
         }
     }
 
-    fn connect(&self) -> Result<UnixStream, Error> {
+    /// Err once [`Client::shutdown`] ran: no call reaches or starts a server after it.
+    fn refuse_if_stopped(&self) -> Result<(), Error> {
         if self.stopped.load(Ordering::SeqCst) {
             return Err(transport(
                 &self.socket,
@@ -109,6 +110,11 @@ impl Client {
                 "grove-fsd was stopped by this client",
             ));
         }
+        Ok(())
+    }
+
+    fn connect(&self) -> Result<UnixStream, Error> {
+        self.refuse_if_stopped()?;
         if let Ok(s) = UnixStream::connect(&self.socket) {
             self.hello(&s)?;
             return Ok(s);
@@ -118,13 +124,7 @@ impl Client {
         };
         // One starter at a time; whoever comes second finds the server up.
         let _g = self.start.lock();
-        if self.stopped.load(Ordering::SeqCst) {
-            return Err(transport(
-                &self.socket,
-                "connect",
-                "grove-fsd was stopped by this client",
-            ));
-        }
+        self.refuse_if_stopped()?;
         if let Ok(s) = UnixStream::connect(&self.socket) {
             self.hello(&s)?;
             return Ok(s);
