@@ -97,7 +97,7 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
         servers.spawn(crate::e2b::serve(app.clone(), tcp, stop_rx.clone()));
     }
     tracing::info!(socket = %app.config.socket.display(), tcp = ?app.config.listen, "groved serving");
-    let reaper = tokio::spawn(reap(app.clone()));
+    let reaper = tokio::spawn(reap(app.clone(), stop_rx.clone()));
     #[cfg(feature = "debug-hooks")]
     {
         let hooks = crate::debug_hooks::DebugHooks::from_env();
@@ -136,7 +136,11 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
         tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; shutting down anyway");
         servers.abort_all();
     }
-    reaper.abort();
+    // A reap under way finishes (its destroys and pauses run on blocking threads an abort would
+    // not stop); the runtime's shutdown also waits for any such work a request left behind.
+    if tokio::time::timeout(DRAIN_TIMEOUT, reaper).await.is_err() {
+        tracing::warn!("the reaper still busy after {DRAIN_TIMEOUT:?}; shutting down anyway");
+    }
     let _ = std::fs::remove_file(&app.config.socket);
     let running = app.runtime.list().len();
     if app.config.keep_sandboxes_on_stop && running > 0 {
@@ -169,13 +173,16 @@ pub async fn serve(app: Arc<App>) -> anyhow::Result<()> {
 }
 
 /// Destroys sandboxes past their time-to-live (the runtime emits their `expired` events), then
-/// reclaims idle ones.
-async fn reap(app: Arc<App>) {
+/// reclaims idle ones; ends between two rounds once `stop` is set.
+async fn reap(app: Arc<App>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(app.config.reap_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut imports = ImportRetry::default();
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
         // Sandboxes made through the E2B endpoint with autoPause pause where others expire.
         if app.config.e2b_listen.is_some() {
             crate::e2b::control::pause_due(&app).await;

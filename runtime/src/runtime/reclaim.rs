@@ -3,6 +3,7 @@
 //! shutdown of the whole runtime.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Runtime;
 use crate::error::Error;
@@ -11,6 +12,10 @@ use crate::registry::SlotState;
 use crate::root::RootMount;
 use crate::sandbox::{now_ms, Parts, Sandbox};
 use crate::types::*;
+
+/// How long a shutdown waits for state changes under way (see `Runtime::wait_settled`): a
+/// restore of a large snapshot or a pause to the store can take seconds.
+const SHUTDOWN_SETTLE: Duration = Duration::from_secs(60);
 
 impl Runtime {
     /// Removes everything in `parts`, in reverse order of making; every step is tried and verified.
@@ -227,10 +232,15 @@ impl Runtime {
     /// up this instance's names (another runtime may take them from then on).
     pub fn shutdown(&self) {
         self.drain_pools();
+        let deadline = Instant::now() + SHUTDOWN_SETTLE;
         let live = [SlotState::Running, SlotState::Frozen, SlotState::Failed];
-        for id in self.registry.ids_in(&live) {
-            if let Err(e) = self.destroy(&id) {
-                tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
+        // Twice: a create that was under way ends running, and is destroyed in the second round.
+        for _ in 0..2 {
+            self.wait_settled(deadline);
+            for id in self.registry.ids_in(&live) {
+                if let Err(e) = self.destroy(&id) {
+                    tracing::error!(sandbox = %id, error = %e, "destroy at shutdown failed");
+                }
             }
         }
         for id in self.registry.ids_in(&[SlotState::Parked]) {
@@ -247,5 +257,29 @@ impl Runtime {
             let _ = std::fs::remove_dir(&self.config.run_dir);
         }
         self.instance_lock.lock().take();
+    }
+
+    /// Waits until no create, destroy, pause or restore is under way, or `deadline`. Work that a
+    /// request or the reaper began on a blocking thread goes on after its caller was cancelled;
+    /// a shutdown that did not wait would find its slot, skip it, and keep the instance's parts
+    /// (cgroup parents, grove-init's tmpfs, the run dir) for a sandbox gone a moment later.
+    fn wait_settled(&self, deadline: Instant) {
+        let transient = [
+            SlotState::Creating,
+            SlotState::Destroying,
+            SlotState::Parking,
+            SlotState::Restoring,
+        ];
+        loop {
+            let busy = self.registry.ids_in(&transient);
+            if busy.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::error!(sandboxes = ?busy, "still changing state at shutdown; left as they are");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }

@@ -78,6 +78,8 @@ struct State {
     journal: Vec<Call>,
     /// Ops whose next call fails.
     faults: HashSet<Op>,
+    /// Ops whose next call takes this long (slept after it is journaled, outside the lock).
+    slow: HashMap<Op, Duration>,
     /// The next spawned init exits right after it reported ready.
     die_after_ready: bool,
     /// The next spawn puts a directory where the sandbox's record goes (its write then fails).
@@ -132,6 +134,11 @@ impl FakeHost {
     /// The next call of `op` fails (after it is journaled).
     pub fn fail(&self, op: Op) {
         self.st.lock().faults.insert(op);
+    }
+
+    /// The next call of `op` takes `d`: something else can happen while it is under way.
+    pub fn slow(&self, op: Op, d: Duration) {
+        self.st.lock().slow.insert(op, d);
     }
 
     pub fn init_dies_after_ready(&self) {
@@ -255,15 +262,21 @@ impl FakeHost {
     }
 }
 
-/// Journals `op` for `id`; Err when a fault was set for it (consumed).
+/// Journals `op` for `id`; Err when a fault was set for it (consumed), after a delay set for it.
 fn call(st: &Mutex<State>, op: Op, id: &str) -> Result<(), ()> {
-    let mut st = st.lock();
-    let ok = !st.faults.remove(&op);
-    st.journal.push(Call {
-        op,
-        id: id.into(),
-        ok,
-    });
+    let (ok, slow) = {
+        let mut st = st.lock();
+        let ok = !st.faults.remove(&op);
+        st.journal.push(Call {
+            op,
+            id: id.into(),
+            ok,
+        });
+        (ok, st.slow.remove(&op))
+    };
+    if let Some(d) = slow {
+        std::thread::sleep(d);
+    }
     ok.then_some(()).ok_or(())
 }
 

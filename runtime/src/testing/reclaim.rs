@@ -145,3 +145,35 @@ fn shutdown_destroys_every_sandbox_and_gives_up_the_host() {
     );
     assert!(!node.config.run_dir.exists());
 }
+
+/// A destroy under way on another thread (the reaper's, or a request's whose client went away)
+/// when shutdown starts: shutdown waits for it, then gives up the host all the same.
+#[test]
+fn shutdown_waits_for_a_destroy_under_way() {
+    let node = Node::new();
+    let rt = node.runtime();
+    let id = rt.create(offline()).unwrap().id;
+    node.host.slow(Op::CgroupRemove, Duration::from_millis(300));
+    let destroying = {
+        let (rt, id) = (rt.clone(), id.clone());
+        std::thread::spawn(move || rt.destroy(&id))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rt.state_of(&id) != Some(SlotState::Destroying) {
+        assert!(Instant::now() < deadline, "the destroy never began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rt.shutdown();
+    destroying.join().unwrap().unwrap();
+    assert_eq!(left(&node, &id), Vec::<String>::new());
+    let instance: Vec<Op> = node
+        .host
+        .journal()
+        .into_iter()
+        .filter(|c| c.id.is_empty())
+        .map(|c| c.op)
+        .collect();
+    assert_eq!(instance.last(), Some(&Op::InitRemove), "{instance:?}");
+    assert!(instance.contains(&Op::Unprepare), "{instance:?}");
+    assert!(!node.config.run_dir.exists());
+}
