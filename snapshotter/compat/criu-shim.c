@@ -107,6 +107,20 @@
  *    execvp, so a dump that asks drops --gzip there; an extract drops it only when its input
  *    does not start with gzip's magic, so snapshots written either way restore. The images
  *    keep CRIU's names; Grove's store compresses them. tar runs without the shim preloaded.
+ *
+ * 11. One CRIU loaded, forked for each restore (GROVE_ZYGOTE_FD=<fd>, restores). Starting CRIU
+ *    costs about 4.5 ms of CPU (the kernel's exec, then the loader mapping and relocating its 22
+ *    libraries), in every branch of a fork. Grove starts one CRIU with this variable and keeps
+ *    it: before CRIU's main (this shim's __libc_start_main), it says "r" on the inherited
+ *    SOCK_SEQPACKET socket and reads requests, each one message: a flags byte, then the
+ *    arguments, each ending in NUL, and, passed with it, the socket to report on and maybe a
+ *    network namespace. For each it forks a waiter that forks CRIU's process: that one takes
+ *    the namespace at fd 4, closes every other descriptor but the shim's, opts into KSM if
+ *    asked, shows the arguments as its command line (a restarted Grove finds a predecessor's
+ *    CRIU by them) and goes on into CRIU's main with them; the waiter writes its wait status,
+ *    4 bytes, to the report socket and exits. The zygote exits when its socket closes (Grove
+ *    stopped or died); restores under way go on. Orphans, the restored trees included, go to
+ *    Grove, a subreaper.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -120,6 +134,8 @@
 #include <string.h>
 #include <stdint.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <sys/socket.h>
@@ -164,6 +180,212 @@ __attribute__((constructor)) static void wait_for_start(void)
 	syscall(SYS_close, (int)fd);
 	if (r != 1 || go != 'g')
 		_exit(GROVE_NOT_STARTED);
+}
+
+/* ---- 11: one CRIU loaded, forked for each restore ---- */
+
+/* The descriptor a restore's network namespace is given at (criu::NETNS_FD). */
+#define ZYGOTE_NETNS_FD 4
+/* A request's flags: opt CRIU's process into KSM; a namespace comes with it. */
+#define ZYGOTE_MERGE 1
+#define ZYGOTE_NETNS 2
+#define ZYGOTE_MAX_REQUEST 65536
+#define ZYGOTE_MAX_ARGS 1024
+#ifndef PR_SET_MEMORY_MERGE
+#define PR_SET_MEMORY_MERGE 67
+#endif
+
+static ssize_t write_all(int fd, const void *buf, size_t n)
+{
+	ssize_t r;
+	do
+		r = write(fd, buf, n);
+	while (r < 0 && errno == EINTR);
+	return r;
+}
+
+/* What /proc/<pid>/cmdline shows: the NUL-separated strings from start to end, which must lie in
+ * anonymous memory (the kernel reads them so). A restarted groved finds a killed predecessor's
+ * CRIU by its arguments (runtime/src/recover.rs). PR_SET_MM_MAP, unlike the single
+ * PR_SET_MM_ARG_*, needs no CAP_SYS_RESOURCE; the other fields are given as they are. */
+static int set_cmdline(char *start, char *end)
+{
+	char stat[1024];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, stat, sizeof(stat) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	stat[n] = '\0';
+	/* Fields by proc(5)'s numbers; the name (2) may hold spaces, so count after its ')'. */
+	char *p = strrchr(stat, ')');
+	unsigned long long f[53] = {0};
+	int i = 2;
+	while (p && i < 52 && (p = strchr(p, ' '))) {
+		p++;
+		f[++i] = strtoull(p, NULL, 10);
+	}
+	if (i < 51)
+		return -1;
+	struct prctl_mm_map m = {
+		.start_code = f[26],
+		.end_code = f[27],
+		.start_stack = f[28],
+		.start_data = f[45],
+		.end_data = f[46],
+		.start_brk = f[47],
+		.brk = (uint64_t)syscall(SYS_brk, 0),
+		.arg_start = (uintptr_t)start,
+		.arg_end = (uintptr_t)end,
+		.env_start = f[50],
+		.env_end = f[51],
+		.exe_fd = (uint32_t)-1,
+	};
+	return prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof(m), 0);
+}
+
+/* In CRIU's process: the descriptors it is started with, then its arguments, NULL-terminated
+ * and followed by the environment (what a kernel-made argv is followed by). */
+static char **zygote_child(int netns, int flags, char *args, size_t len, int *argc)
+{
+	if (flags & ZYGOTE_NETNS) {
+		if (netns == ZYGOTE_NETNS_FD) {
+			if (fcntl(netns, F_SETFD, 0) < 0)
+				_exit(127);
+		} else if (dup2(netns, ZYGOTE_NETNS_FD) < 0) {
+			_exit(127);
+		}
+	}
+	int keep = (flags & ZYGOTE_NETNS) ? ZYGOTE_NETNS_FD : 3;
+	if (syscall(SYS_close_range, keep + 1, ~0U, 0) < 0)
+		_exit(127);
+	if ((flags & ZYGOTE_MERGE) && prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
+		_exit(127);
+	int n = 0;
+	for (size_t i = 0; i < len; i++)
+		n += args[i] == '\0';
+	size_t envc = 0;
+	while (environ[envc])
+		envc++;
+	char **argv = calloc((size_t)n + 1 + envc + 1, sizeof(char *));
+	char *p = malloc(len); /* on the heap: anonymous memory, for set_cmdline */
+	if (!argv || !p)
+		_exit(127);
+	args = memcpy(p, args, len);
+	for (int i = 0; i < n; i++) {
+		argv[i] = p;
+		p += strlen(p) + 1;
+	}
+	memcpy(argv + n + 1, environ, envc * sizeof(char *));
+	if (set_cmdline(args, args + len) < 0)
+		_exit(127);
+	*argc = n;
+	return argv;
+}
+
+/* A request's descriptors, in the order sent: the report socket, then the namespace if any. */
+static int received_fds(struct msghdr *m, int fds[2])
+{
+	int nfds = 0;
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(m); h; h = CMSG_NXTHDR(m, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		int got = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < got; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+			if (nfds < 2)
+				fds[nfds++] = fd;
+			else
+				close(fd);
+		}
+	}
+	return nfds;
+}
+
+/* The zygote's loop: returns only in a CRIU process, with its arguments. */
+static char **zygote(int ctl, int *argc, char **argv)
+{
+	static char buf[ZYGOTE_MAX_REQUEST];
+	/* Its own command line without the loader's part, which also proves that each CRIU's can be
+	 * set. Where it cannot, it never says it is ready, and Grove starts each CRIU itself. */
+	char *last = argv[*argc - 1];
+	if (set_cmdline(argv[0], last + strlen(last) + 1) < 0)
+		_exit(GROVE_NOT_STARTED);
+	signal(SIGCHLD, SIG_IGN); /* the waiters are reaped by the kernel */
+	if (write_all(ctl, "r", 1) != 1)
+		_exit(0);
+	for (;;) {
+		union {
+			char space[CMSG_SPACE(2 * sizeof(int))];
+			struct cmsghdr align;
+		} c;
+		struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+		struct msghdr m = {.msg_iov = &iov,
+				   .msg_iovlen = 1,
+				   .msg_control = c.space,
+				   .msg_controllen = sizeof(c.space)};
+		ssize_t n = recvmsg(ctl, &m, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			_exit(0); /* Grove is gone */
+		int fds[2] = {-1, -1};
+		int nfds = received_fds(&m, fds);
+		int flags = (unsigned char)buf[0];
+		int args = 0;
+		for (ssize_t i = 1; i < n; i++)
+			args += buf[i] == '\0';
+		/* Well formed: not cut short, arguments ending in NUL, the descriptors it says. */
+		int ok = !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n >= 2 && buf[n - 1] == '\0' &&
+			 args <= ZYGOTE_MAX_ARGS && (flags & ~(ZYGOTE_MERGE | ZYGOTE_NETNS)) == 0 &&
+			 nfds == ((flags & ZYGOTE_NETNS) ? 2 : 1);
+		pid_t waiter = ok ? fork() : -1;
+		if (waiter == 0) {
+			close(ctl);
+			signal(SIGCHLD, SIG_DFL);
+			pid_t criu = fork();
+			if (criu == 0) {
+				close(fds[0]);
+				return zygote_child(fds[1], flags, buf + 1, (size_t)n - 1, argc);
+			}
+			int status = 127 << 8; /* as a shell reports a command it could not start */
+			if (criu > 0) {
+				pid_t r;
+				do
+					r = waitpid(criu, &status, 0);
+				while (r < 0 && errno == EINTR);
+			}
+			/* MSG_NOSIGNAL: Grove may be gone. */
+			send(fds[0], &status, sizeof(status), MSG_NOSIGNAL);
+			_exit(0);
+		}
+		/* Not run, or run by the waiter: the report socket closes here either way. */
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+	}
+}
+
+typedef int (*start_main_fn)(int (*)(int, char **, char **), int, char **, void (*)(void),
+			     void (*)(void), void (*)(void), void *);
+
+int __libc_start_main(int (*main)(int, char **, char **), int argc, char **argv,
+		      void (*init)(void), void (*fini)(void), void (*rtld_fini)(void),
+		      void *stack_end)
+{
+	start_main_fn real = (start_main_fn)dlsym(RTLD_NEXT, "__libc_start_main");
+	const char *v = getenv("GROVE_ZYGOTE_FD");
+	if (v) {
+		char *end;
+		long fd = strtol(v, &end, 10);
+		if (*v == '\0' || *end != '\0' || fd < 0 || fd > 1024)
+			_exit(GROVE_NOT_STARTED);
+		unsetenv("GROVE_ZYGOTE_FD");
+		argv = zygote((int)fd, &argc, argv);
+	}
+	return real(main, argc, argv, init, fini, rtld_fini, stack_end);
 }
 
 #ifndef SO_PASSSEC

@@ -350,6 +350,7 @@ impl Snapshotter {
     /// At an orderly stop: removes CRIU's cgroup yard, and the scratch and image-cache dirs when
     /// empty (the cache holds what pending imports still need otherwise).
     pub fn close(&self) {
+        self.criu.stop_zygote();
         if let Some(y) = &self.cgroup_yard {
             y.remove();
         }

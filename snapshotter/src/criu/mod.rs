@@ -6,6 +6,7 @@ mod early;
 mod error;
 mod launch;
 pub mod log;
+mod zygote;
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,8 @@ pub struct Criu {
     shim_uffd: Option<compat::Shim>,
     /// Where CRIU keeps its kernel-feature cache when /run is not a tmpfs (see the shim).
     kdat: Option<PathBuf>,
+    /// The loaded CRIU restores are forked from (`zygote`), started at the first restore.
+    zygote: parking_lot::Mutex<Option<zygote::Zygote>>,
 }
 
 /// How long a dump or restore took.
@@ -83,6 +86,7 @@ impl Criu {
                 shim: compat::Shim::load(),
                 shim_uffd: compat::Shim::load_uffd(),
                 kdat: compat::kdat_cache(),
+                zygote: parking_lot::Mutex::new(None),
             };
             match criu.check() {
                 Ok(()) => return Ok(criu),
@@ -142,6 +146,7 @@ impl Criu {
             compat::COALESCE_PAGE_WRITES_ENV,
             compat::START_FD_ENV,
             compat::LAZY_QUIET_ENV,
+            zygote::ENV,
         ] {
             cmd.env_remove(var);
         }
@@ -281,16 +286,22 @@ impl Criu {
         netns: Option<BorrowedFd<'_>>,
     ) -> Result<(i32, Timing), Error> {
         let start = Instant::now();
-        let mut cmd = self.command_with(netns);
-        if opts.merge_pages {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: the closure runs between fork and exec and only calls prctl, which is
-            // async-signal-safe and touches no memory of the parent.
-            unsafe {
-                cmd.pre_exec(crate::ksm::merge_this_process);
+        let args = opts.to_args();
+        let status = match self.run_forked(&args, &opts.work_dir, netns, opts.merge_pages) {
+            Some(status) => status?,
+            None => {
+                let mut cmd = self.command_with(netns);
+                if opts.merge_pages {
+                    use std::os::unix::process::CommandExt;
+                    // SAFETY: the closure runs between fork and exec and only calls prctl,
+                    // which is async-signal-safe and touches no memory of the parent.
+                    unsafe {
+                        cmd.pre_exec(crate::ksm::merge_this_process);
+                    }
+                }
+                Self::run_cmd(cmd, &self.binary, &args, &opts.work_dir)?
             }
-        }
-        let status = Self::run_cmd(cmd, &self.binary, &opts.to_args(), &opts.work_dir)?;
+        };
         let dir = opts.images_dir.clone();
         if !status.success() {
             let log_tail = read_log(&opts.work_dir.join(RESTORE_LOG));
@@ -359,6 +370,72 @@ impl Criu {
             std::thread::sleep(Duration::from_millis(1));
         }
         Ok(LazyPages { child })
+    }
+
+    /// Runs CRIU with `args` forked from the zygote (started, or started again, here); None
+    /// where there is none to fork from (no shim, or it does not start): the caller starts
+    /// CRIU itself then.
+    fn run_forked(
+        &self,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+    ) -> Option<Result<std::process::ExitStatus, Error>> {
+        self.shim.as_ref()?;
+        if std::env::var_os(zygote::OFF_ENV).is_some_and(|v| v == "0") {
+            return None;
+        }
+        if let Err(e) = std::fs::create_dir_all(work_dir) {
+            return Some(Err(Error::io(work_dir, e)));
+        }
+        let argv: Vec<std::ffi::OsString> = std::iter::once(self.binary.clone().into_os_string())
+            .chain(args.iter().cloned())
+            .collect();
+        let report = {
+            let mut held = self.zygote.lock();
+            let mut report = None;
+            // A zygote found gone (killed, or it failed) is started again, once.
+            for _ in 0..2 {
+                let z = match held.as_ref() {
+                    Some(z) => z,
+                    None => held.insert(self.start_zygote()?),
+                };
+                match z.send(&argv, netns, merge) {
+                    Ok(r) => {
+                        report = Some(r);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "CRIU's zygote");
+                        *held = None;
+                    }
+                }
+            }
+            report?
+        };
+        Some(report.wait().map_err(|e| Error::Spawn {
+            binary: self.binary.clone(),
+            source: std::io::Error::other(e),
+        }))
+    }
+
+    fn start_zygote(&self) -> Option<zygote::Zygote> {
+        let placed = |fd| {
+            self.prepare_placing(
+                self.launch.command(),
+                Some((fd, zygote::FD)),
+                self.shim.as_ref(),
+            )
+        };
+        zygote::Zygote::start(placed)
+            .inspect_err(|e| tracing::warn!(error = %e, "this restore starts CRIU itself"))
+            .ok()
+    }
+
+    /// Ends the zygote (CRIU processes it started go on): a daemon stopping leaves no process.
+    pub fn stop_zygote(&self) {
+        self.zygote.lock().take();
     }
 
     fn run(

@@ -1,0 +1,293 @@
+//! One CRIU loaded once and forked for each restore (compat/criu-shim.c, 11). Starting CRIU costs
+//! about 4.5 ms of CPU here, the kernel's exec and the loader relocating its 22 libraries, in
+//! every branch of a fork; a fork of a loaded CRIU costs a fraction of that. The zygote is CRIU
+//! held by the shim before its main, reading requests on a socket only we hold; each request
+//! runs one CRIU process with its own arguments and reports its wait status on a socket of its
+//! own, so restores from several threads go on side by side.
+
+use std::ffi::OsString;
+use std::io::{IoSlice, Read as _};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
+
+/// `GROVE_CRIU_ZYGOTE=0` in groved's environment: every restore starts CRIU itself (to compare).
+pub(crate) const OFF_ENV: &str = "GROVE_CRIU_ZYGOTE";
+/// The variable that makes the shim a zygote, and the descriptor its socket is at.
+pub(crate) const ENV: &str = "GROVE_ZYGOTE_FD";
+pub(crate) const FD: RawFd = 4;
+/// Request flags (the shim's ZYGOTE_MERGE, ZYGOTE_NETNS).
+const MERGE: u8 = 1;
+const NETNS: u8 = 2;
+/// What the shim reads of one request.
+const MAX_REQUEST: usize = 65536;
+/// How long a starting zygote may take to say it is ready.
+const READY_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ZygoteError {
+    #[error("starting CRIU's zygote: {0}")]
+    Start(std::io::Error),
+    #[error("CRIU's zygote is gone: {0}")]
+    Gone(std::io::Error),
+    #[error("a request of {0} bytes is larger than the zygote reads")]
+    TooLarge(usize),
+    #[error("CRIU's zygote took the request but reported no status: {0}")]
+    NoStatus(std::io::Error),
+}
+
+#[derive(Debug)]
+pub(crate) struct Zygote {
+    child: Child,
+    control: UnixStream,
+}
+
+/// A request sent: its CRIU runs; [`Report::wait`] for its status.
+#[derive(Debug)]
+pub(crate) struct Report(UnixStream);
+
+impl Zygote {
+    /// Starts `cmd` (CRIU with the shim preloaded, descriptors prepared by the caller but for
+    /// ours, which it must place at [`FD`]) as the zygote; returns once it is ready.
+    pub(crate) fn start(place: impl FnOnce(RawFd) -> Command) -> Result<Zygote, ZygoteError> {
+        let (ours, theirs) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| ZygoteError::Start(e.into()))?;
+        let mut cmd = place(theirs.as_raw_fd());
+        let child = cmd
+            .env(ENV, FD.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(ZygoteError::Start)?;
+        drop(theirs);
+        let mut zygote = Zygote {
+            child,
+            control: UnixStream::from(ours),
+        };
+        zygote.wait_ready().map_err(ZygoteError::Start)?;
+        Ok(zygote)
+    }
+
+    fn wait_ready(&mut self) -> std::io::Result<()> {
+        self.control.set_read_timeout(Some(READY_WAIT))?;
+        let mut said = [0u8; 1];
+        self.control.read_exact(&mut said)?;
+        if said != *b"r" {
+            return Err(std::io::Error::other("it said something else"));
+        }
+        self.control.set_read_timeout(None)
+    }
+
+    /// Has CRIU run with `argv` (its first is the program's name), `netns` at
+    /// [`super::NETNS_FD`], and KSM merging its memory if `merge`.
+    pub(crate) fn send(
+        &self,
+        argv: &[OsString],
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+    ) -> Result<Report, ZygoteError> {
+        let mut msg = vec![if merge { MERGE } else { 0 } | if netns.is_some() { NETNS } else { 0 }];
+        for a in argv {
+            msg.extend_from_slice(a.as_bytes());
+            msg.push(0);
+        }
+        if msg.len() > MAX_REQUEST {
+            return Err(ZygoteError::TooLarge(msg.len()));
+        }
+        let (report, theirs) = UnixStream::pair().map_err(ZygoteError::Gone)?;
+        let mut fds = vec![theirs.as_raw_fd()];
+        fds.extend(netns.map(|f| f.as_raw_fd()));
+        socket::sendmsg::<()>(
+            self.control.as_raw_fd(),
+            &[IoSlice::new(&msg)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(|e| ZygoteError::Gone(e.into()))?;
+        Ok(Report(report))
+    }
+}
+
+impl Report {
+    /// Waits for the CRIU process to end.
+    pub(crate) fn wait(mut self) -> Result<ExitStatus, ZygoteError> {
+        let mut status = [0u8; 4];
+        self.0
+            .read_exact(&mut status)
+            .map_err(ZygoteError::NoStatus)?;
+        Ok(ExitStatus::from_raw(i32::from_ne_bytes(status)))
+    }
+}
+
+impl Drop for Zygote {
+    /// Ends the zygote (the CRIU processes it started go on) and reaps it.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::path::Path;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::criu::{compat, Criu};
+
+    /// A zygote of `/bin/sh` (the shim makes any dynamic program one) with `shim` preloaded.
+    fn sh_zygote(shim: &Path) -> Zygote {
+        Zygote::start(|fd| {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.env("LD_PRELOAD", shim);
+            super::super::prepare_fds(&mut cmd, None, Some((fd, FD)));
+            cmd
+        })
+        .unwrap()
+    }
+
+    fn sh(z: &Zygote, script: &str, netns: Option<BorrowedFd<'_>>, merge: bool) -> ExitStatus {
+        let argv = ["sh", "-c", script].map(OsString::from);
+        z.send(&argv, netns, merge).unwrap().wait().unwrap()
+    }
+
+    #[test]
+    fn each_request_runs_with_its_arguments_descriptors_and_status() {
+        let Some((dir, shim)) = compat::shim_in_temp_dir(compat::SHIM, "shim.so") else {
+            return;
+        };
+        let z = sh_zygote(&shim);
+        let out = dir.path().join("out");
+        let read_out = || std::fs::read_to_string(&out).unwrap();
+        assert_eq!(sh(&z, "exit 7", None, false).code(), Some(7));
+        assert_eq!(sh(&z, "kill -9 $$", None, false).signal(), Some(9));
+        // Its command line is its own (a restarted groved finds a predecessor's CRIU by it).
+        let script = format!("tr '\\0' ' ' < /proc/$$/cmdline > {}", out.display());
+        assert!(sh(&z, &script, None, false).success());
+        assert_eq!(read_out(), format!("sh -c {script} "));
+        // Descriptors: stdio, and the namespace at NETNS_FD; nothing of the zygote's or ours.
+        let ns = std::fs::File::open("/proc/self/ns/net").unwrap();
+        let script = format!(
+            "ls /proc/$$/fd | tr '\\n' ' ' > {o}; readlink /proc/$$/fd/{n} >> {o}; grep merge_any /proc/$$/ksm_stat >> {o}",
+            o = out.display(),
+            n = super::super::NETNS_FD,
+        );
+        assert!(sh(&z, &script, Some(ns.as_fd()), false).success());
+        let own_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+        assert_eq!(
+            read_out(),
+            format!("0 1 2 4 {}\nksm_merge_any: no\n", own_ns.display())
+        );
+        assert!(sh(&z, &script, None, true).success());
+        assert_eq!(read_out(), "0 1 2 ksm_merge_any: yes\n", "no namespace, merging");
+        // Side by side: four that sleep 0.3 s each end well within twice that.
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4)
+                .map(|i| {
+                    s.spawn({
+                        let z = &z;
+                        move || sh(z, &format!("sleep 0.3; exit {i}"), None, false)
+                    })
+                })
+                .collect();
+            for (i, r) in runs.into_iter().enumerate() {
+                assert_eq!(r.join().unwrap().code(), Some(i as i32));
+            }
+        });
+        assert!(
+            t.elapsed() < Duration::from_millis(600),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_malformed_request_runs_nothing_and_the_next_one_runs() {
+        let Some((dir, shim)) = compat::shim_in_temp_dir(compat::SHIM, "shim.so") else {
+            return;
+        };
+        let z = sh_zygote(&shim);
+        let mark = dir.path().join("ran");
+        let touch = format!("touch {}", mark.display());
+        // It says a namespace comes with it, and none does.
+        let (report, theirs) = UnixStream::pair().unwrap();
+        let mut msg = vec![NETNS];
+        for a in ["sh", "-c", &touch] {
+            msg.extend_from_slice(a.as_bytes());
+            msg.push(0);
+        }
+        socket::sendmsg::<()>(
+            z.control.as_raw_fd(),
+            &[IoSlice::new(&msg)],
+            &[ControlMessage::ScmRights(&[theirs.as_raw_fd()])],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+        drop(theirs);
+        assert!(matches!(
+            Report(report).wait(),
+            Err(ZygoteError::NoStatus(_))
+        ));
+        assert!(!mark.exists(), "a malformed request ran");
+        assert!(sh(&z, &touch, None, false).success());
+        assert!(mark.exists());
+    }
+
+    /// Real CRIU: a restore's CRIU comes from the zygote; one killed is started again; a stop
+    /// leaves no zygote.
+    #[test]
+    fn criu_runs_forked_from_its_zygote_and_a_lost_zygote_is_started_again() {
+        let Ok(criu) = Criu::locate(None) else {
+            grove_testkit::capability_missing("no usable CRIU");
+            return;
+        };
+        if criu.shim.is_none() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let work = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            criu.run_forked(&args, work.path(), None, false)
+                .expect("forked from the zygote")
+                .unwrap()
+        };
+        let pid = || criu.zygote.lock().as_ref().map(|z| z.child.id());
+        assert!(run(&["--version"]).success());
+        assert_eq!(run(&["no-such-command"]).code(), Some(1));
+        let first = pid().expect("a zygote");
+        // SAFETY: kill(2) on the zygote, our child (reaped when it is dropped).
+        unsafe { libc::kill(first as i32, libc::SIGKILL) };
+        let t = Instant::now();
+        while std::fs::read_to_string(format!("/proc/{first}/stat"))
+            .is_ok_and(|s| !s.contains(") Z"))
+        {
+            assert!(t.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(run(&["--version"]).success());
+        let second = pid().expect("a zygote again");
+        assert_ne!(first, second);
+        criu.stop_zygote();
+        assert!(pid().is_none());
+        assert!(
+            !Path::new(&format!("/proc/{second}")).exists(),
+            "the zygote is reaped"
+        );
+    }
+}
