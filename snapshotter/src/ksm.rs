@@ -41,8 +41,13 @@ const BOOST_SLEEP_MS: u64 = 1;
 /// full scan finds the memory settled (see [`Tally::settled_since`]).
 const SETTLE_SCANS: u64 = 3;
 
-/// A boost never outlives this, whatever ksmd does.
+/// A boost never lasts longer than this after the last fork, whatever ksmd does.
 const MAX_BOOST: Duration = Duration::from_secs(120);
+
+/// Ticks without a page scanned (ksmd boosted, not paused, no pages arriving) after which a
+/// boost ends: ksmd scans nothing once no mergeable memory is left (every branch destroyed
+/// before it settled), so no full scan completes and nothing would ever say it settled.
+const IDLE_TICKS: u32 = 10;
 
 /// The knobs a boost changes, as text read from and written back to sysfs.
 const KNOBS: [&str; 3] = ["run", "pages_to_scan", "sleep_millisecs"];
@@ -235,6 +240,12 @@ struct MergerState {
     forking: u32,
     /// After the last of them, ksmd stays at its own rate until then.
     held_until: Option<Instant>,
+    /// When the last fork was noted ([`MAX_BOOST`] counts from it).
+    last_fork: Option<Instant>,
+    /// The snapshotter is closing: a running boost ends now.
+    stopping: bool,
+    /// Boost threads that have not yet put ksmd's knobs back (one, or two while one ends).
+    threads: u32,
 }
 
 impl MergerState {
@@ -271,23 +282,44 @@ impl Merger {
         }
     }
 
+    /// Ends a running boost and waits (briefly) until ksmd's knobs are back: a process that
+    /// exits with a boost alive leaves them boosted until the next boost on the host.
+    pub fn stop(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stopping = true;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.state.lock().unwrap_or_else(|p| p.into_inner()).threads > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(HOLD_TICK_MS / 5));
+        }
+    }
+
     /// A fork's branches were restored mergeable: boost ksmd until they settle, which they do
     /// not while `arriving` says so.
     pub fn after_fork(&self, arriving: Arriving) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.scans_at_last_fork = full_scans();
         st.arriving = Some(arriving);
+        st.last_fork = Some(Instant::now());
         if st.active {
             return;
         }
         st.active = true;
+        st.threads += 1;
         let state = self.state.clone();
         let spawned = std::thread::Builder::new()
             .name("ksm-boost".into())
-            .spawn(move || boost_until_settled(&state));
+            .spawn(move || {
+                boost_until_settled(&state);
+                state.lock().unwrap_or_else(|p| p.into_inner()).threads -= 1;
+            });
         if let Err(e) = spawned {
             tracing::warn!("starting the ksmd boost thread: {e}");
             st.active = false;
+            st.threads -= 1;
         }
     }
 }
@@ -297,9 +329,9 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
     if let Err(e) = &boost {
         tracing::warn!("boosting ksmd for a fork's branches: {e}");
     }
-    let started = Instant::now();
     let (mut scans, mut tally) = (full_scans(), Tally::now());
     let mut paused = false;
+    let mut idle = Idle::default();
     loop {
         let held = state.lock().unwrap_or_else(|p| p.into_inner()).held();
         if let (Ok(b), true) = (&boost, held != paused) {
@@ -314,9 +346,11 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
         let now_scans = full_scans();
         // Pages still arriving, or a hold: as if the fork were now (a scan that ended before
         // they came says nothing of them).
-        if paused || st.arriving.as_ref().is_some_and(|a| a()) {
+        let arriving = st.arriving.as_ref().is_some_and(|a| a());
+        if paused || arriving {
             st.scans_at_last_fork = now_scans;
         }
+        let nothing_to_scan = idle.saw(scan_progress(), !paused && !arriving);
         if now_scans != scans {
             let now = Tally::now();
             settled = !paused
@@ -324,7 +358,8 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
                 && now.settled_since(&tally);
             (scans, tally) = (now_scans, now);
         }
-        if boost.is_err() || settled || started.elapsed() > MAX_BOOST {
+        let too_long = st.last_fork.is_none_or(|t| t.elapsed() > MAX_BOOST);
+        if boost.is_err() || settled || nothing_to_scan || too_long || st.stopping {
             st.active = false;
             break;
         }
@@ -334,6 +369,29 @@ fn boost_until_settled(state: &Mutex<MergerState>) {
 
 /// How often the boost thread looks at the scans and at a [`Hold`].
 const HOLD_TICK_MS: u64 = 50;
+
+/// Pages ksmd has looked at so far, scanned or skipped (`smart_scan`).
+fn scan_progress() -> u64 {
+    counter("pages_scanned") + counter("pages_skipped")
+}
+
+/// Counts ticks in a row in which ksmd scanned nothing (see [`IDLE_TICKS`]).
+#[derive(Default)]
+struct Idle {
+    last: Option<u64>,
+    ticks: u32,
+}
+
+impl Idle {
+    /// One tick's progress; `counting` is false while ksmd is paused or pages are arriving.
+    /// True once ksmd has been idle for [`IDLE_TICKS`] counted ticks in a row.
+    fn saw(&mut self, progress: u64, counting: bool) -> bool {
+        let still = self.last == Some(progress);
+        self.last = Some(progress);
+        self.ticks = if still && counting { self.ticks + 1 } else { 0 };
+        self.ticks >= IDLE_TICKS
+    }
+}
 
 /// Whether process `pid` has every VMA mergeable (`PR_SET_MEMORY_MERGE`), as its
 /// `/proc/<pid>/ksm_stat` says.
@@ -350,7 +408,7 @@ pub fn merge_this_process() -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Merger, Tally};
+    use super::{Idle, Merger, Tally, IDLE_TICKS};
     use std::time::Duration;
 
     #[test]
@@ -369,6 +427,34 @@ mod tests {
         assert!(held(), "a's 200 ms after: the longer one counts");
         std::thread::sleep(Duration::from_millis(250));
         assert!(!held());
+    }
+
+    #[test]
+    fn a_boost_ends_once_ksmd_has_had_nothing_to_scan_for_a_while() {
+        let mut idle = Idle::default();
+        assert!(
+            !idle.saw(100, true),
+            "the first tick has nothing to compare"
+        );
+        for _ in 1..IDLE_TICKS {
+            assert!(!idle.saw(100, true));
+        }
+        assert!(
+            idle.saw(100, true),
+            "{IDLE_TICKS} ticks without a page scanned"
+        );
+        let mut idle = Idle::default();
+        for i in 0..3 * IDLE_TICKS {
+            assert!(!idle.saw(100 + u64::from(i), true), "scanning");
+        }
+        for _ in 0..IDLE_TICKS - 1 {
+            assert!(!idle.saw(500, true));
+        }
+        assert!(!idle.saw(500, false), "paused, or pages arriving: not idle");
+        for _ in 0..IDLE_TICKS - 1 {
+            assert!(!idle.saw(500, true), "counting starts over");
+        }
+        assert!(idle.saw(500, true));
     }
 
     #[test]

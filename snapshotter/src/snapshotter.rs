@@ -351,6 +351,7 @@ impl Snapshotter {
     /// empty (the cache holds what pending imports still need otherwise).
     pub fn close(&self) {
         self.criu.stop_zygote();
+        self.merger.stop();
         if let Some(y) = &self.cgroup_yard {
             y.remove();
         }

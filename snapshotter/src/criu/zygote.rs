@@ -192,7 +192,11 @@ mod tests {
             format!("0 1 2 4 {}\nksm_merge_any: no\n", own_ns.display())
         );
         assert!(sh(&z, &script, None, true).success());
-        assert_eq!(read_out(), "0 1 2 ksm_merge_any: yes\n", "no namespace, merging");
+        assert_eq!(
+            read_out(),
+            "0 1 2 ksm_merge_any: yes\n",
+            "no namespace, merging"
+        );
         // Side by side: four that sleep 0.3 s each end well within twice that.
         let t = Instant::now();
         std::thread::scope(|s| {
