@@ -186,9 +186,15 @@ __attribute__((constructor)) static void wait_for_start(void)
 
 /* The descriptor a restore's network namespace is given at (criu::NETNS_FD). */
 #define ZYGOTE_NETNS_FD 4
-/* A request's flags: opt CRIU's process into KSM; a namespace comes with it. */
+/* A request's flags: opt CRIU's process into KSM; a namespace comes with it; a lazy-pages
+ * daemon, whose arguments follow two strings: where its exit status goes, and its quiet wait. */
 #define ZYGOTE_MERGE 1
 #define ZYGOTE_NETNS 2
+#define ZYGOTE_LAZY 4
+/* A lazy-pages daemon's waiter shows this, then the daemon's arguments (criu::is_lazy_helper). */
+#define LAZY_HELPER_NAME "grove-lazy-pages"
+
+static void arm_lazy_quiet(void);
 #define ZYGOTE_MAX_REQUEST 65536
 #define ZYGOTE_MAX_ARGS 1024
 #ifndef PR_SET_MEMORY_MERGE
@@ -248,7 +254,8 @@ static int set_cmdline(char *start, char *end)
 
 /* In CRIU's process: the descriptors it is started with, then its arguments, NULL-terminated
  * and followed by the environment (what a kernel-made argv is followed by). */
-static char **zygote_child(int netns, int flags, char *args, size_t len, int *argc)
+static char **zygote_child(int netns, int flags, const char *quiet, char *args, size_t len,
+			   int *argc)
 {
 	if (flags & ZYGOTE_NETNS) {
 		if (netns == ZYGOTE_NETNS_FD) {
@@ -263,6 +270,11 @@ static char **zygote_child(int netns, int flags, char *args, size_t len, int *ar
 		_exit(127);
 	if ((flags & ZYGOTE_MERGE) && prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
 		_exit(127);
+	if (quiet) {
+		if (setenv("GROVE_LAZY_QUIET_MS", quiet, 1) < 0)
+			_exit(127);
+		arm_lazy_quiet();
+	}
 	int n = 0;
 	for (size_t i = 0; i < len; i++)
 		n += args[i] == '\0';
@@ -305,6 +317,34 @@ static int received_fds(struct msghdr *m, int fds[2])
 	return nfds;
 }
 
+/* A lazy-pages daemon's waiter, as the shell Grove otherwise starts around it: in a process group
+ * of its own with the daemon (signals to Grove's spare them; Grove's signal the group), with a
+ * command line that names it, and the daemon's exit status, as a shell's $?, in `status_path`
+ * once it ends: the daemon outlives a crash of Grove, and the next one reads it there. */
+static void lazy_waiter_setup(char *args, size_t len)
+{
+	size_t name = sizeof(LAZY_HELPER_NAME);
+	char *line = malloc(name + len);
+	if (setpgid(0, 0) < 0 || !line)
+		_exit(127);
+	memcpy(line, LAZY_HELPER_NAME, name);
+	memcpy(line + name, args, len);
+	if (set_cmdline(line, line + name + len) < 0)
+		_exit(127);
+}
+
+static void lazy_waiter_record(const char *status_path, int status)
+{
+	int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	char text[16];
+	int len = snprintf(text, sizeof(text), "%d\n", code);
+	int fd = open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		write_all(fd, text, (size_t)len);
+		close(fd);
+	}
+}
+
 /* The zygote's loop: returns only in a CRIU process, with its arguments. */
 static char **zygote(int ctl, int *argc, char **argv)
 {
@@ -338,18 +378,33 @@ static char **zygote(int ctl, int *argc, char **argv)
 		int args = 0;
 		for (ssize_t i = 1; i < n; i++)
 			args += buf[i] == '\0';
+		int lazy = flags & ZYGOTE_LAZY;
 		/* Well formed: not cut short, arguments ending in NUL, the descriptors it says. */
 		int ok = !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n >= 2 && buf[n - 1] == '\0' &&
-			 args <= ZYGOTE_MAX_ARGS && (flags & ~(ZYGOTE_MERGE | ZYGOTE_NETNS)) == 0 &&
+			 args > (lazy ? 2 : 0) && args <= ZYGOTE_MAX_ARGS &&
+			 (flags & ~(ZYGOTE_MERGE | ZYGOTE_NETNS | ZYGOTE_LAZY)) == 0 &&
 			 nfds == ((flags & ZYGOTE_NETNS) ? 2 : 1);
 		pid_t waiter = ok ? fork() : -1;
 		if (waiter == 0) {
 			close(ctl);
 			signal(SIGCHLD, SIG_DFL);
+			char *a = buf + 1, *status_path = NULL, *quiet = NULL;
+			if (lazy) {
+				status_path = a;
+				a += strlen(a) + 1;
+				quiet = a;
+				a += strlen(a) + 1;
+			}
+			size_t alen = (size_t)(buf + n - a);
+			if (lazy)
+				lazy_waiter_setup(a, alen);
+			/* Its pid first (the daemon's process group), its CRIU's status when it ends. */
+			int32_t me = (int32_t)getpid();
+			send(fds[0], &me, sizeof(me), MSG_NOSIGNAL);
 			pid_t criu = fork();
 			if (criu == 0) {
 				close(fds[0]);
-				return zygote_child(fds[1], flags, buf + 1, (size_t)n - 1, argc);
+				return zygote_child(fds[1], flags, quiet, a, alen, argc);
 			}
 			int status = 127 << 8; /* as a shell reports a command it could not start */
 			if (criu > 0) {
@@ -358,6 +413,8 @@ static char **zygote(int ctl, int *argc, char **argv)
 					r = waitpid(criu, &status, 0);
 				while (r < 0 && errno == EINTR);
 			}
+			if (lazy)
+				lazy_waiter_record(status_path, status);
 			/* MSG_NOSIGNAL: Grove may be gone. */
 			send(fds[0], &status, sizeof(status), MSG_NOSIGNAL);
 			_exit(0);
@@ -451,16 +508,18 @@ int setns(int fd, int nstype)
 
 /* ---- 10: lazy pages copied in the background once the tree is quiet ---- */
 
+/* -1 until read from the environment. */
+static long quiet_ms = -1;
+
 static long lazy_quiet_ms(void)
 {
-	static long ms = -1;
-	if (ms < 0) {
+	if (quiet_ms < 0) {
 		const char *v = getenv("GROVE_LAZY_QUIET_MS");
 		char *end;
 		long n = v ? strtol(v, &end, 10) : 0;
-		ms = (v && *v && *end == '\0' && n > 0 && n <= 10000) ? n : 0;
+		quiet_ms = (v && *v && *end == '\0' && n > 0 && n <= 10000) ? n : 0;
 	}
-	return ms;
+	return quiet_ms;
 }
 
 static long now_ms(void)
@@ -481,9 +540,11 @@ static void on_hurry(int sig)
 	lazy_hurry = 1;
 }
 
-__attribute__((constructor)) static void resolve_epoll_wait(void)
+/* Reads GROVE_LAZY_QUIET_MS (again: a daemon forked from the zygote gets it late) and, where it
+ * asks for a wait, takes SIGWINCH. */
+static void arm_lazy_quiet(void)
 {
-	real_epoll_wait = (int (*)(int, struct epoll_event *, int, int))dlsym(RTLD_NEXT, "epoll_wait");
+	quiet_ms = -1;
 	if (lazy_quiet_ms() > 0) {
 		/* SA_RESTART: whatever else the process waits in goes on; epoll_wait is never
 		 * restarted, so a waiting poll returns at once. */
@@ -494,6 +555,12 @@ __attribute__((constructor)) static void resolve_epoll_wait(void)
 		sigemptyset(&sa.sa_mask);
 		sigaction(SIGWINCH, &sa, NULL);
 	}
+}
+
+__attribute__((constructor)) static void resolve_epoll_wait(void)
+{
+	real_epoll_wait = (int (*)(int, struct epoll_event *, int, int))dlsym(RTLD_NEXT, "epoll_wait");
+	arm_lazy_quiet();
 }
 
 int epoll_wait(int epfd, struct epoll_event *events, int max, int timeout)

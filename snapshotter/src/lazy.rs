@@ -346,8 +346,12 @@ mod tests {
         let daemon = format!("/x/ld.so\0/x/criu\0lazy-pages\0-D\0/i\0-W\0{w}\0-v4\0");
         let restore = format!("/x/criu\0restore\0--lazy-pages\0-W\0{w}\0");
         let other = format!("/x/criu\0lazy-pages\0-W\0{w}-2\0");
+        let waiter = format!("grove-lazy-pages\0/x/criu\0lazy-pages\0-D\0/i\0-W\0{w}\0");
+        let forked = format!("/x/criu\0lazy-pages\0-D\0/i\0-W\0{w}\0");
         assert_eq!(criu::is_lazy_helper(shell.as_bytes(), &work), Some(true));
+        assert_eq!(criu::is_lazy_helper(waiter.as_bytes(), &work), Some(true));
         assert_eq!(criu::is_lazy_helper(daemon.as_bytes(), &work), Some(false));
+        assert_eq!(criu::is_lazy_helper(forked.as_bytes(), &work), Some(false));
         assert_eq!(criu::is_lazy_helper(restore.as_bytes(), &work), None);
         assert_eq!(criu::is_lazy_helper(other.as_bytes(), &work), None);
         std::fs::remove_dir_all(&dir).unwrap();

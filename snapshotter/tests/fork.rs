@@ -269,14 +269,14 @@ fn descendants(pid: i32) -> Vec<i32> {
 fn lazy_branch_held(env: &Env, snap: &str) -> (grove_runtime::SandboxInfo, Vec<i32>) {
     let busy = common::tree::BusyCpus::start(2);
     for _ in 0..8 {
-        let earlier = common::tree::children_named("lazy-pages");
+        let earlier = common::tree::group_leaders_named("lazy-pages");
         let b = env
             .snap
             .fork(snap, 1, ForkOptions::default())
             .unwrap()
             .remove(0)
             .expect("lazy branch");
-        let daemons: Vec<i32> = common::tree::children_named("lazy-pages")
+        let daemons: Vec<i32> = common::tree::group_leaders_named("lazy-pages")
             .into_iter()
             .filter(|p| !earlier.contains(p))
             .map(|p| -p)

@@ -334,6 +334,49 @@ impl Criu {
     /// spares it), under a shell that writes its exit status to [`LAZY_STATUS`] in `work_dir`
     /// (the next groved, not its parent, learns from that whether every page was delivered).
     pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
+        let args = args::lazy_pages_args(images_dir, work_dir);
+        let status = work_dir.join(LAZY_STATUS);
+        let lazy = zygote::Lazy {
+            status: &status,
+            quiet_ms: lazy_quiet_ms(),
+        };
+        let mut daemon = match self.fork_criu(&args, work_dir, None, false, Some(lazy)) {
+            Some(report) => {
+                let mut report = report?;
+                let pgid = report.waiter().map_err(|e| self.lost(e))?;
+                LazyPages {
+                    waiter: Waiter::Forked { pgid, report },
+                }
+            }
+            None => self.lazy_pages_in_shell(&args, work_dir)?,
+        };
+        let socket = work_dir.join("lazy-pages.socket");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !socket.exists() {
+            if daemon.has_ended() {
+                return Err(Error::RestoreFailed {
+                    dir: images_dir.to_path_buf(),
+                    log_tail: read_log(&work_dir.join(args::LAZY_LOG)),
+                });
+            }
+            if Instant::now() > deadline {
+                daemon.kill();
+                return Err(Error::RestoreFailed {
+                    dir: images_dir.to_path_buf(),
+                    log_tail: vec!["lazy-pages daemon did not start listening".into()],
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(daemon)
+    }
+
+    /// The daemon under a shell that records its status (where no zygote forks it).
+    fn lazy_pages_in_shell(
+        &self,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+    ) -> Result<LazyPages, Error> {
         use std::os::unix::process::CommandExt;
         std::fs::create_dir_all(work_dir).map_err(|e| Error::io(work_dir, e))?;
         let mut cmd = self.prepare(Command::new("/bin/sh"), None, self.shim.as_ref());
@@ -343,38 +386,21 @@ impl Criu {
             .arg(LAZY_WRAPPER_NAME)
             .arg(work_dir)
             .args(self.launch.argv())
-            .args(args::lazy_pages_args(images_dir, work_dir))
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0);
-        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        let child = cmd.spawn().map_err(|source| Error::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
-        let socket = work_dir.join("lazy-pages.socket");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !socket.exists() {
-            if let Ok(Some(_)) = child.try_wait() {
-                return Err(Error::RestoreFailed {
-                    dir: images_dir.to_path_buf(),
-                    log_tail: read_log(&work_dir.join(args::LAZY_LOG)),
-                });
-            }
-            if Instant::now() > deadline {
-                LazyPages { child }.kill();
-                return Err(Error::RestoreFailed {
-                    dir: images_dir.to_path_buf(),
-                    log_tail: vec!["lazy-pages daemon did not start listening".into()],
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(LazyPages { child })
+        Ok(LazyPages {
+            waiter: Waiter::Shell(child),
+        })
     }
 
-    /// Runs CRIU with `args` forked from the zygote (started, or started again, here); None
-    /// where there is none to fork from (no shim, or it does not start): the caller starts
-    /// CRIU itself then.
+    /// Runs CRIU with `args` forked from the zygote; None where there is none to fork from
+    /// (see [`Criu::fork_criu`]): the caller starts CRIU itself then.
     fn run_forked(
         &self,
         args: &[std::ffi::OsString],
@@ -382,6 +408,23 @@ impl Criu {
         netns: Option<BorrowedFd<'_>>,
         merge: bool,
     ) -> Option<Result<std::process::ExitStatus, Error>> {
+        let report = match self.fork_criu(args, work_dir, netns, merge, None)? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(report.wait().map_err(|e| self.lost(e)))
+    }
+
+    /// Has the zygote (started, or started again, here) fork a CRIU with `args`; None where
+    /// there is none to fork from (no shim, `GROVE_CRIU_ZYGOTE=0`, or it does not start).
+    fn fork_criu(
+        &self,
+        args: &[std::ffi::OsString],
+        work_dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+        lazy: Option<zygote::Lazy<'_>>,
+    ) -> Option<Result<zygote::Report, Error>> {
         self.shim.as_ref()?;
         if std::env::var_os(zygote::OFF_ENV).is_some_and(|v| v == "0") {
             return None;
@@ -392,32 +435,30 @@ impl Criu {
         let argv: Vec<std::ffi::OsString> = std::iter::once(self.binary.clone().into_os_string())
             .chain(args.iter().cloned())
             .collect();
-        let report = {
-            let mut held = self.zygote.lock();
-            let mut report = None;
-            // A zygote found gone (killed, or it failed) is started again, once.
-            for _ in 0..2 {
-                let z = match held.as_ref() {
-                    Some(z) => z,
-                    None => held.insert(self.start_zygote()?),
-                };
-                match z.send(&argv, netns, merge) {
-                    Ok(r) => {
-                        report = Some(r);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "CRIU's zygote");
-                        *held = None;
-                    }
+        let mut held = self.zygote.lock();
+        // A zygote found gone (killed, or it failed) is started again, once.
+        for _ in 0..2 {
+            let z = match held.as_ref() {
+                Some(z) => z,
+                None => held.insert(self.start_zygote()?),
+            };
+            match z.send(&argv, netns, merge, lazy) {
+                Ok(r) => return Some(Ok(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "CRIU's zygote");
+                    *held = None;
                 }
             }
-            report?
-        };
-        Some(report.wait().map_err(|e| Error::Spawn {
+        }
+        None
+    }
+
+    /// A forked CRIU whose waiter reported nothing.
+    fn lost(&self, e: zygote::ZygoteError) -> Error {
+        Error::Spawn {
             binary: self.binary.clone(),
             source: std::io::Error::other(e),
-        }))
+        }
     }
 
     fn start_zygote(&self) -> Option<zygote::Zygote> {
@@ -528,40 +569,65 @@ pub fn is_lazy_helper(cmdline: &[u8], work_dir: &Path) -> Option<bool> {
     if !serves {
         return None;
     }
-    Some(args.get(1) == Some(&&b"-c"[..]) && args.get(3) == Some(&LAZY_WRAPPER_NAME.as_bytes()))
+    let name = LAZY_WRAPPER_NAME.as_bytes();
+    // A shell (`sh -c WRAPPER NAME …`), or a waiter the zygote forked (`NAME criu …`).
+    let shell = args.get(1) == Some(&&b"-c"[..]) && args.get(3) == Some(&name);
+    Some(shell || args.first() == Some(&name))
 }
 
-/// A running `criu lazy-pages` daemon (under its shell, in its own process group).
+/// A running `criu lazy-pages` daemon, in its own process group with the process that records
+/// its exit status: a shell, or its waiter where the zygote forked it.
 #[derive(Debug)]
 pub struct LazyPages {
-    child: std::process::Child,
+    waiter: Waiter,
+}
+
+#[derive(Debug)]
+enum Waiter {
+    Shell(std::process::Child),
+    Forked { pgid: u32, report: zygote::Report },
 }
 
 impl LazyPages {
     /// Stops the daemon now (the restore it was for failed).
-    pub fn kill(mut self) {
-        kill_group(self.child.id());
-        let _ = self.child.wait();
+    pub fn kill(self) {
+        kill_group(self.pid());
+        self.wait();
     }
 
-    /// The shell's pid, which is also the process group of the shell and the daemon.
+    /// The shell's or waiter's pid, which is also the process group of it and the daemon.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        match &self.waiter {
+            Waiter::Shell(child) => child.id(),
+            Waiter::Forked { pgid, .. } => *pgid,
+        }
+    }
+
+    fn has_ended(&mut self) -> bool {
+        match &mut self.waiter {
+            Waiter::Shell(child) => matches!(child.try_wait(), Ok(Some(_))),
+            Waiter::Forked { report, .. } => report.has_ended(),
+        }
+    }
+
+    /// Whether it exited successfully, once it has.
+    fn wait(self) -> bool {
+        match self.waiter {
+            Waiter::Shell(mut child) => child.wait().is_ok_and(|s| s.success()),
+            Waiter::Forked { report, .. } => report.wait().is_ok_and(|s| s.success()),
+        }
     }
 
     /// Sets the daemon's niceness: its background copy then competes less with everything else.
     /// Meant for after the restore, which needs the daemon's answers at full priority.
     pub fn set_nice(&self, nice: i32) {
-        set_group_nice(self.child.id(), nice);
+        set_group_nice(self.pid(), nice);
     }
 
-    /// Lets the daemon finish copying pages; a thread reaps it, then runs `then` with whether
-    /// it exited successfully (every page copied, or its tree gone).
-    pub fn reap_later(mut self, then: impl FnOnce(bool) + Send + 'static) {
-        std::thread::spawn(move || {
-            let ok = self.child.wait().is_ok_and(|s| s.success());
-            then(ok);
-        });
+    /// Lets the daemon finish copying pages; a thread waits for it, then runs `then` with
+    /// whether it exited successfully (every page copied, or its tree gone).
+    pub fn reap_later(self, then: impl FnOnce(bool) + Send + 'static) {
+        std::thread::spawn(move || then(self.wait()));
     }
 }
 

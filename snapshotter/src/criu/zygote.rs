@@ -21,9 +21,10 @@ pub(crate) const OFF_ENV: &str = "GROVE_CRIU_ZYGOTE";
 /// The variable that makes the shim a zygote, and the descriptor its socket is at.
 pub(crate) const ENV: &str = "GROVE_ZYGOTE_FD";
 pub(crate) const FD: RawFd = 4;
-/// Request flags (the shim's ZYGOTE_MERGE, ZYGOTE_NETNS).
+/// Request flags (the shim's ZYGOTE_MERGE, ZYGOTE_NETNS, ZYGOTE_LAZY).
 const MERGE: u8 = 1;
 const NETNS: u8 = 2;
+const LAZY: u8 = 4;
 /// What the shim reads of one request.
 const MAX_REQUEST: usize = 65536;
 /// How long a starting zygote may take to say it is ready.
@@ -49,7 +50,20 @@ pub(crate) struct Zygote {
 
 /// A request sent: its CRIU runs; [`Report::wait`] for its status.
 #[derive(Debug)]
-pub(crate) struct Report(UnixStream);
+pub(crate) struct Report {
+    stream: UnixStream,
+    /// The waiter's pid, once read: it says it first.
+    waiter: Option<u32>,
+}
+
+/// What a lazy-pages daemon's waiter needs besides CRIU's arguments (the shim's part 11).
+#[derive(Clone, Copy)]
+pub(crate) struct Lazy<'a> {
+    /// Where it writes the daemon's exit status.
+    pub status: &'a std::path::Path,
+    /// The daemon's quiet wait (`GROVE_LAZY_QUIET_MS`).
+    pub quiet_ms: u32,
+}
 
 impl Zygote {
     /// Starts `cmd` (CRIU with the shim preloaded, descriptors prepared by the caller but for
@@ -89,15 +103,25 @@ impl Zygote {
     }
 
     /// Has CRIU run with `argv` (its first is the program's name), `netns` at
-    /// [`super::NETNS_FD`], and KSM merging its memory if `merge`.
+    /// [`super::NETNS_FD`], KSM merging its memory if `merge`, and as a lazy-pages daemon with
+    /// its waiter in the shell's place if `lazy`.
     pub(crate) fn send(
         &self,
         argv: &[OsString],
         netns: Option<BorrowedFd<'_>>,
         merge: bool,
+        lazy: Option<Lazy<'_>>,
     ) -> Result<Report, ZygoteError> {
-        let mut msg = vec![if merge { MERGE } else { 0 } | if netns.is_some() { NETNS } else { 0 }];
-        for a in argv {
+        let flag = |on: bool, f: u8| if on { f } else { 0 };
+        let mut msg =
+            vec![flag(merge, MERGE) | flag(netns.is_some(), NETNS) | flag(lazy.is_some(), LAZY)];
+        let lazy_args = lazy.map(|l| {
+            [
+                l.status.as_os_str().to_owned(),
+                l.quiet_ms.to_string().into(),
+            ]
+        });
+        for a in lazy_args.iter().flatten().chain(argv) {
             msg.extend_from_slice(a.as_bytes());
             msg.push(0);
         }
@@ -115,18 +139,47 @@ impl Zygote {
             None,
         )
         .map_err(|e| ZygoteError::Gone(e.into()))?;
-        Ok(Report(report))
+        Ok(Report {
+            stream: report,
+            waiter: None,
+        })
     }
 }
 
 impl Report {
+    fn read_word(&mut self) -> Result<[u8; 4], ZygoteError> {
+        let mut word = [0u8; 4];
+        self.stream
+            .read_exact(&mut word)
+            .map_err(ZygoteError::NoStatus)?;
+        Ok(word)
+    }
+
+    /// The waiter's pid: a lazy-pages daemon's process group.
+    pub(crate) fn waiter(&mut self) -> Result<u32, ZygoteError> {
+        if let Some(pid) = self.waiter {
+            return Ok(pid);
+        }
+        let pid = u32::from_ne_bytes(self.read_word()?);
+        self.waiter = Some(pid);
+        Ok(pid)
+    }
+
     /// Waits for the CRIU process to end.
     pub(crate) fn wait(mut self) -> Result<ExitStatus, ZygoteError> {
-        let mut status = [0u8; 4];
-        self.0
-            .read_exact(&mut status)
-            .map_err(ZygoteError::NoStatus)?;
-        Ok(ExitStatus::from_raw(i32::from_ne_bytes(status)))
+        self.waiter()?;
+        Ok(ExitStatus::from_raw(i32::from_ne_bytes(self.read_word()?)))
+    }
+
+    /// Whether the CRIU process has ended, without waiting (after [`Report::waiter`]).
+    pub(crate) fn has_ended(&self) -> bool {
+        let mut peek = [0u8; 1];
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        // A status waiting, or the waiter gone without one (0 bytes): it ended.
+        !matches!(
+            socket::recv(self.stream.as_raw_fd(), &mut peek, flags),
+            Err(nix::errno::Errno::EAGAIN)
+        )
     }
 }
 
@@ -161,7 +214,45 @@ mod tests {
 
     fn sh(z: &Zygote, script: &str, netns: Option<BorrowedFd<'_>>, merge: bool) -> ExitStatus {
         let argv = ["sh", "-c", script].map(OsString::from);
-        z.send(&argv, netns, merge).unwrap().wait().unwrap()
+        z.send(&argv, netns, merge, None).unwrap().wait().unwrap()
+    }
+
+    /// The descriptors, what is at NETNS_FD and whether KSM merges, of a process started by
+    /// the zygote, read from here (a shell's own redirections come and go).
+    fn inspect(
+        z: &Zygote,
+        dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+    ) -> (Vec<i32>, Option<std::path::PathBuf>, bool) {
+        let pidfile = dir.join("pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+        let argv = ["sh", "-c", &script].map(OsString::from);
+        let report = z.send(&argv, netns, merge, None).unwrap();
+        let t = Instant::now();
+        let pid: i32 = loop {
+            let comm = |p: &str| std::fs::read_to_string(format!("/proc/{p}/comm"));
+            match std::fs::read_to_string(&pidfile) {
+                Ok(p) if comm(p.trim()).is_ok_and(|c| c.trim() == "sleep") => {
+                    break p.trim().parse().unwrap()
+                }
+                _ => assert!(t.elapsed() < Duration::from_secs(5), "it never ran"),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        fds.sort_unstable();
+        let at_netns_fd =
+            std::fs::read_link(format!("/proc/{pid}/fd/{}", super::super::NETNS_FD)).ok();
+        let merging = crate::ksm::merges_any(pid);
+        // SAFETY: kill(2) of the sleep started above, which this test waits for below.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(report.wait().unwrap().signal(), Some(libc::SIGKILL));
+        (fds, at_netns_fd, merging)
     }
 
     #[test]
@@ -180,23 +271,14 @@ mod tests {
         assert_eq!(read_out(), format!("sh -c {script} "));
         // Descriptors: stdio, and the namespace at NETNS_FD; nothing of the zygote's or ours.
         let ns = std::fs::File::open("/proc/self/ns/net").unwrap();
-        let script = format!(
-            "ls /proc/$$/fd | tr '\\n' ' ' > {o}; readlink /proc/$$/fd/{n} >> {o}; grep merge_any /proc/$$/ksm_stat >> {o}",
-            o = out.display(),
-            n = super::super::NETNS_FD,
-        );
-        assert!(sh(&z, &script, Some(ns.as_fd()), false).success());
         let own_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
-        assert_eq!(
-            read_out(),
-            format!("0 1 2 4 {}\nksm_merge_any: no\n", own_ns.display())
-        );
-        assert!(sh(&z, &script, None, true).success());
-        assert_eq!(
-            read_out(),
-            "0 1 2 ksm_merge_any: yes\n",
-            "no namespace, merging"
-        );
+        let (fds, at_netns_fd, merging) = inspect(&z, dir.path(), Some(ns.as_fd()), false);
+        assert_eq!(fds, [0, 1, 2, super::super::NETNS_FD]);
+        assert_eq!(at_netns_fd, Some(own_ns));
+        assert!(!merging);
+        let (fds, _, merging) = inspect(&z, dir.path(), None, true);
+        assert_eq!(fds, [0, 1, 2], "no namespace");
+        assert!(merging, "asked to merge");
         // Side by side: four that sleep 0.3 s each end well within twice that.
         let t = Instant::now();
         std::thread::scope(|s| {
@@ -243,10 +325,11 @@ mod tests {
         )
         .unwrap();
         drop(theirs);
-        assert!(matches!(
-            Report(report).wait(),
-            Err(ZygoteError::NoStatus(_))
-        ));
+        let report = Report {
+            stream: report,
+            waiter: None,
+        };
+        assert!(matches!(report.wait(), Err(ZygoteError::NoStatus(_))));
         assert!(!mark.exists(), "a malformed request ran");
         assert!(sh(&z, &touch, None, false).success());
         assert!(mark.exists());
@@ -293,5 +376,43 @@ mod tests {
             !Path::new(&format!("/proc/{second}")).exists(),
             "the zygote is reaped"
         );
+    }
+
+    #[test]
+    fn a_lazy_daemon_runs_in_its_waiters_group_which_records_its_status() {
+        let Some((dir, shim)) = compat::shim_in_temp_dir(compat::SHIM, "shim.so") else {
+            return;
+        };
+        let z = sh_zygote(&shim);
+        let (status, out) = (dir.path().join("status"), dir.path().join("out"));
+        let lazy = Lazy {
+            status: &status,
+            quiet_ms: 250,
+        };
+        let run = |script: &str| {
+            let argv = ["sh", "-c", script].map(OsString::from);
+            let mut report = z.send(&argv, None, false, Some(lazy)).unwrap();
+            let waiter = report.waiter().unwrap();
+            (waiter, report.wait().unwrap())
+        };
+        // Its quiet wait, its process group (field 5 of stat), its waiter's command line.
+        let script = format!(
+            "echo $GROVE_LAZY_QUIET_MS $(cut -d' ' -f5 /proc/$$/stat) > {o}; tr '\\0' ' ' < /proc/$PPID/cmdline >> {o}; exit 3",
+            o = out.display()
+        );
+        let (waiter, st) = run(&script);
+        assert_eq!(st.code(), Some(3));
+        assert_eq!(std::fs::read_to_string(&status).unwrap(), "3\n");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            format!(
+                "250 {waiter}\n{} sh -c {script} ",
+                crate::criu::LAZY_WRAPPER_NAME
+            )
+        );
+        // Killed: as a shell's $? says it.
+        let (_, st) = run("kill -9 $$");
+        assert_eq!(st.signal(), Some(9));
+        assert_eq!(std::fs::read_to_string(&status).unwrap(), "137\n");
     }
 }

@@ -378,22 +378,36 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Our child processes whose command line contains `needle`.
-pub fn children_named(needle: &str) -> Vec<i32> {
-    let me = std::process::id().to_string();
+/// Leaders of process groups below this process whose command line contains `needle` (a
+/// lazy-pages daemon's shell or waiter: the group holds it and the daemon).
+pub fn group_leaders_named(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    // Fields after the parenthesized command: state, ppid, pgrp, ...
+    let stat_of = |pid: i32| -> Option<(i32, i32)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut rest = stat.rsplit(')').next()?.split_whitespace().skip(1);
+        Some((rest.next()?.parse().ok()?, rest.next()?.parse().ok()?))
+    };
+    let below_me = |mut pid: i32| {
+        while let Some((ppid, _)) = stat_of(pid) {
+            if ppid == me {
+                return true;
+            }
+            if ppid <= 1 {
+                return false;
+            }
+            pid = ppid;
+        }
+        false
+    };
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Fields after the parenthesized command: state, ppid, ...
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1));
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(me.as_str()) && String::from_utf8_lossy(&cmd).contains(needle) {
+        let leads = stat_of(pid).is_some_and(|(_, pgrp)| pgrp == pid);
+        if leads && String::from_utf8_lossy(&cmd).contains(needle) && below_me(pid) {
             out.push(pid);
         }
     }
