@@ -108,19 +108,22 @@
  *    does not start with gzip's magic, so snapshots written either way restore. The images
  *    keep CRIU's names; Grove's store compresses them. tar runs without the shim preloaded.
  *
- * 11. One CRIU loaded, forked for each restore (GROVE_ZYGOTE_FD=<fd>, restores). Starting CRIU
- *    costs about 4.5 ms of CPU (the kernel's exec, then the loader mapping and relocating its 22
- *    libraries), in every branch of a fork. Grove starts one CRIU with this variable and keeps
- *    it: before CRIU's main (this shim's __libc_start_main), it says "r" on the inherited
- *    SOCK_SEQPACKET socket and reads requests, each one message: a flags byte, then the
- *    arguments, each ending in NUL, and, passed with it, the socket to report on and maybe a
- *    network namespace. For each it forks a waiter that forks CRIU's process: that one takes
- *    the namespace at fd 4, closes every other descriptor but the shim's, opts into KSM if
- *    asked, shows the arguments as its command line (a restarted Grove finds a predecessor's
- *    CRIU by them) and goes on into CRIU's main with them; the waiter writes its wait status,
- *    4 bytes, to the report socket and exits. The zygote exits when its socket closes (Grove
- *    stopped or died); restores under way go on. Orphans, the restored trees included, go to
- *    Grove, a subreaper.
+ * 11. One CRIU loaded, forked for each restore and lazy-pages daemon (GROVE_ZYGOTE_FD=<fd>).
+ *    Starting CRIU costs about 4.5 ms of CPU (the kernel's exec, then the loader mapping and
+ *    relocating its 22 libraries), twice in every branch of a fork. Grove starts one CRIU with
+ *    this variable and keeps it: before CRIU's main (this shim's __libc_start_main), it says
+ *    "r" on the inherited SOCK_SEQPACKET socket and reads requests, each one message: a flags
+ *    byte, then the arguments, each ending in NUL, and, passed with it, the socket to report on
+ *    and maybe a network namespace. For each it forks a waiter that forks CRIU's process: that
+ *    one takes the namespace at fd 4, closes every other descriptor but the shim's, opts into
+ *    KSM if asked, shows the arguments as its command line (a restarted Grove finds a
+ *    predecessor's CRIU by them) and goes on into CRIU's main with them; the waiter writes its
+ *    own pid, then CRIU's wait status, 4 bytes each, to the report socket and exits. A lazy-pages daemon's
+ *    request (ZYGOTE_LAZY) starts with two more strings, its status file and its quiet wait
+ *    (part 10): its waiter takes the place of the shell Grove otherwise runs around it (own
+ *    process group, a command line that names it, the status written there). The zygote exits
+ *    when its socket closes (Grove stopped or died); CRIUs under way go on. Orphans, the
+ *    restored trees included, go to Grove, a subreaper.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

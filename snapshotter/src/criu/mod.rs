@@ -50,8 +50,10 @@ pub struct Criu {
     shim_uffd: Option<compat::Shim>,
     /// Where CRIU keeps its kernel-feature cache when /run is not a tmpfs (see the shim).
     kdat: Option<PathBuf>,
-    /// The loaded CRIU restores are forked from (`zygote`), started at the first restore.
+    /// The loaded CRIU that restores and lazy-pages daemons are forked from (`zygote`),
+    /// started at the first; `zygote_failed` once it could not be started.
     zygote: parking_lot::Mutex<Option<zygote::Zygote>>,
+    zygote_failed: std::sync::atomic::AtomicBool,
 }
 
 /// How long a dump or restore took.
@@ -87,6 +89,7 @@ impl Criu {
                 shim_uffd: compat::Shim::load_uffd(),
                 kdat: compat::kdat_cache(),
                 zygote: parking_lot::Mutex::new(None),
+                zygote_failed: std::sync::atomic::AtomicBool::new(false),
             };
             match criu.check() {
                 Ok(()) => return Ok(criu),
@@ -331,8 +334,9 @@ impl Criu {
     ///
     /// The restored tree's memory depends on the daemon until then, so the daemon must outlive
     /// a crash of groved: it runs in a process group of its own (a signal to groved's group
-    /// spares it), under a shell that writes its exit status to [`LAZY_STATUS`] in `work_dir`
-    /// (the next groved, not its parent, learns from that whether every page was delivered).
+    /// spares it), under the zygote's waiter or a shell, which writes its exit status to
+    /// [`LAZY_STATUS`] in `work_dir` (the next groved, not its parent, learns from that whether
+    /// every page was delivered).
     pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
         let args = args::lazy_pages_args(images_dir, work_dir);
         let status = work_dir.join(LAZY_STATUS);
@@ -397,86 +401,6 @@ impl Criu {
         Ok(LazyPages {
             waiter: Waiter::Shell(child),
         })
-    }
-
-    /// Runs CRIU with `args` forked from the zygote; None where there is none to fork from
-    /// (see [`Criu::fork_criu`]): the caller starts CRIU itself then.
-    fn run_forked(
-        &self,
-        args: &[std::ffi::OsString],
-        work_dir: &Path,
-        netns: Option<BorrowedFd<'_>>,
-        merge: bool,
-    ) -> Option<Result<std::process::ExitStatus, Error>> {
-        let report = match self.fork_criu(args, work_dir, netns, merge, None)? {
-            Ok(r) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(report.wait().map_err(|e| self.lost(e)))
-    }
-
-    /// Has the zygote (started, or started again, here) fork a CRIU with `args`; None where
-    /// there is none to fork from (no shim, `GROVE_CRIU_ZYGOTE=0`, or it does not start).
-    fn fork_criu(
-        &self,
-        args: &[std::ffi::OsString],
-        work_dir: &Path,
-        netns: Option<BorrowedFd<'_>>,
-        merge: bool,
-        lazy: Option<zygote::Lazy<'_>>,
-    ) -> Option<Result<zygote::Report, Error>> {
-        self.shim.as_ref()?;
-        if std::env::var_os(zygote::OFF_ENV).is_some_and(|v| v == "0") {
-            return None;
-        }
-        if let Err(e) = std::fs::create_dir_all(work_dir) {
-            return Some(Err(Error::io(work_dir, e)));
-        }
-        let argv: Vec<std::ffi::OsString> = std::iter::once(self.binary.clone().into_os_string())
-            .chain(args.iter().cloned())
-            .collect();
-        let mut held = self.zygote.lock();
-        // A zygote found gone (killed, or it failed) is started again, once.
-        for _ in 0..2 {
-            let z = match held.as_ref() {
-                Some(z) => z,
-                None => held.insert(self.start_zygote()?),
-            };
-            match z.send(&argv, netns, merge, lazy) {
-                Ok(r) => return Some(Ok(r)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "CRIU's zygote");
-                    *held = None;
-                }
-            }
-        }
-        None
-    }
-
-    /// A forked CRIU whose waiter reported nothing.
-    fn lost(&self, e: zygote::ZygoteError) -> Error {
-        Error::Spawn {
-            binary: self.binary.clone(),
-            source: std::io::Error::other(e),
-        }
-    }
-
-    fn start_zygote(&self) -> Option<zygote::Zygote> {
-        let placed = |fd| {
-            self.prepare_placing(
-                self.launch.command(),
-                Some((fd, zygote::FD)),
-                self.shim.as_ref(),
-            )
-        };
-        zygote::Zygote::start(placed)
-            .inspect_err(|e| tracing::warn!(error = %e, "this restore starts CRIU itself"))
-            .ok()
-    }
-
-    /// Ends the zygote (CRIU processes it started go on): a daemon stopping leaves no process.
-    pub fn stop_zygote(&self) {
-        self.zygote.lock().take();
     }
 
     fn run(

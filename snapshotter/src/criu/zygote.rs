@@ -1,9 +1,10 @@
-//! One CRIU loaded once and forked for each restore (compat/criu-shim.c, 11). Starting CRIU costs
-//! about 4.5 ms of CPU here, the kernel's exec and the loader relocating its 22 libraries, in
-//! every branch of a fork; a fork of a loaded CRIU costs a fraction of that. The zygote is CRIU
-//! held by the shim before its main, reading requests on a socket only we hold; each request
-//! runs one CRIU process with its own arguments and reports its wait status on a socket of its
-//! own, so restores from several threads go on side by side.
+//! One CRIU loaded once and forked for each restore and lazy-pages daemon (compat/criu-shim.c,
+//! 11). Starting CRIU costs about 4.5 ms of CPU here, the kernel's exec and the loader
+//! relocating its 22 libraries, twice in every branch of a fork; a fork of a loaded CRIU costs a
+//! fraction of that. The zygote is CRIU held by the shim before its main, reading requests on a
+//! socket only we hold; each request runs one CRIU process with its own arguments under a waiter
+//! that reports its pid, then the CRIU's wait status, on a socket of the request's own, so
+//! restores from several threads go on side by side.
 
 use std::ffi::OsString;
 use std::io::{IoSlice, Read as _};
@@ -11,12 +12,17 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
 
-/// `GROVE_CRIU_ZYGOTE=0` in groved's environment: every restore starts CRIU itself (to compare).
+use super::{Criu, Error};
+
+/// `GROVE_CRIU_ZYGOTE=0` in groved's environment: every CRIU is started as a process of its own
+/// (to compare).
 pub(crate) const OFF_ENV: &str = "GROVE_CRIU_ZYGOTE";
 /// The variable that makes the shim a zygote, and the descriptor its socket is at.
 pub(crate) const ENV: &str = "GROVE_ZYGOTE_FD";
@@ -191,6 +197,88 @@ impl Drop for Zygote {
     }
 }
 
+impl Criu {
+    /// Runs CRIU with `args` forked from the zygote; None where there is none to fork from
+    /// (see [`Criu::fork_criu`]): the caller starts CRIU itself then.
+    pub(super) fn run_forked(
+        &self,
+        args: &[OsString],
+        work_dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+    ) -> Option<Result<ExitStatus, Error>> {
+        let report = match self.fork_criu(args, work_dir, netns, merge, None)? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(report.wait().map_err(|e| self.lost(e)))
+    }
+
+    /// Has the zygote (started, or started again, here) fork a CRIU with `args`; None where
+    /// there is none to fork from (no shim, `GROVE_CRIU_ZYGOTE=0`, or it does not start).
+    pub(super) fn fork_criu(
+        &self,
+        args: &[OsString],
+        work_dir: &Path,
+        netns: Option<BorrowedFd<'_>>,
+        merge: bool,
+        lazy: Option<Lazy<'_>>,
+    ) -> Option<Result<Report, Error>> {
+        self.shim.as_ref()?;
+        if std::env::var_os(OFF_ENV).is_some_and(|v| v == "0")
+            || self.zygote_failed.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        if let Err(e) = std::fs::create_dir_all(work_dir) {
+            return Some(Err(Error::io(work_dir, e)));
+        }
+        let argv: Vec<OsString> = std::iter::once(self.binary.clone().into_os_string())
+            .chain(args.iter().cloned())
+            .collect();
+        let mut held = self.zygote.lock();
+        // A zygote found gone (killed, or it failed) is started again, once.
+        for _ in 0..2 {
+            let z = match held.as_ref() {
+                Some(z) => z,
+                None => held.insert(self.start_zygote()?),
+            };
+            match z.send(&argv, netns, merge, lazy) {
+                Ok(r) => return Some(Ok(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "CRIU's zygote");
+                    *held = None;
+                }
+            }
+        }
+        None
+    }
+
+    /// A forked CRIU whose waiter reported nothing.
+    pub(super) fn lost(&self, e: ZygoteError) -> Error {
+        Error::Spawn {
+            binary: self.binary.clone(),
+            source: std::io::Error::other(e),
+        }
+    }
+
+    fn start_zygote(&self) -> Option<Zygote> {
+        let placed =
+            |fd| self.prepare_placing(self.launch.command(), Some((fd, FD)), self.shim.as_ref());
+        Zygote::start(placed)
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "restores and lazy-pages daemons start CRIU each");
+                self.zygote_failed.store(true, Ordering::Relaxed);
+            })
+            .ok()
+    }
+
+    /// Ends the zygote (CRIU processes it started go on): a daemon stopping leaves no process.
+    pub fn stop_zygote(&self) {
+        self.zygote.lock().take();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd as _;
@@ -199,7 +287,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::criu::{compat, Criu};
+    use crate::criu::compat;
 
     /// A zygote of `/bin/sh` (the shim makes any dynamic program one) with `shim` preloaded.
     fn sh_zygote(shim: &Path) -> Zygote {
@@ -414,5 +502,34 @@ mod tests {
         let (_, st) = run("kill -9 $$");
         assert_eq!(st.signal(), Some(9));
         assert_eq!(std::fs::read_to_string(&status).unwrap(), "137\n");
+    }
+
+    /// Real CRIU: a lazy-pages daemon that fails at once (no images) is reported failed, and
+    /// its status recorded as a shell's `$?`, whether the zygote forked it or (a zygote that
+    /// could not start) a shell runs it.
+    #[test]
+    fn a_failing_lazy_daemon_is_reported_forked_or_under_a_shell() {
+        let Ok(criu) = Criu::locate(None) else {
+            grove_testkit::capability_missing("no usable CRIU");
+            return;
+        };
+        if criu.shim.is_none() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for forked in [false, true] {
+            criu.zygote_failed.store(!forked, Ordering::Relaxed);
+            let work = dir.path().join(format!("work-{forked}"));
+            let r = criu.lazy_pages(&dir.path().join("no-images"), &work);
+            assert!(
+                matches!(r, Err(Error::RestoreFailed { .. })),
+                "forked {forked}: {r:?}"
+            );
+            let status = std::fs::read_to_string(work.join(super::super::LAZY_STATUS)).unwrap();
+            assert_ne!(status.trim(), "0", "forked {forked}");
+            assert!(status.trim().parse::<i32>().is_ok(), "{status:?}");
+            assert_eq!(criu.zygote.lock().is_some(), forked);
+        }
     }
 }
