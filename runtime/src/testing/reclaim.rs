@@ -126,13 +126,7 @@ fn shutdown_destroys_every_sandbox_and_gives_up_the_host() {
     for id in &ids {
         assert_eq!(left(&node, id), Vec::<String>::new(), "{id}");
     }
-    let instance: Vec<Op> = node
-        .host
-        .journal()
-        .into_iter()
-        .filter(|c| c.id.is_empty())
-        .map(|c| c.op)
-        .collect();
+    let instance = instance_ops(&node);
     assert_eq!(
         instance,
         [
@@ -166,14 +160,18 @@ fn shutdown_waits_for_a_destroy_under_way() {
     rt.shutdown();
     destroying.join().unwrap().unwrap();
     assert_eq!(left(&node, &id), Vec::<String>::new());
-    let instance: Vec<Op> = node
-        .host
+    let instance = instance_ops(&node);
+    assert_eq!(instance.last(), Some(&Op::InitRemove), "{instance:?}");
+    assert!(instance.contains(&Op::Unprepare), "{instance:?}");
+    assert!(!node.config.run_dir.exists());
+}
+
+/// The host calls the runtime made for the whole instance (not for one sandbox), in order.
+fn instance_ops(node: &Node) -> Vec<Op> {
+    node.host
         .journal()
         .into_iter()
         .filter(|c| c.id.is_empty())
         .map(|c| c.op)
-        .collect();
-    assert_eq!(instance.last(), Some(&Op::InitRemove), "{instance:?}");
-    assert!(instance.contains(&Op::Unprepare), "{instance:?}");
-    assert!(!node.config.run_dir.exists());
+        .collect()
 }

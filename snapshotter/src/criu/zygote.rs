@@ -289,6 +289,19 @@ mod tests {
     use super::*;
     use crate::criu::compat;
 
+    /// The installed CRIU with the shim; None, said loudly, where either is missing.
+    fn real_criu() -> Option<Criu> {
+        let Ok(criu) = Criu::locate(None) else {
+            grove_testkit::capability_missing("no usable CRIU");
+            return None;
+        };
+        if criu.shim.is_none() {
+            grove_testkit::capability_missing("the shim was not built (no C compiler)");
+            return None;
+        }
+        Some(criu)
+    }
+
     /// A zygote of `/bin/sh` (the shim makes any dynamic program one) with `shim` preloaded.
     fn sh_zygote(shim: &Path) -> Zygote {
         Zygote::start(|fd| {
@@ -427,14 +440,9 @@ mod tests {
     /// leaves no zygote.
     #[test]
     fn criu_runs_forked_from_its_zygote_and_a_lost_zygote_is_started_again() {
-        let Ok(criu) = Criu::locate(None) else {
-            grove_testkit::capability_missing("no usable CRIU");
+        let Some(criu) = real_criu() else {
             return;
         };
-        if criu.shim.is_none() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
-            return;
-        }
         let work = tempfile::tempdir().unwrap();
         let run = |args: &[&str]| {
             let args: Vec<OsString> = args.iter().map(OsString::from).collect();
@@ -509,14 +517,9 @@ mod tests {
     /// could not start) a shell runs it.
     #[test]
     fn a_failing_lazy_daemon_is_reported_forked_or_under_a_shell() {
-        let Ok(criu) = Criu::locate(None) else {
-            grove_testkit::capability_missing("no usable CRIU");
+        let Some(criu) = real_criu() else {
             return;
         };
-        if criu.shim.is_none() {
-            grove_testkit::capability_missing("the shim was not built (no C compiler)");
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
         for forked in [false, true] {
             criu.zygote_failed.store(!forked, Ordering::Relaxed);
