@@ -203,6 +203,11 @@ impl GroveEnv {
                 }
             }
             st.rt.rt.shutdown();
+            // Then, as groved's stop does: the CRIU zygote ends, and a ksmd boost still alive
+            // ends and puts ksmd's knobs back.
+            if let Ok(s) = &st.snap {
+                s.close();
+            }
         }
     }
 
