@@ -185,7 +185,7 @@ __attribute__((constructor)) static void wait_for_start(void)
 		_exit(GROVE_NOT_STARTED);
 }
 
-/* ---- 11: one CRIU loaded, forked for each restore ---- */
+/* ---- 11: one CRIU loaded, forked for each restore and lazy-pages daemon ---- */
 
 /* The descriptor a restore's network namespace is given at (criu::NETNS_FD). */
 #define ZYGOTE_NETNS_FD 4
