@@ -118,10 +118,11 @@
  *    one takes the namespace at fd 4, closes every other descriptor but the shim's, opts into
  *    KSM if asked, shows the arguments as its command line (a restarted Grove finds a
  *    predecessor's CRIU by them) and goes on into CRIU's main with them; the waiter writes its
- *    own pid, then CRIU's wait status, 4 bytes each, to the report socket and exits. A lazy-pages daemon's
- *    request (ZYGOTE_LAZY) starts with two more strings, its status file and its quiet wait
- *    (part 10): its waiter takes the place of the shell Grove otherwise runs around it (own
- *    process group, a command line that names it, the status written there). The zygote exits
+ *    own pid, then CRIU's wait status, 4 bytes each, to the report socket and exits. A
+ *    lazy-pages daemon's request (ZYGOTE_LAZY; Grove sends them only when asked, see
+ *    criu/zygote.rs) starts with two more strings, its status file and its quiet wait (part
+ *    10): its waiter takes the place of the shell Grove otherwise runs around it (own process
+ *    group, a command line that names it, the status written there). The zygote exits
  *    when its socket closes (Grove stopped or died); CRIUs under way go on. Orphans, the
  *    restored trees included, go to Grove, a subreaper.
  */

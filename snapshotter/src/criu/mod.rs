@@ -338,13 +338,27 @@ impl Criu {
     /// [`LAZY_STATUS`] in `work_dir` (the next groved, not its parent, learns from that whether
     /// every page was delivered).
     pub fn lazy_pages(&self, images_dir: &Path, work_dir: &Path) -> Result<LazyPages, Error> {
+        self.lazy_pages_forked(images_dir, work_dir, zygote::forks_lazy_daemons())
+    }
+
+    /// [`Criu::lazy_pages`], the daemon forked from the zygote if `fork` (and there is one).
+    fn lazy_pages_forked(
+        &self,
+        images_dir: &Path,
+        work_dir: &Path,
+        fork: bool,
+    ) -> Result<LazyPages, Error> {
         let args = args::lazy_pages_args(images_dir, work_dir);
         let status = work_dir.join(LAZY_STATUS);
         let lazy = zygote::Lazy {
             status: &status,
             quiet_ms: lazy_quiet_ms(),
         };
-        let mut daemon = match self.fork_criu(&args, work_dir, None, false, Some(lazy)) {
+        let forked = match fork {
+            true => self.fork_criu(&args, work_dir, None, false, Some(lazy)),
+            false => None,
+        };
+        let mut daemon = match forked {
             Some(report) => {
                 let mut report = report?;
                 let pgid = report.waiter().map_err(|e| self.lost(e))?;
