@@ -16,8 +16,8 @@ use grove_snapshotter::{ForkOptions, MemoryDump, SnapshotInfo, SnapshotOptions};
 
 const HEAP_MB: usize = 64;
 
-/// Keeps a heap and, for each request file /root/req.<n> ("touch <frac>" or "hash"), rewrites
-/// that fraction of its pages or hashes it, answering in /root/ans.<n>.
+/// Keeps a heap and, for each request file /root/req.<n> ("touch <frac>" or "hash", one line),
+/// rewrites that fraction of its pages or hashes it, answering in /root/ans.<n>.
 const WORKLOAD: &str = r#"
 import hashlib, os, random, time
 PAGE = 4096
@@ -28,7 +28,12 @@ while True:
     if not os.path.exists(p):
         time.sleep(0.005)
         continue
-    req = open(p).read().split()
+    req = open(p).read()
+    if not req.endswith('\n'):
+        # Seen mid-write: the file exists before its line does.
+        time.sleep(0.005)
+        continue
+    req = req.split()
     if req[0] == 'touch':
         r = random.Random(n)
         pages = len(heap) // PAGE
@@ -54,7 +59,12 @@ impl Workload<'_> {
         self.next += 1;
         self.env
             .rt
-            .write_file(id, &format!("/root/req.{n}"), req.as_bytes(), None)
+            .write_file(
+                id,
+                &format!("/root/req.{n}"),
+                format!("{req}\n").as_bytes(),
+                None,
+            )
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -21,16 +21,15 @@ use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, 
 
 use super::{Criu, Error};
 
-/// `GROVE_CRIU_ZYGOTE` in groved's environment: `0`, every CRIU is started as a process of its
-/// own (to compare); `all`, lazy-pages daemons are forked too. By default only restores are:
-/// forked daemons took CK-11 from ≈ 233-258 to ≈ 198-214 ms, but one CI run saw a lazily
-/// restored branch of an incremental snapshot never answer (`snapshotter/tests/incremental.rs`),
-/// not reproduced in 34 runs since; until that is understood, daemons run under their shell.
+/// `GROVE_CRIU_ZYGOTE` in groved's environment, to compare: `0`, every CRIU is started as a
+/// process of its own; `restores`, lazy-pages daemons are started under a shell as before. By
+/// default restores and daemons are both forked (CK-11 ≈ 200-214 ms against ≈ 233-258 with
+/// restores only, docs/incremental-snapshots.md, "CRIU forked, not started").
 pub(crate) const OFF_ENV: &str = "GROVE_CRIU_ZYGOTE";
 
-/// Whether lazy-pages daemons are forked from the zygote (`GROVE_CRIU_ZYGOTE=all`).
+/// Whether lazy-pages daemons are forked from the zygote (all but `GROVE_CRIU_ZYGOTE=restores`).
 pub(crate) fn forks_lazy_daemons() -> bool {
-    std::env::var_os(OFF_ENV).is_some_and(|v| v == "all")
+    std::env::var_os(OFF_ENV).is_none_or(|v| v != "restores")
 }
 /// The variable that makes the shim a zygote, and the descriptor its socket is at.
 pub(crate) const ENV: &str = "GROVE_ZYGOTE_FD";
