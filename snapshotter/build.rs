@@ -6,7 +6,11 @@ use std::process::Command;
 
 fn main() {
     let src = "compat/criu-shim.c";
-    println!("cargo:rerun-if-changed={src}");
+    // Part 12 of the shim, in a file of its own.
+    let archive = "compat/tmpfs-archive.c";
+    for f in [src, archive, "compat/tmpfs-archive.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
     let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     // The plain shim, and the one preloaded only into dumps Grove tracks with userfaultfd
@@ -22,6 +26,7 @@ fn main() {
             .arg("-o")
             .arg(&out)
             .arg(src)
+            .arg(archive)
             .status()
             .map(|s| s.success())
             .unwrap_or(false);

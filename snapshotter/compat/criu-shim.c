@@ -57,11 +57,13 @@
  *    socket (its own sockstat and sockstat6 say `inuse 0`: no listener, no connection in any
  *    state; a socket never bound or connected is in no table and CRIU dumps it without the
  *    diag), and it has no TIME_WAIT entry (`tw 0`), the kernel's answer would be empty. So a TCP
- *    dump request sent on a sock_diag socket of the caller's own namespace is not sent, and the
- *    next read of that socket is one NLMSG_DONE with the request's sequence number. Sockets of another namespace, other
- *    families and protocols, and namespaces with a TCP socket go to the kernel as before.
+ *    dump request sent on a sock_diag socket of such a namespace is not sent, and the next read
+ *    of that socket is one NLMSG_DONE with the request's sequence number. The namespace is the
+ *    socket's (CRIU makes the socket inside the dumped namespace and sends from its own), whose
+ *    counts the thread reads from inside it. Other families and protocols, and namespaces with a
+ *    TCP socket, go to the kernel as before.
  *
- * And five speed-ups in both builds, each active only when Grove asks for it:
+ * And speed-ups in both builds, each active only when Grove asks for it:
  *
  * 3. CRIU's kernel-feature cache. CRIU probes the kernel on every run (about 30 ms here) unless
  *    it finds /run/criu.kdat, which it writes only where /run is a tmpfs (the cache must not
@@ -119,12 +121,18 @@
  *    KSM if asked, shows the arguments as its command line (a restarted Grove finds a
  *    predecessor's CRIU by them) and goes on into CRIU's main with them; the waiter writes its
  *    own pid, then CRIU's wait status, 4 bytes each, to the report socket and exits. A
- *    lazy-pages daemon's request (ZYGOTE_LAZY; Grove sends them only when asked, see
+ *    lazy-pages daemon's request (ZYGOTE_LAZY; Grove sends them unless told not to, see
  *    criu/zygote.rs) starts with two more strings, its status file and its quiet wait (part
  *    10): its waiter takes the place of the shell Grove otherwise runs around it (own process
  *    group, a command line that names it, the status written there). The zygote exits
  *    when its socket closes (Grove stopped or died); CRIUs under way go on. Orphans, the
  *    restored trees included, go to Grove, a subreaper.
+ *
+ * 12. tmpfs archives without tar (tmpfs-archive.c; the plain archives of part 6). Where CRIU's
+ *    child would exec tar for a plain archive, it writes or extracts the archive itself and
+ *    exits; what it does not handle (hard links, holes, long names...) still goes to tar, with
+ *    the same arguments. GROVE_TMPFS_ARCHIVER=tar (Grove's environment) leaves every archive
+ *    to tar.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -148,6 +156,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+
+#include "tmpfs-archive.h"
 
 /* Whether Grove asked for a part: its variable is exactly "1". */
 static int asked(const char *name)
@@ -964,31 +974,48 @@ static long net_count(const char *file, const char *key)
 	return end == at + strlen(key) ? -1 : v;
 }
 
-static int netns_has_no_tcp(void)
+static int no_tcp_here(void)
 {
 	return net_count("/proc/thread-self/net/sockstat", "TCP: inuse ") == 0 &&
 	       net_count("/proc/thread-self/net/sockstat", " tw ") == 0 &&
 	       net_count("/proc/thread-self/net/sockstat6", "TCP6: inuse ") == 0;
 }
 
-/* A netlink socket of the sock_diag family, in the caller's own network namespace. */
-static int is_own_diag_socket(int fd)
+/* Whether the network namespace `ns` (a descriptor) holds no TCP socket, read from inside it. CRIU
+ * makes its diag socket in the dumped namespace and switches back to its own before it sends the
+ * request, so the two differ: the thread enters the socket's namespace for the reads and returns. */
+static int netns_has_no_tcp(int ns)
+{
+	struct stat target, own;
+	if (fstat(ns, &target) < 0 || stat("/proc/thread-self/ns/net", &own) < 0)
+		return 0;
+	if (target.st_dev == own.st_dev && target.st_ino == own.st_ino)
+		return no_tcp_here();
+	int back = real_openat(AT_FDCWD, "/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC, 0);
+	if (back < 0)
+		return 0;
+	if (syscall(SYS_setns, ns, CLONE_NEWNET) < 0) {
+		real_close(back);
+		return 0;
+	}
+	int none = no_tcp_here();
+	if (syscall(SYS_setns, back, CLONE_NEWNET) < 0)
+		abort(); /* CRIU would go on in the dumped namespace: fail the dump instead */
+	real_close(back);
+	return none;
+}
+
+/* A netlink socket of the sock_diag family: the descriptor of its network namespace, or -1. */
+static int diag_socket_netns(int fd)
 {
 	int v;
 	socklen_t len = sizeof(v);
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0 || v != AF_NETLINK)
-		return 0;
+		return -1;
 	len = sizeof(v);
 	if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &len) < 0 || v != GROVE_NETLINK_SOCK_DIAG)
-		return 0;
-	int ns = real_ioctl(fd, SIOCGSKNS);
-	if (ns < 0)
-		return 0;
-	struct stat sock_ns, own;
-	int same = fstat(ns, &sock_ns) == 0 && stat("/proc/thread-self/ns/net", &own) == 0 &&
-		   sock_ns.st_dev == own.st_dev && sock_ns.st_ino == own.st_ino;
-	real_close(ns);
-	return same;
+		return -1;
+	return real_ioctl(fd, SIOCGSKNS);
 }
 
 /* A TCP dump request of CRIU's shape: one buffer, one message, all of it. */
@@ -1012,11 +1039,16 @@ static const struct grove_nlmsghdr *tcp_dump_request(const struct msghdr *msg)
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
 	const struct grove_nlmsghdr *h;
-	if (empty_tcp_diag() && (h = tcp_dump_request(msg)) && is_own_diag_socket(fd) &&
-	    netns_has_no_tcp()) {
-		done_fd = fd;
-		done_seq = h->seq;
-		return (ssize_t)h->len;
+	if (empty_tcp_diag() && (h = tcp_dump_request(msg))) {
+		int ns = diag_socket_netns(fd);
+		int empty = ns >= 0 && netns_has_no_tcp(ns);
+		if (ns >= 0)
+			real_close(ns);
+		if (empty) {
+			done_fd = fd;
+			done_seq = h->seq;
+			return (ssize_t)h->len;
+		}
 	}
 	return real_sendmsg(fd, msg, flags);
 }
@@ -1163,6 +1195,56 @@ static int drop_gzip(char *const argv[])
 	return strcmp(argv[1], "--extract") == 0 && !stdin_is_gzip();
 }
 
+/* CRIU's own tar options, each taking no value: any other leaves the archive to tar. */
+static int known_option(const char *a)
+{
+	static const char *const known[] = { "--create",	  "--extract",	      "--gzip",
+					     "--no-unquote",	  "--no-wildcards",   "--one-file-system",
+					     "--check-links",	  "--preserve-permissions", "--sparse",
+					     "--numeric-owner" };
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strcmp(a, known[i]) == 0)
+			return 1;
+	return 0;
+}
+
+/* Part 12: writes or extracts a plain archive in this process and exits; returns where tar is to
+ * do it. A create's directory is its --directory (CRIU's is /proc/self/fd/0, the mount), the
+ * archive goes to stdout; an extract reads stdin into its --directory. */
+static void archive_in_process(char *const argv[])
+{
+	const char *v = getenv("GROVE_TMPFS_ARCHIVER");
+	if (v && strcmp(v, "tar") == 0)
+		return;
+	const char *dir = NULL;
+	int dot = 0;
+	for (size_t i = 2; argv[i]; i++) {
+		if (strcmp(argv[i], "--directory") == 0 && argv[i + 1] && !dir)
+			dir = argv[++i];
+		else if (strcmp(argv[i], ".") == 0 && !argv[i + 1])
+			dot = 1;
+		else if (!known_option(argv[i]))
+			return;
+	}
+	if (!dir)
+		return;
+	if (strcmp(argv[1], "--create") == 0 && dot) {
+		int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			return;
+		int r = tar_create(fd, STDOUT_FILENO);
+		if (r == 0)
+			_exit(0);
+		if (r < 0) {
+			dprintf(STDERR_FILENO, "grove shim: a tmpfs archive half written could not be undone\n");
+			_exit(1);
+		}
+		close(fd);
+	} else if (strcmp(argv[1], "--extract") == 0 && !dot && tar_extract(STDIN_FILENO, dir) == 0) {
+		_exit(0);
+	}
+}
+
 /* Runs in CRIU's forked child (cr_system), single-threaded, right before the exec. */
 int execvp(const char *file, char *const argv[])
 {
@@ -1174,6 +1256,7 @@ int execvp(const char *file, char *const argv[])
 	unsetenv("LD_PRELOAD");
 	if (!drop_gzip(argv))
 		return real(file, argv);
+	archive_in_process(argv);
 	char *plain[32];
 	size_t n = 0;
 	for (size_t i = 0; argv[i]; i++) {

@@ -450,17 +450,31 @@ print(first, whole, other, after, empty)
         assert_eq!(page_writes(&shim, false), "4096 True 0 0 -");
     }
 
-    /// CRIU-shaped TCP sock_diag dumps (IPv4, then IPv6) from a process with the shim preloaded,
-    /// with a TCP listener open first when asked (`listen`); prints each dump's entry count and
-    /// the port id its NLMSG_DONE came from (0: not the kernel, which answers from our socket's).
+    /// CRIU-shaped TCP sock_diag dumps (IPv4, then IPv6) from a process with the shim preloaded;
+    /// prints each dump's entry count and the port id its NLMSG_DONE came from (0: not the
+    /// kernel, which answers from our socket's). Arguments: `listen`, a TCP listener in the
+    /// namespace dumped; `elsewhere`, as CRIU does it: the diag sockets made in a namespace of
+    /// their own and the requests sent from the first one, which holds a listener.
     const TCP_DIAG: &str = r#"
-import socket, struct, sys
-if len(sys.argv) > 1:
+import ctypes, os, socket, struct, sys
+CLONE_NEWNET = 0x40000000
+libc = ctypes.CDLL(None, use_errno=True)
+keep = []
+def listener():
     l = socket.socket()
-    l.bind(("127.0.0.1", 0))
+    l.bind(("", 0))
     l.listen()
-def dump(family):
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)
+    keep.append(l)
+if "elsewhere" in sys.argv:
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    listener()
+    assert libc.unshare(CLONE_NEWNET) == 0, ctypes.get_errno()
+if "listen" in sys.argv:
+    listener()
+socks = [socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4) for _ in range(2)]
+if "elsewhere" in sys.argv:
+    assert libc.setns(own, CLONE_NEWNET) == 0, ctypes.get_errno()
+def dump(s, family):
     req = struct.pack("=BBBBI", family, 6, 0, 0, 0xffffffff) + bytes(48)
     s.sendmsg([struct.pack("=IHHII", 16 + len(req), 20, 0x301, 24680, 0) + req], [], 0, (0, 0))
     n = 0
@@ -476,23 +490,24 @@ def dump(family):
                 sys.exit("netlink error %d" % struct.unpack_from("=i", d, at + 16)[0])
             n += 1
             at += (l + 3) & ~3
-print(dump(socket.AF_INET), dump(socket.AF_INET6))
+print(dump(socks[0], socket.AF_INET), dump(socks[1], socket.AF_INET6))
 "#;
 
     /// (entries, DONE's port id) for the IPv4 and IPv6 dumps.
-    fn tcp_diag(shim: &Path, asked: bool, listen: bool) -> [(u32, u32); 2] {
-        let args: &[&OsStr] = if listen { &[OsStr::new("listen")] } else { &[] };
+    fn tcp_diag(shim: &Path, asked: bool, args: &[&str]) -> [(u32, u32); 2] {
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
         let env: &[(&str, &str)] = if asked {
             &[(EMPTY_TCP_DIAG_ENV, "1")]
         } else {
             &[]
         };
-        let got = pairs(&python_with_shim(shim, TCP_DIAG, args, env));
+        let got = pairs(&python_with_shim(shim, TCP_DIAG, &args, env));
         [got[0], got[1]]
     }
 
     /// Asked, a namespace with no TCP socket has its TCP dumps answered by the shim (a DONE from
-    /// port 0); not asked, or with a listener, the kernel answers (and lists the listener).
+    /// port 0); not asked, or with a listener, the kernel answers (and lists the listener). The
+    /// namespace that counts is the diag socket's, not the sender's, as when CRIU sends them.
     #[test]
     fn tcp_diag_of_a_namespace_without_tcp_is_answered_without_the_kernel() {
         let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
@@ -502,17 +517,20 @@ print(dump(socket.AF_INET), dump(socket.AF_INET6))
             grove_testkit::capability_missing("needs root for a network namespace");
             return;
         }
-        let [asked, not_asked, listening] = std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            grove_sys::net::loopback_up().unwrap();
-            [
-                tcp_diag(&shim, true, false),
-                tcp_diag(&shim, false, false),
-                tcp_diag(&shim, true, true),
-            ]
-        })
-        .join()
-        .unwrap();
+        let [asked, not_asked, listening, elsewhere, elsewhere_listening] =
+            std::thread::spawn(move || {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                grove_sys::net::loopback_up().unwrap();
+                [
+                    tcp_diag(&shim, true, &[]),
+                    tcp_diag(&shim, false, &[]),
+                    tcp_diag(&shim, true, &["listen"]),
+                    tcp_diag(&shim, true, &["elsewhere"]),
+                    tcp_diag(&shim, true, &["elsewhere", "listen"]),
+                ]
+            })
+            .join()
+            .unwrap();
         assert_eq!(asked, [(0, 0), (0, 0)], "no TCP, asked: the shim answers");
         for (n, pid) in not_asked {
             assert_eq!(n, 0);
@@ -521,6 +539,16 @@ print(dump(socket.AF_INET), dump(socket.AF_INET6))
         assert_eq!(listening[0].0, 1, "a listener: the kernel lists it");
         assert_ne!(listening[0].1, 0);
         assert_ne!(listening[1].1, 0, "and answers IPv6 too: {listening:?}");
+        assert_eq!(
+            elsewhere,
+            [(0, 0), (0, 0)],
+            "the socket's namespace has no TCP (the sender's has a listener): the shim answers"
+        );
+        assert_eq!(
+            elsewhere_listening[0].0, 1,
+            "the socket's namespace has a listener: the kernel lists it ({elsewhere_listening:?})"
+        );
+        assert_ne!(elsewhere_listening[1].1, 0);
     }
 
     /// A python3 held by the shim at `START_FD`: what it said, then its exit and output once

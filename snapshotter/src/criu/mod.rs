@@ -6,6 +6,8 @@ mod early;
 mod error;
 mod launch;
 pub mod log;
+#[cfg(test)]
+mod tmpfs_archive_tests;
 mod zygote;
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
