@@ -117,6 +117,24 @@ fn is_tmpfs(dir: &Path) -> bool {
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
+/// CRIU's tar options for a tmpfs's archive and its extract (criu/filesystems.c), before
+/// `--directory <dir>` (and the create's "."): what the shim's tests run tar with.
+#[cfg(test)]
+pub(crate) const CRIU_TAR_CREATE: [&str; 9] = [
+    "--create",
+    "--gzip",
+    "--no-unquote",
+    "--no-wildcards",
+    "--one-file-system",
+    "--check-links",
+    "--preserve-permissions",
+    "--sparse",
+    "--numeric-owner",
+];
+#[cfg(test)]
+pub(crate) const CRIU_TAR_EXTRACT: [&str; 4] =
+    ["--extract", "--gzip", "--no-unquote", "--no-wildcards"];
+
 /// For tests: `bytes` (a build of the shim) written to `name` in a fresh temp dir, kept while
 /// the dir lives; None, said loudly, where the shim was not built (no C compiler).
 #[cfg(test)]
@@ -314,20 +332,10 @@ print(kind, n)
         std::fs::write(src.join("shm/segment"), b"kept across the snapshot").unwrap();
         std::os::unix::fs::symlink("shm/segment", src.join("link")).unwrap();
         let src_s = src.to_str().unwrap();
-        let create = [
-            "--create",
-            "--gzip",
-            "--no-unquote",
-            "--no-wildcards",
-            "--one-file-system",
-            "--check-links",
-            "--preserve-permissions",
-            "--sparse",
-            "--numeric-owner",
-            "--directory",
-            src_s,
-            ".",
-        ];
+        let create: Vec<&str> = CRIU_TAR_CREATE
+            .into_iter()
+            .chain(["--directory", src_s, "."])
+            .collect();
         let null = Path::new("/dev/null");
         let (plain, gz) = (dir.path().join("plain"), dir.path().join("gz"));
         assert!(criu_tar(&shim, &create, true, null, &plain));
@@ -337,14 +345,10 @@ print(kind, n)
         for (archive, with_shim) in [(&plain, true), (&gz, true), (&gz, false)] {
             let out = tempfile::tempdir_in(dir.path()).unwrap();
             let out_s = out.path().to_str().unwrap();
-            let extract = [
-                "--extract",
-                "--gzip",
-                "--no-unquote",
-                "--no-wildcards",
-                "--directory",
-                out_s,
-            ];
+            let extract: Vec<&str> = CRIU_TAR_EXTRACT
+                .into_iter()
+                .chain(["--directory", out_s])
+                .collect();
             let used = if with_shim {
                 shim.clone()
             } else {

@@ -7,42 +7,20 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::compat::{shim_in_temp_dir, PLAIN_TMPFS_ARCHIVES_ENV, SHIM};
+use super::compat::{
+    shim_in_temp_dir, CRIU_TAR_CREATE, CRIU_TAR_EXTRACT, PLAIN_TMPFS_ARCHIVES_ENV, SHIM,
+};
 
-/// CRIU's arguments for a tmpfs's archive (filesystems.c), the directory given by path.
+/// CRIU's arguments for a tmpfs's archive, the directory given by path.
 fn create_args(dir: &Path) -> Vec<&OsStr> {
-    let mut a: Vec<&OsStr> = [
-        "--create",
-        "--gzip",
-        "--no-unquote",
-        "--no-wildcards",
-        "--one-file-system",
-        "--check-links",
-        "--preserve-permissions",
-        "--sparse",
-        "--numeric-owner",
-        "--directory",
-    ]
-    .iter()
-    .map(OsStr::new)
-    .collect();
-    a.push(dir.as_os_str());
-    a.push(OsStr::new("."));
+    let mut a: Vec<&OsStr> = CRIU_TAR_CREATE.iter().map(OsStr::new).collect();
+    a.extend([OsStr::new("--directory"), dir.as_os_str(), OsStr::new(".")]);
     a
 }
 
 fn extract_args(dir: &Path) -> Vec<&OsStr> {
-    let mut a: Vec<&OsStr> = [
-        "--extract",
-        "--gzip",
-        "--no-unquote",
-        "--no-wildcards",
-        "--directory",
-    ]
-    .iter()
-    .map(OsStr::new)
-    .collect();
-    a.push(dir.as_os_str());
+    let mut a: Vec<&OsStr> = CRIU_TAR_EXTRACT.iter().map(OsStr::new).collect();
+    a.extend([OsStr::new("--directory"), dir.as_os_str()]);
     a
 }
 
