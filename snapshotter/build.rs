@@ -6,9 +6,19 @@ use std::process::Command;
 
 fn main() {
     let src = "compat/criu-shim.c";
-    // Part 12 of the shim, in a file of its own.
+    // Parts 12, 14 and 15 of the shim, in files of their own.
     let archive = "compat/tmpfs-archive.c";
-    for f in [src, archive, "compat/tmpfs-archive.h"] {
+    let smaps = "compat/smaps-ahead.c";
+    let writer = "compat/page-writer.c";
+    for f in [
+        src,
+        archive,
+        "compat/tmpfs-archive.h",
+        smaps,
+        "compat/smaps-ahead.h",
+        writer,
+        "compat/page-writer.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -27,6 +37,8 @@ fn main() {
             .arg(&out)
             .arg(src)
             .arg(archive)
+            .arg(smaps)
+            .arg(writer)
             .status()
             .map(|s| s.success())
             .unwrap_or(false);

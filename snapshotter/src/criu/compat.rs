@@ -94,6 +94,18 @@ pub const START_FD: RawFd = 5;
 /// groved sets it on every tracked dump unless its own environment has it at "0".
 pub const COALESCE_PAGE_WRITES_ENV: &str = "GROVE_COALESCE_PAGE_WRITES";
 
+/// Set to "1" for a dump with the userfaultfd build that is started before the freeze: once
+/// started, the shim reads the tree's smaps ahead of CRIU on a thread of its own
+/// (compat/criu-shim.c, 14). groved sets it on every tracked dump unless its own environment
+/// has it at "0".
+pub const READ_AHEAD_SMAPS_ENV: &str = "GROVE_READ_AHEAD_SMAPS";
+
+/// Set to "1" for a dump with the userfaultfd build and [`COALESCE_PAGE_WRITES_ENV`]: the
+/// shim then writes each pipe of pages into its image on a thread of its own while CRIU goes
+/// on, and CRIU's exit waits for it (compat/criu-shim.c, 15). groved sets it on every tracked
+/// dump unless its own environment has it at "0".
+pub const ASYNC_PAGE_WRITES_ENV: &str = "GROVE_ASYNC_PAGE_WRITES";
+
 /// The variable through which the shim learns where the kernel-feature cache goes.
 pub const KDAT_ENV: &str = "GROVE_CRIU_KDAT";
 
@@ -454,6 +466,167 @@ print(first, whole, other, after, empty)
         assert_eq!(page_writes(&shim, false), "4096 True 0 0 -");
     }
 
+    /// CRIU's PAGEMAP_SCAN (file pages and the zero page left out, soft-dirty asked) of three
+    /// ranges of this python: a private anonymous mapping (pages written, read, untouched), a
+    /// private file mapping (pages read, so file pages, and pages written, so copies) and the
+    /// same file mapping's first 64 KiB. Each is asked through libc's ioctl (the shim's) and
+    /// straight to the kernel as the shim passes it on (written or outside a registered VMA,
+    /// for soft-dirty); prints, per range, whether both answers are the same regions and the
+    /// pages they report.
+    const CRIU_SCAN: &str = r#"
+import ctypes, mmap, os, sys, tempfile
+libc = ctypes.CDLL(None, use_errno=True)
+P = 4096
+class Arg(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("size flags start end walk_end vec vec_len "
+        "max_pages inverted mask anyof ret").split()]
+Region = ctypes.c_uint64 * 3
+SCAN = 0xC0606610
+WPALLOWED, WRITTEN, FILE, PRESENT, SWAPPED, PFNZERO, SOFT_DIRTY = 1, 2, 4, 8, 16, 32, 128
+# As CRIU opens it: under a directory fd of the pid.
+pm = os.open("pagemap", os.O_RDONLY, dir_fd=os.open("/proc/%d" % os.getpid(), os.O_RDONLY))
+def scan(start, end, through_shim):
+    vec = (Region * 4096)()
+    ret = PRESENT | SWAPPED | SOFT_DIRTY
+    if not through_shim:
+        ret = PRESENT | SWAPPED | WRITTEN | WPALLOWED
+    a = Arg(ctypes.sizeof(Arg), 0, start, end, 0, ctypes.addressof(vec), 4096, 0,
+            PFNZERO | FILE, PFNZERO | FILE, PRESENT | SWAPPED, ret)
+    if through_shim:
+        n = libc.ioctl(pm, ctypes.c_ulong(SCAN), ctypes.byref(a))
+    else:
+        n = libc.syscall(16, pm, ctypes.c_ulong(SCAN), ctypes.byref(a))
+    assert n >= 0, os.strerror(ctypes.get_errno())
+    out = []
+    for r in vec[:n]:
+        c = r[2]
+        if not through_shim:
+            dirty = (c & WRITTEN) or not (c & WPALLOWED)
+            c = (c & (PRESENT | SWAPPED)) | (SOFT_DIRTY if dirty else 0)
+        out.append((r[0], r[1], c))
+    return out
+def both(start, end):
+    got, want = scan(start, end, True), scan(start, end, False)
+    return "%s/%d" % (got == want, sum((e - s) // P for s, e, _ in got))
+n = 16 << 20
+anon = mmap.mmap(-1, n, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for i in range(0, n // P, 3):
+    anon[i * P] = 1
+for i in range(1, n // P, 3):
+    anon[i * P]
+f = tempfile.TemporaryFile()
+f.write(os.urandom(n))
+f.flush()
+filemap = mmap.mmap(f.fileno(), n, mmap.MAP_PRIVATE)
+# Written first: a VMA's first copy-on-write drops the file pages mapped in it before.
+for i in range(0, n // P, 5):
+    filemap[i * P] = 7
+for i in range(0, n // P, 2):
+    filemap[i * P]
+def addr(m):
+    return ctypes.addressof(ctypes.c_char.from_buffer(m))
+a, b = addr(anon), addr(filemap)
+print(both(a, a + n), both(b, b + n), both(b, b + (64 << 10)))
+"#;
+
+    /// The shim answers CRIU's scans as the kernel would: in an anonymous mapping (where it
+    /// leaves out the file-page question, part 13) the pages written (a third) and none of the
+    /// read ones (the zero page); in a file mapping (where it must not) only the pages written
+    /// (copies, a fifth), none of those only read; a range under 1 MiB as asked.
+    #[test]
+    fn criu_scans_are_answered_as_the_kernel_would() {
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
+            return;
+        };
+        let got = python_with_shim(&shim, CRIU_SCAN, &[], &[(UFFD_WP_ENV, "1")]);
+        let pages: usize = (16 << 20) >> 12;
+        assert_eq!(
+            got.trim(),
+            format!(
+                "True/{} True/{} True/{}",
+                pages.div_ceil(3),
+                pages.div_ceil(5),
+                16usize.div_ceil(5)
+            )
+        );
+    }
+
+    /// CRIU's page writes in two buffers (150 pages, then 50) into the image named by the first
+    /// argument, opened under the directory of the second; prints how many threads the process
+    /// has once they are made.
+    const PAGE_WRITES_BESIDE: &str = r#"
+import fcntl, os, sys
+d = os.open(sys.argv[2], os.O_RDONLY)
+img = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=d)
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 1 << 20)
+pages = [bytes([i]) * 4096 for i in range(200)]
+for batch in (pages[:150], pages[150:]):
+    os.write(w, b"".join(batch))
+    for p in batch:
+        assert os.splice(r, img, 4096) == 4096
+threads = len(os.listdir("/proc/self/task"))
+os.close(img)
+print(threads)
+"#;
+
+    /// (exit code, output, stderr) of [`PAGE_WRITES_BESIDE`] into `image` under `dir`.
+    fn pages_beside(
+        shim: &Path,
+        dir: &Path,
+        image: &str,
+        asked: &str,
+    ) -> (Option<i32>, String, String) {
+        let out = std::process::Command::new(python_itself())
+            .args(["-c", PAGE_WRITES_BESIDE, image])
+            .arg(dir)
+            .env("LD_PRELOAD", shim)
+            .env(COALESCE_PAGE_WRITES_ENV, "1")
+            .env(ASYNC_PAGE_WRITES_ENV, asked)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Asked, the pages go into their image from a thread of the shim's (part 15), and the
+    /// image is the same bytes in the same order once the process has exited; not asked, no
+    /// thread, the same image. A write the thread cannot make (the image is /dev/full) fails
+    /// the process at exit.
+    #[test]
+    fn pages_are_written_beside_criu_when_asked() {
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
+            return;
+        };
+        let want: Vec<u8> = (0..200u8).flat_map(|i| [i; 4096]).collect();
+        for (asked, threads) in [("1", "2"), ("0", "1")] {
+            let dir = tempfile::tempdir().unwrap();
+            let got = pages_beside(&shim, dir.path(), "pages-7.img", asked);
+            assert_eq!(
+                (got.0, got.1.as_str()),
+                (Some(0), threads),
+                "asked {asked}: {}",
+                got.2
+            );
+            let image = std::fs::read(dir.path().join("pages-7.img")).unwrap();
+            assert!(
+                image == want,
+                "asked {asked}: the image is not the pages in order"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/full", dir.path().join("pages-9.img")).unwrap();
+        let (code, _, err) = pages_beside(&shim, dir.path(), "pages-9.img", "1");
+        assert_eq!(code, Some(1), "a failed write must fail the process: {err}");
+        assert!(
+            err.contains("writing pages into their image failed"),
+            "{err}"
+        );
+    }
+
     /// CRIU-shaped TCP sock_diag dumps (IPv4, then IPv6) from a process with the shim preloaded;
     /// prints each dump's entry count and the port id its NLMSG_DONE came from (0: not the
     /// kernel, which answers from our socket's). Arguments: `listen`, a TCP listener in the
@@ -555,18 +728,41 @@ print(dump(socks[0], socket.AF_INET), dump(socks[1], socket.AF_INET6))
         assert_ne!(elsewhere_listening[1].1, 0);
     }
 
+    /// The python3 binary itself: `python3` on PATH may be a script that execs it (pyenv's),
+    /// and a shim loaded into that script would start its thread there, not in python.
+    fn python_itself() -> String {
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
     /// A python3 held by the shim at `START_FD`: what it said, then its exit and output once
     /// `go` is sent (None: the socket is closed instead).
     fn held_start(shim: &Path, go: Option<&[u8]>) -> (Vec<u8>, bool, Option<i32>, String) {
+        held_run(shim, "print('main ran')", &[], &[], go)
+    }
+
+    /// [`held_start`] of `script` with `args` and `env`.
+    fn held_run(
+        shim: &Path,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        go: Option<&[u8]>,
+    ) -> (Vec<u8>, bool, Option<i32>, String) {
         use std::io::{Read, Write};
         use std::os::unix::net::UnixStream;
         use std::os::unix::process::CommandExt;
         let (mut ours, theirs) = UnixStream::pair().unwrap();
         let fd = theirs.as_raw_fd();
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", "print('main ran')"])
+        let mut cmd = std::process::Command::new(python_itself());
+        cmd.args(["-c", script])
+            .args(args)
             .env("LD_PRELOAD", shim)
             .env(START_FD_ENV, START_FD.to_string())
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped());
         // SAFETY: between fork and exec, only fcntl and dup2 (async-signal-safe) on plain
         // integers.
@@ -623,6 +819,95 @@ print(dump(socks[0], socket.AF_INET), dump(socks[1], socket.AF_INET6))
                 assert_eq!((code, out.as_str()), (Some(75), ""), "{name}: {go:?}");
             }
         }
+    }
+
+    /// A tree to dump: this python and a child that maps one file page more on SIGUSR1. Prints
+    /// the child's pid once it waits for the signal.
+    const TREE: &str = r#"
+import mmap, os, signal, tempfile, time
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    keep = []
+    def grow(*_):
+        f = tempfile.TemporaryFile()
+        f.write(b"x" * 4096)
+        f.flush()
+        keep.append((f, mmap.mmap(f.fileno(), 4096)))
+        os.write(w, b"g")
+    signal.signal(signal.SIGUSR1, grow)
+    os.write(w, b"r")
+    while True:
+        signal.pause()
+os.read(r, 1)
+print(pid, flush=True)
+time.sleep(60)
+"#;
+
+    /// CRIU's side, with `-t <root> <child>` as arguments: once let go, it waits, has the
+    /// child map a page more, then opens the child's smaps twice as CRIU does (under a
+    /// directory fd of the pid) and prints how many VMAs each listed.
+    const SMAPS_TWICE: &str = r#"
+import os, signal, sys, time
+child = int(sys.argv[3])
+time.sleep(0.3)
+os.kill(child, signal.SIGUSR1)
+time.sleep(0.3)
+def vmas():
+    d = os.open("/proc/%d" % child, os.O_RDONLY)
+    fd = os.open("smaps", os.O_RDONLY, dir_fd=d)
+    text = b""
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            break
+        text += b
+    os.close(fd)
+    os.close(d)
+    return text.count(b"VmFlags")
+print(vmas(), vmas())
+"#;
+
+    /// Asked, the shim reads the tree's smaps once let go (part 14): CRIU's first open of the
+    /// child's smaps is what it was then, without the page the child mapped since; the second
+    /// is the kernel's. Not asked, both are the kernel's.
+    #[test]
+    fn smaps_are_read_ahead_once_let_go() {
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
+            return;
+        };
+        let mut tree = std::process::Command::new("python3")
+            .args(["-c", TREE])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(tree.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let child: i32 = line.trim().parse().unwrap();
+        let root = tree.id().to_string();
+        let counts = |asked: &str| {
+            let env = [(READ_AHEAD_SMAPS_ENV, asked), (UFFD_WP_ENV, "1")];
+            let args = ["-t", root.as_str(), &child.to_string()];
+            let (_, _, code, out) = held_run(&shim, SMAPS_TWICE, &args, &env, Some(b"g"));
+            assert_eq!(code, Some(0), "{out}");
+            let got: Vec<usize> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+            (got[0], got[1])
+        };
+        let (not_asked, asked) = (counts("0"), counts("1"));
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::SIGKILL);
+        let _ = tree.kill();
+        let _ = tree.wait();
+        assert_eq!(not_asked.0, not_asked.1, "not asked: the kernel's, twice");
+        assert_eq!(
+            asked,
+            (not_asked.1, not_asked.1 + 1),
+            "asked: what it was when let go, then the kernel's (a page more since)"
+        );
     }
 
     /// Polls that do not wait, as a lazy-pages daemon makes them between background copies,

@@ -149,6 +149,8 @@ impl Criu {
             compat::EMPTY_TCP_DIAG_ENV,
             compat::PLAIN_TMPFS_ARCHIVES_ENV,
             compat::COALESCE_PAGE_WRITES_ENV,
+            compat::READ_AHEAD_SMAPS_ENV,
+            compat::ASYNC_PAGE_WRITES_ENV,
             compat::START_FD_ENV,
             compat::LAZY_QUIET_ENV,
             zygote::ENV,
@@ -245,8 +247,14 @@ impl Criu {
             cmd.env(compat::UFFD_WP_ENV, "1");
             cmd.env(compat::EMPTY_TCP_DIAG_ENV, "1");
             // On unless groved runs with the variable at "0" (an A/B, or a way out).
-            if std::env::var(compat::COALESCE_PAGE_WRITES_ENV).as_deref() != Ok("0") {
-                cmd.env(compat::COALESCE_PAGE_WRITES_ENV, "1");
+            for on_unless_off in [
+                compat::COALESCE_PAGE_WRITES_ENV,
+                compat::READ_AHEAD_SMAPS_ENV,
+                compat::ASYNC_PAGE_WRITES_ENV,
+            ] {
+                if std::env::var(on_unless_off).as_deref() != Ok("0") {
+                    cmd.env(on_unless_off, "1");
+                }
             }
         }
         if opts.skip_network_lock && opts.external_net.is_some() {
