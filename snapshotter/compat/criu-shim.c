@@ -128,6 +128,12 @@
  *    when its socket closes (Grove stopped or died); CRIUs under way go on. Orphans, the
  *    restored trees included, go to Grove, a subreaper.
  *
+ * 12. tmpfs archives without tar (tmpfs-archive.c; the plain archives of part 6). Where CRIU's
+ *    child would exec tar for a plain archive, it writes or extracts the archive itself and
+ *    exits; what it does not handle (hard links, holes, long names...) still goes to tar, with
+ *    the same arguments. GROVE_TMPFS_ARCHIVER=tar (Grove's environment) leaves every archive
+ *    to tar.
+ *
  * 13. Page scans of plain anonymous memory without the struct page walk (tracked dumps, with
  *    part 4). CRIU's PAGEMAP_SCAN asks the kernel to leave out file pages (PAGE_IS_FILE), and
  *    the kernel can tell a file page only from its struct page: for a 256 MiB heap that is
@@ -139,24 +145,18 @@
  *    The VMA is looked up with PROCMAP_QUERY (6.11+) on the process's maps; anything else (a
  *    smaller or wider range, another kind of VMA, a failed lookup) is asked as CRIU asked.
  *
- * 15. Pages written beside CRIU (page-writer.c; GROVE_ASYNC_PAGE_WRITES=1, tracked dumps, with
- *    part 7). The pipe part 7 moves into an image in one splice is moved instead, by reference,
- *    into a pipe of a writer thread's, and CRIU's file position past it; the thread copies the
- *    pages into the image at their offset while CRIU dumps on (the pages cannot change: the
- *    sandbox stays frozen until CRIU has exited), and CRIU's exit waits for it. A failed write
- *    fails the dump.
- *
  * 14. The dumped processes' smaps read ahead (smaps-ahead.c; GROVE_READ_AHEAD_SMAPS=1,
  *    tracked dumps started before the freeze). Once Grove says "g" (part 8) the tree is frozen,
  *    and a thread reads every process's smaps but the root's (the kernel's page-table walk for
  *    Rss: 3.7-5 ms for a 256 MiB heap) while CRIU dumps the processes before it; CRIU's open of
  *    that smaps then returns what the thread read.
  *
- * 12. tmpfs archives without tar (tmpfs-archive.c; the plain archives of part 6). Where CRIU's
- *    child would exec tar for a plain archive, it writes or extracts the archive itself and
- *    exits; what it does not handle (hard links, holes, long names...) still goes to tar, with
- *    the same arguments. GROVE_TMPFS_ARCHIVER=tar (Grove's environment) leaves every archive
- *    to tar.
+ * 15. Pages written beside CRIU (page-writer.c; GROVE_ASYNC_PAGE_WRITES=1, tracked dumps, with
+ *    part 7). The pipe part 7 moves into an image in one splice is moved instead, by reference,
+ *    into a pipe of a writer thread's, and CRIU's file position past it; the thread copies the
+ *    pages into the image at their offset while CRIU dumps on (the pages cannot change: the
+ *    sandbox stays frozen until CRIU has exited), and CRIU's exit waits for it. A failed write
+ *    fails the dump.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -184,6 +184,13 @@
 #include "page-writer.h"
 #include "smaps-ahead.h"
 #include "tmpfs-archive.h"
+
+/* Whether `s` ends in `tail`. */
+static int ends_with(const char *s, const char *tail)
+{
+	size_t n = strlen(s), t = strlen(tail);
+	return n >= t && strcmp(s + n - t, tail) == 0;
+}
 
 /* Whether Grove asked for a part: its variable is exactly "1". */
 static int asked(const char *name)
@@ -772,10 +779,9 @@ struct grove_procmap_query {
  * it under its /proc directory of the pid); 0 for any other shape. */
 static pid_t pagemap_path_pid(const char *path)
 {
-	size_t n = strlen(path), tail = strlen("/pagemap");
-	if (n <= tail || strcmp(path + n - tail, "/pagemap") != 0)
+	if (!ends_with(path, "/pagemap"))
 		return 0;
-	size_t end = n - tail, start = end;
+	size_t end = strlen(path) - strlen("/pagemap"), start = end;
 	while (start > 0 && path[start - 1] >= '0' && path[start - 1] <= '9')
 		start--;
 	if (start == end || end - start > 9 || (start > 0 && path[start - 1] != '/'))
@@ -844,7 +850,7 @@ static int is_pages_img_fd(int fd)
 
 static int note_open(int fd, const char *path)
 {
-	if (fd >= 0 && path && strcmp(path + (strlen(path) >= 5 ? strlen(path) - 5 : 0), "smaps") == 0)
+	if (fd >= 0 && path && ends_with(path, "smaps"))
 		fd = smaps_ahead_take(fd);
 	if (fd >= 0 && fd < TRACKED_FDS) {
 		if (uffd_wp())
