@@ -505,7 +505,7 @@ pub struct Snapshot {
     pub parent: Option<String>,
     /// How its memory was dumped: "full" (every page, while frozen), "soft_dirty" (a
     /// pre-dump, then only the pages dirtied since) or "uffd_wp" (frozen, only the pages written
-    /// since the source's last full dump); absent where the backend has no dumps.
+    /// since the source's last snapshot); absent where the backend has no dumps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_dump: Option<String>,
     /// Why a "full" dump was full where the node can dump incrementally.

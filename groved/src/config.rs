@@ -171,7 +171,7 @@ pub struct FileConfig {
     /// Fork branches restore with CRIU lazy pages where the kernel can (default true;
     /// `GROVE_LAZY_PAGES=0` in groved's environment turns it off).
     pub lazy_pages: Option<bool>,
-    /// Snapshots dump only the pages written since the sandbox's last full dump, where the
+    /// Snapshots dump only the pages written since the sandbox's last snapshot, where the
     /// kernel can track them (default true; `GROVE_TRACK_DIRTY_PAGES=0` in groved's environment
     /// turns it off).
     pub track_dirty_pages: Option<bool>,

@@ -2,7 +2,7 @@
 //! `Features::mem_dirty_track`), a pre-dump copies memory while the sandbox runs and the frozen
 //! dump writes only the pages dirtied since. Without it (this project's reference kernel has
 //! no `CONFIG_MEM_SOFT_DIRTY`) the dump is full, or, where userfaultfd write-protect tracking
-//! works, incremental against the sandbox's last full dump (`snapshotter/tracking.rs`); either
+//! works, incremental against the sandbox's last snapshot (`snapshotter/tracking.rs`); either
 //! way the content store's per-page dedup keeps repeated snapshots of one sandbox down to the
 //! pages that changed.
 //! Pure, so both cases are unit-tested on any kernel.

@@ -69,8 +69,8 @@ pub enum MemoryDump {
     Full,
     /// A pre-dump while the sandbox ran, then, frozen, only the pages soft-dirty since.
     SoftDirty,
-    /// Frozen, only the pages written since the sandbox's last full dump (userfaultfd
-    /// write-protect, `dirty/`); the rest copied from that dump's images after the thaw.
+    /// Frozen, only the pages written since the sandbox's last snapshot (userfaultfd
+    /// write-protect, `dirty/`); the rest copied from that snapshot's images after the thaw.
     UffdWp,
 }
 

@@ -63,7 +63,7 @@ pub struct SnapshotterConfig {
     /// Fork branches are restored with CRIU lazy pages (memory copied on demand and in the
     /// background after the branch runs), where the kernel allows.
     pub lazy_pages: bool,
-    /// Snapshots after a sandbox's first dump only the pages written since its last full dump,
+    /// Snapshots after a sandbox's first dump only the pages written since its last snapshot,
     /// where the kernel lacks soft-dirty but has userfaultfd write-protect (`tracking.rs`).
     pub track_dirty_pages: bool,
 }
@@ -130,7 +130,7 @@ pub struct Snapshotter {
     merge_fork_pages: AtomicBool,
     merger: ksm::Merger,
     /// Dirty-page tracking by userfaultfd write-protect, per sandbox (`tracking.rs`).
-    tracking: tracking::Tracking,
+    tracking: Arc<tracking::Tracking>,
     /// `SnapshotterConfig::track_dirty_pages` (used where the kernel can, `tracks_dirty_pages`).
     track_dirty_pages: bool,
     /// Incremental images being made whole, which forks and imports wait for (`whole.rs`).
@@ -331,7 +331,7 @@ impl Snapshotter {
             lazy_pages: AtomicBool::new(cfg.lazy_pages),
             merge_fork_pages: AtomicBool::new(cfg.merge_fork_pages && ksm::available()),
             merger: ksm::Merger::default(),
-            tracking: tracking::Tracking::default(),
+            tracking: Arc::default(),
             track_dirty_pages: cfg.track_dirty_pages,
             whole: Arc::default(),
             lazy: Arc::default(),

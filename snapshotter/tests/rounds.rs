@@ -7,9 +7,9 @@
 //! each publishes a hash of what it sees (the shared mapping holds every process's writes); in
 //! each branch each process recomputes its own, which must equal the source's at that snapshot.
 //! Where the kernel has userfaultfd write-protect but no soft-dirty, the snapshots after the
-//! first must be incremental (`uffd_wp`, against the sandbox's last full dump, whose snapshot
-//! the test has deleted by then), except where the pages written outgrew the base (a
-//! re-base), so the test covers that path; elsewhere the path is printed.
+//! first must be incremental (`uffd_wp`, against the sandbox's last snapshot, which the test
+//! has deleted by then: its images became the base once whole), except where the pages written
+//! outgrew the base (a re-base), so the test covers that path; elsewhere the path is printed.
 
 mod common;
 

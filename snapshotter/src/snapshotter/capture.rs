@@ -57,12 +57,17 @@ impl Snapshotter {
             self.cache.drop_snapshot(&info.id);
             return Err(e);
         }
-        if incremental {
-            self.whole.start(&info.id, images.clone());
-        }
+        // The next dump is incremental against these images, once whole.
         if self.tracks_dirty_pages() {
             let dir = self.work_root.join(format!("base-{sandbox}"));
-            self.tracking.based_on(sandbox, &images, dir);
+            self.tracking
+                .based_on(sandbox, &info.id, &images, !incremental, dir);
+        }
+        if incremental {
+            let (tracking, source, id) = (self.tracking.clone(), sandbox.clone(), info.id.clone());
+            self.whole.start(&info.id, images.clone(), move || {
+                tracking.whole_now(&source, &id)
+            });
         }
         drop(cap);
         self.queue_import(&info.id);
@@ -108,7 +113,11 @@ impl Snapshotter {
         // yet registered are registered now, while the sandbox runs; the dump is incremental
         // against the base, if there is one.
         let uffd = self.tracks_dirty_pages();
-        let mut tracked = uffd.then(|| self.tracking.prepare(sandbox, view.init_pid, !was_frozen));
+        let whole = |id: &str| self.whole.wait(id);
+        let mut tracked = uffd.then(|| {
+            self.tracking
+                .prepare(sandbox, view.init_pid, !was_frozen, &whole)
+        });
         let base = criu::DumpOptions {
             pid: view.init_pid,
             images_dir: images_dir.clone(),
@@ -300,8 +309,9 @@ impl Snapshotter {
             Some(started) => started.go()?,
             None => self.criu.dump(opts)?,
         };
-        if opts.uffd_wp && opts.prev_images_dir.is_none() {
-            // A full dump, still frozen: from here on, a page written reads as written again.
+        if opts.uffd_wp {
+            // Still frozen: from here on, a page written reads as written again, so the next
+            // dump holds what was written after this one.
             let t0 = Instant::now();
             let written = self.tracking.arm(sandbox);
             tracing::debug!(%sandbox, written, arm_us = t0.elapsed().as_micros() as u64, "pages write-protected");

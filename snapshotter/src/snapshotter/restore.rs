@@ -73,7 +73,8 @@ impl Snapshotter {
     /// Makes whole, in the background, the images of `id` that a crash left incremental.
     pub(crate) fn whole_again(&self, id: &str, images: PathBuf) {
         self.whole.begin(id);
-        self.whole.start(id, images);
+        // After a restart: no sandbox's tracking names these images.
+        self.whole.start(id, images, || {});
     }
 
     /// Waits until the images of an incremental snapshot are whole (`whole.rs`).

@@ -1,20 +1,22 @@
 //! Which images a sandbox's next dump may be incremental against (userfaultfd write-protect,
 //! `crate::dirty`; the design is in docs/incremental-snapshots.md).
 //!
-//! Per sandbox: its registered processes, and the *base*: hard links to the images of its last
-//! full dump, after which every registered page was write-protected while the sandbox was
-//! still frozen. Protection is set after full dumps only, so a registered page not written
-//! since equals the base's copy, however many incremental dumps came in between; every other
-//! page reads as written (unregistered VMAs, processes born later, a uffd that was closed). An
-//! incremental dump therefore always has the base as its one parent: its images carry a
-//! `parent` directory of links to the base, one level deep, and a restore reads exactly as many
-//! bytes as from a full dump. The links keep the base's files when its snapshot is deleted or
-//! its materialized copy evicted (image files are only ever replaced, never rewritten in place).
+//! Per sandbox: its registered processes, and the *base*: hard links to the whole images of its
+//! last snapshot, after whose dump every registered page was write-protected while the sandbox
+//! was still frozen. So a registered page not written since equals the base's copy, and every
+//! other page reads as written (unregistered VMAs, processes born later, a uffd that was
+//! closed): a dump's pages are those written since the last snapshot. An incremental dump has
+//! the base as its one parent: its images carry a `parent` directory of links to the base, one
+//! level deep, until they are made whole (`whole.rs`), and a restore reads exactly as many bytes
+//! as from a full dump. The links keep the base's files when its snapshot is deleted or its
+//! materialized copy evicted (image files are only ever replaced, never rewritten in place).
 //!
-//! When the pages written since the base reach [`REBASE_FRACTION`] of it, the next dump is full
-//! again. Anything that leaves the protection state in doubt forgets the base (a full dump whose
-//! snapshot was not recorded, a restart, which also closes every uffd): the next dump is then
-//! full, and says why.
+//! A full dump's images are whole at once and become the base when its snapshot is recorded;
+//! an incremental dump's become it once made whole, which the next dump waits for. Anything
+//! that leaves the protection state in doubt forgets the base (a dump whose snapshot was not
+//! recorded, images that could not be made whole, a restart, which also closes every uffd):
+//! the next dump is then full, and says why. [`REBASE_FRACTION`] still makes a dump full where
+//! most of the base was written since.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,9 +49,21 @@ struct Tracked {
     base: Option<PathBuf>,
     /// Why the next dump is full, if it has no base (for the record and the event).
     why_full: Option<String>,
-    /// Armed after a full dump whose snapshot is not recorded yet: nothing matches the
-    /// protection until [`Tracking::based_on`] names the images.
+    /// Armed after a dump whose snapshot is not recorded yet: nothing matches the protection
+    /// until [`Tracking::based_on`] names the images.
     armed_unrecorded: bool,
+    /// The images of the last snapshot, to become the base once whole (an incremental dump's).
+    pending: Option<PendingBase>,
+    /// The base dir the last arm let go of, still read by that dump's images until they are
+    /// nested; removed with the next base, or with the sandbox.
+    retired: Option<PathBuf>,
+}
+
+/// A snapshot's images that become the base once `whole` says they are whole.
+struct PendingBase {
+    snapshot: String,
+    images: PathBuf,
+    dir: PathBuf,
 }
 
 /// What a dump of one sandbox may use.
@@ -63,17 +77,28 @@ pub(crate) struct Prepared {
 impl Tracking {
     /// Registers the sandbox's processes not yet registered (only while it runs: injection
     /// needs a ptrace stop) and says what the coming dump may use. A process that cannot be
-    /// registered stays unregistered: its pages all read as written.
-    pub(crate) fn prepare(&self, sandbox: &SandboxId, init_pid: i32, running: bool) -> Prepared {
-        let known: Vec<i32> = {
+    /// registered stays unregistered: its pages all read as written. A base still being made
+    /// whole is waited for with `whole` (the snapshot's id: its outcome).
+    pub(crate) fn prepare(
+        &self,
+        sandbox: &SandboxId,
+        init_pid: i32,
+        running: bool,
+        whole: &dyn Fn(&str) -> Result<(), String>,
+    ) -> Prepared {
+        let (known, pending) = {
             let mut all = self.sandboxes.lock();
             let t = all.entry(sandbox.clone()).or_default();
             t.procs.retain(|_, r| r.is_alive());
             if std::mem::take(&mut t.armed_unrecorded) {
-                forget_base(t, "the last full dump's snapshot was not recorded");
+                forget_base(t, "the last dump's snapshot was not recorded");
             }
-            t.procs.keys().copied().collect()
+            let pending = t.pending.as_ref().map(|p| p.snapshot.clone());
+            (t.procs.keys().copied().collect::<Vec<i32>>(), pending)
         };
+        // Outside the lock: the images are usually whole (and the base linked, `whole_now`)
+        // long before the next dump.
+        let unmade = pending.and_then(|id| whole(&id).err());
         // Injection takes a ptrace stop of each new process (up to `dirty`'s timeout for one
         // that cannot stop): outside the lock, so other sandboxes' snapshots do not wait.
         let mut new = Vec::new();
@@ -105,6 +130,14 @@ impl Tracking {
                 why_full: Some("the sandbox is going away".into()),
             };
         };
+        match unmade {
+            Some(e) => forget_base(
+                t,
+                &format!("the last snapshot's images were not made whole: {e}"),
+            ),
+            // Whole, but not linked yet (they were whole before the base was named).
+            None => link_pending(sandbox, t),
+        }
         t.procs.extend(new);
         if let Some(b) = t.base.clone() {
             if !b.is_dir() {
@@ -122,16 +155,22 @@ impl Tracking {
         }
     }
 
-    /// Right after a full dump, the sandbox still frozen: write-protects every registered page
-    /// and forgets the old base (the protection now matches this dump, not it). Returns the
-    /// pages written since the previous arm (for the log). A process whose arm fails is
-    /// unregistered: its pages then read as written.
+    /// Right after a dump, the sandbox still frozen: write-protects every registered page and
+    /// lets go of the old base (the protection now matches this dump, not it; its dir stays
+    /// until this dump's images have nested it, see `retired`). Returns the pages written since
+    /// the previous arm (for the log). A process whose arm fails is unregistered: its pages
+    /// then read as written.
     pub(crate) fn arm(&self, sandbox: &SandboxId) -> u64 {
         let mut all = self.sandboxes.lock();
         let Some(t) = all.get_mut(sandbox) else {
             return 0;
         };
-        forget_base(t, NO_BASE);
+        if let Some(old) = t.base.take() {
+            if let Some(older) = t.retired.replace(old) {
+                let _ = std::fs::remove_dir_all(older);
+            }
+        }
+        t.why_full = Some(NO_BASE.to_string());
         t.armed_unrecorded = true;
         let mut written = 0;
         t.procs.retain(|pid, r| match r.arm() {
@@ -148,10 +187,18 @@ impl Tracking {
         written
     }
 
-    /// The full dump the last [`Tracking::arm`] followed is recorded with its images in
-    /// `images`: they become the base, by hard links in `dir` (under the scratch work root,
-    /// which a restart empties).
-    pub(crate) fn based_on(&self, sandbox: &SandboxId, images: &Path, dir: PathBuf) {
+    /// The dump the last [`Tracking::arm`] followed is recorded as `snapshot` with its images
+    /// in `images`: they become the base, by hard links in `dir` (under the scratch work root,
+    /// which a restart empties); at once where they are whole (a full dump's), else by the next
+    /// [`Tracking::prepare`], once they are.
+    pub(crate) fn based_on(
+        &self,
+        sandbox: &SandboxId,
+        snapshot: &str,
+        images: &Path,
+        whole: bool,
+        dir: PathBuf,
+    ) {
         let mut all = self.sandboxes.lock();
         let Some(t) = all.get_mut(sandbox) else {
             return;
@@ -159,18 +206,24 @@ impl Tracking {
         if !std::mem::take(&mut t.armed_unrecorded) {
             return;
         }
-        forget_base(t, "the last full dump's images could not be kept");
-        let tmp = dir.with_extension("tmp");
-        let _ = std::fs::remove_dir_all(&tmp);
-        let _ = std::fs::remove_dir_all(&dir);
-        match link_tree(images, &tmp).and_then(|()| std::fs::rename(&tmp, &dir)) {
-            Ok(()) => {
-                t.base = Some(dir);
-                t.why_full = None;
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                tracing::warn!(%sandbox, error = %e, "no base for incremental dumps");
+        forget_base(t, "the last snapshot's images could not be kept");
+        t.pending = Some(PendingBase {
+            snapshot: snapshot.to_string(),
+            images: images.to_path_buf(),
+            dir,
+        });
+        if whole {
+            link_pending(sandbox, t);
+        }
+    }
+
+    /// The images of `snapshot` are whole now: if they are to be the base of `sandbox`, they
+    /// become it.
+    pub(crate) fn whole_now(&self, sandbox: &SandboxId, snapshot: &str) {
+        let mut all = self.sandboxes.lock();
+        if let Some(t) = all.get_mut(sandbox) {
+            if t.pending.as_ref().is_some_and(|p| p.snapshot == snapshot) {
+                link_pending(sandbox, t);
             }
         }
     }
@@ -258,10 +311,43 @@ fn pages_bytes(dir: &Path) -> u64 {
 }
 
 fn forget_base(t: &mut Tracked, why: &str) {
-    if let Some(b) = t.base.take() {
-        let _ = std::fs::remove_dir_all(&b);
+    for dir in [t.base.take(), t.retired.take()].into_iter().flatten() {
+        let _ = std::fs::remove_dir_all(dir);
     }
+    t.pending = None;
     t.why_full = Some(why.to_string());
+}
+
+/// The pending base, whole now, linked as the base (or forgotten, with why).
+fn link_pending(sandbox: &SandboxId, t: &mut Tracked) {
+    let Some(p) = t.pending.take() else {
+        return;
+    };
+    match link_base(&p.images, &p.dir) {
+        Ok(()) => {
+            t.base = Some(p.dir);
+            t.why_full = None;
+        }
+        Err(e) => {
+            tracing::warn!(%sandbox, error = %e, "no base for incremental dumps");
+            forget_base(
+                t,
+                &format!("the last snapshot's images could not be kept as the base: {e}"),
+            );
+        }
+    }
+}
+
+/// `images` linked into `dir` (replacing what was there), whole or not at all.
+fn link_base(images: &Path, dir: &Path) -> std::io::Result<()> {
+    let tmp = dir.with_extension("tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = std::fs::remove_dir_all(dir);
+    link_tree(images, &tmp)
+        .and_then(|()| std::fs::rename(&tmp, dir))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&tmp);
+        })
 }
 
 /// Hard links of every file under `from` in `to` (image dirs: files and at most a nested dir;
@@ -287,6 +373,10 @@ fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn whole(_: &str) -> Result<(), String> {
+        Ok(())
+    }
+
     #[test]
     fn a_base_links_the_images_and_survives_their_removal() {
         let d = tempfile::tempdir().unwrap();
@@ -296,14 +386,17 @@ mod tests {
         std::fs::write(images.join("sub/x"), b"x").unwrap();
         let t = Tracking::default();
         let id: SandboxId = "sb-0000000000b1".parse().unwrap();
-        assert_eq!(t.prepare(&id, -1, false).why_full.as_deref(), Some(NO_BASE));
-        // A base only follows an arm (after a full dump).
-        t.based_on(&id, &images, d.path().join("base"));
-        assert!(t.prepare(&id, -1, false).base.is_none());
+        assert_eq!(
+            t.prepare(&id, -1, false, &whole).why_full.as_deref(),
+            Some(NO_BASE)
+        );
+        // A base only follows an arm (after a dump).
+        t.based_on(&id, "s1", &images, true, d.path().join("base"));
+        assert!(t.prepare(&id, -1, false, &whole).base.is_none());
         t.arm(&id);
-        t.based_on(&id, &images, d.path().join("base"));
+        t.based_on(&id, "s1", &images, true, d.path().join("base"));
         std::fs::remove_dir_all(&images).unwrap();
-        let p = t.prepare(&id, -1, false);
+        let p = t.prepare(&id, -1, false, &whole);
         let base = p.base.expect("a base");
         assert_eq!(std::fs::read(base.join("pages-1.img")).unwrap().len(), 8192);
         assert_eq!(std::fs::read(base.join("sub/x")).unwrap(), b"x");
@@ -327,7 +420,10 @@ mod tests {
 
         t.doubt(&id, "test");
         assert!(!base.exists(), "a doubted base is removed");
-        assert_eq!(t.prepare(&id, -1, false).why_full.as_deref(), Some("test"));
+        assert_eq!(
+            t.prepare(&id, -1, false, &whole).why_full.as_deref(),
+            Some("test")
+        );
         t.forget(&id);
         assert!(t.sandboxes.lock().is_empty());
     }
@@ -339,15 +435,73 @@ mod tests {
         std::fs::create_dir_all(&images).unwrap();
         let t = Tracking::default();
         let id: SandboxId = "sb-0000000000b2".parse().unwrap();
-        t.prepare(&id, -1, false);
+        t.prepare(&id, -1, false, &whole);
         t.arm(&id);
-        t.based_on(&id, &images, d.path().join("base"));
-        assert!(t.prepare(&id, -1, false).base.is_some());
-        // Armed again after a full dump whose snapshot then failed: the old base is gone.
+        t.based_on(&id, "s1", &images, true, d.path().join("base"));
+        assert!(t.prepare(&id, -1, false, &whole).base.is_some());
+        // Armed again after a dump whose snapshot then failed: the old base is gone.
         t.arm(&id);
-        let p = t.prepare(&id, -1, false);
+        assert!(
+            d.path().join("base").exists(),
+            "kept until the dump's images nest it"
+        );
+        let p = t.prepare(&id, -1, false, &whole);
         assert!(p.base.is_none());
         assert!(!d.path().join("base").exists());
         assert!(p.why_full.unwrap().contains("not recorded"));
+    }
+
+    #[test]
+    fn an_incremental_snapshot_becomes_the_base_once_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let (first, second) = (d.path().join("first"), d.path().join("second"));
+        for (dir, byte) in [(&first, 1u8), (&second, 2u8)] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("pages-1.img"), vec![byte; 4096]).unwrap();
+        }
+        let base = d.path().join("base");
+        let t = Tracking::default();
+        let id: SandboxId = "sb-0000000000b3".parse().unwrap();
+        t.prepare(&id, -1, false, &whole);
+        t.arm(&id);
+        t.based_on(&id, "s1", &first, true, base.clone());
+        assert!(t.prepare(&id, -1, false, &whole).base.is_some());
+        // The incremental dump against it, armed again; its images become the base once whole.
+        t.arm(&id);
+        t.based_on(&id, "s2", &second, false, base.clone());
+        let asked = std::cell::RefCell::new(Vec::new());
+        let p = t.prepare(&id, -1, false, &|s: &str| {
+            asked.borrow_mut().push(s.to_string());
+            Ok(())
+        });
+        assert_eq!(asked.into_inner(), ["s2"]);
+        assert_eq!(p.base.as_deref(), Some(base.as_path()));
+        assert_eq!(
+            std::fs::read(base.join("pages-1.img")).unwrap(),
+            [2u8; 4096]
+        );
+        // Made whole in the background (whole.rs runs `whole_now`): linked then, and the next
+        // dump has nothing to wait for.
+        t.arm(&id);
+        t.based_on(&id, "s3", &first, false, base.clone());
+        t.whole_now(&id, "s2");
+        assert!(
+            !base.exists(),
+            "another snapshot's images are not this base"
+        );
+        t.whole_now(&id, "s3");
+        assert_eq!(
+            std::fs::read(base.join("pages-1.img")).unwrap(),
+            [1u8; 4096]
+        );
+        let p = t.prepare(&id, -1, false, &|s: &str| panic!("waited for {s}"));
+        assert_eq!(p.base.as_deref(), Some(base.as_path()));
+        // Images that could not be made whole: no base, and the next dump says why.
+        t.arm(&id);
+        t.based_on(&id, "s4", &second, false, base.clone());
+        let p = t.prepare(&id, -1, false, &|_: &str| Err("disk full".into()));
+        assert!(p.base.is_none());
+        assert!(!base.exists());
+        assert!(p.why_full.unwrap().contains("disk full"));
     }
 }

@@ -70,8 +70,14 @@ impl Wholes {
         self.ended.notify_all();
     }
 
-    /// Makes the images of `id` whole on a thread of their own.
-    pub(crate) fn start(self: &Arc<Self>, id: &str, images: PathBuf) {
+    /// Makes the images of `id` whole on a thread of their own; `then` runs once they are,
+    /// before any waiter is woken.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        id: &str,
+        images: PathBuf,
+        then: impl FnOnce() + Send + 'static,
+    ) {
         let (me, for_thread) = (self.clone(), id.to_string());
         let run = move || {
             let id = for_thread;
@@ -86,6 +92,9 @@ impl Wholes {
                 Err(e) => {
                     tracing::error!(snapshot = %id, error = %e, "incremental images not made whole")
                 }
+            }
+            if outcome.is_ok() {
+                then();
             }
             me.end(&id, outcome.map(|_| ()));
         };
