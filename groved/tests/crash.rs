@@ -788,33 +788,7 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
         Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
     );
     assert_eq!(s, 201, "importing the base image: {v}");
-    let limits = json!({"memory_mb": 400, "pids": 64});
-    let (s, v) = api.must(
-        Method::POST,
-        "/v1/sandboxes",
-        Some(json!({"image": IMAGE, "limits": limits})),
-    );
-    assert_eq!(s, 201, "{v}");
-    let src = v["id"].as_str().unwrap().to_string();
-    let (s, v) = api.must(
-        Method::POST,
-        &format!("/v1/sandboxes/{src}/exec"),
-        Some(json!({"shell": format!("cat > /root/heap.py <<'EOF'\n{HEAP_APP}\nEOF")})),
-    );
-    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
-    let (s, v) = api.must(
-        Method::POST,
-        &format!("/v1/sandboxes/{src}/processes"),
-        Some(json!({"shell": "exec python3 /root/heap.py"})),
-    );
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = api.must(
-        Method::POST,
-        &format!("/v1/sandboxes/{src}/exec"),
-        Some(json!({"shell": "for i in $(seq 600); do [ -s /root/hash ] && break; sleep 0.1; done; cat /root/hash"})),
-    );
-    let hash = v["stdout"].as_str().unwrap_or("").trim().to_string();
-    assert!(s == 200 && hash.len() == 64, "the heap hash: {v}");
+    let (src, hash) = heap_sandbox(&api);
     let (s, v) = api.must(
         Method::POST,
         &format!("/v1/sandboxes/{src}/snapshot"),
@@ -913,6 +887,177 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
 
     let (s, v) = api.must(Method::DELETE, &format!("/v1/snapshots/{snap}"), None);
     assert_eq!(s, 204, "{v}");
+    end_clean(node, &api);
+}
+
+/// A dump cut short, two ways: groved SIGKILLed (and restarted) while CRIU's code sits in the
+/// sandbox's python (CRIU writes a `syscall` over the start of a process's lowest executable
+/// mapping while its parasite runs there, and takes it out when it cures the process), and the
+/// dump's CRIU itself SIGKILLed at that moment. The sandbox must never be left running with
+/// that code in it (once it was, and every later snapshot of it failed to restore). A restart
+/// lets the predecessor's dump finish: the sandbox stays running, clean, and snapshots and
+/// forks with its heap whole. A CRIU killed outright leaves its parasite (the python, thawed,
+/// would run on into it and die of a trap): the sandbox is failed.
+#[test]
+fn a_dump_cut_short_leaves_no_criu_code_in_a_running_sandbox() {
+    if !runnable() {
+        return;
+    }
+    let mut node = Node::new(Roots::Nodefs, None);
+    node.start();
+    let api = Api::new(node.socket());
+    let (s, v) = api.must(
+        Method::POST,
+        "/v1/images",
+        Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
+    );
+    assert_eq!(s, 201, "importing the base image: {v}");
+
+    // groved killed mid-dump.
+    let (id, hash) = heap_sandbox(&api);
+    let python = python_of(&node, &id);
+    let mut criu = 0;
+    let snapshot = snapshot_caught_mid_dump(node.socket(), &id, python, |pid| {
+        criu = pid;
+        node.kill9();
+    });
+    assert!(
+        snapshot.is_err(),
+        "the snapshot answered although groved was killed: {snapshot:?}"
+    );
+    // The restarted groved finds the predecessor's CRIU still held (as a slow dump would be):
+    // it must let it finish, not kill it. It goes on half a second into the start.
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: kill(2) of the CRIU this test stopped.
+        unsafe { libc::kill(criu, libc::SIGCONT) };
+    });
+    node.start();
+    resume.join().unwrap();
+    let (s, v) = api.must(Method::GET, &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(
+        (s, v["state"].as_str()),
+        (200, Some("running")),
+        "after a restart during its dump: {v}"
+    );
+    assert_eq!(
+        grove_runtime::criu_leftovers::find_in([python]),
+        None,
+        "the restarted groved left CRIU's code in the running sandbox"
+    );
+    let (s, v) = api.must(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/snapshot"),
+        Some(json!({})),
+    );
+    assert_eq!(s, 201, "snapshot after the restart: {v}");
+    let snap = v["id"].as_str().unwrap().to_string();
+    let (s, v) = api.must(
+        Method::POST,
+        &format!("/v1/snapshots/{snap}/fork"),
+        Some(json!({ "count": 1 })),
+    );
+    assert_eq!(s, 201, "fork after the restart: {v}");
+    let branch = v["results"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the branch failed: {v}"))
+        .to_string();
+    assert_eq!(heap_hash_now(&api, &branch, 0), hash, "the branch's heap");
+    for sb in [&branch, &id] {
+        let (s, v) = api.must(Method::DELETE, &format!("/v1/sandboxes/{sb}"), None);
+        assert_eq!(s, 204, "delete {sb}: {v}");
+    }
+    let (s, v) = api.must(Method::DELETE, &format!("/v1/snapshots/{snap}"), None);
+    assert_eq!(s, 204, "{v}");
+
+    // The dump's CRIU killed mid-dump.
+    let (id, _) = heap_sandbox(&api);
+    let python = python_of(&node, &id);
+    let snapshot = snapshot_caught_mid_dump(node.socket(), &id, python, |criu| {
+        // SAFETY: kill(2) of the CRIU this test stopped.
+        unsafe { libc::kill(criu, libc::SIGKILL) };
+    });
+    let (s, v) = snapshot.expect("groved answers a snapshot whose CRIU was killed");
+    assert!(s >= 400, "a dump whose CRIU was killed succeeded: {s} {v}");
+    let (s, v) = api.must(Method::GET, &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["state"].as_str(),
+        Some("failed"),
+        "a sandbox holding CRIU's code was left {}: {v}",
+        v["state"]
+    );
+    let log = std::fs::read_to_string(node.dir.join("groved.log")).unwrap_or_default();
+    assert!(
+        log.contains("its checkpoint's CRIU was killed part-way"),
+        "the log says why: {}",
+        node.log_tail()
+    );
+    let (s, v) = api.must(Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(s, 204, "delete {id}: {v}");
+    end_clean(node, &api);
+}
+
+/// Asks for a snapshot of `id` on a thread, watches `python`'s mappings and, once CRIU's
+/// parasite is mapped there (`grove_runtime::criu_leftovers`: it stays for the python's whole
+/// dump), SIGSTOPs its tracer (the dump's CRIU, held with its parasite in the python) and calls
+/// `cut` with the CRIU's pid; then the snapshot's answer (Err if groved was killed before it
+/// answered).
+fn snapshot_caught_mid_dump(
+    socket: PathBuf,
+    id: &str,
+    python: i32,
+    cut: impl FnOnce(i32),
+) -> Result<(u16, Value), String> {
+    use grove_runtime::criu_leftovers::CRIU_PARASITE_MAPPING;
+    let maps = || std::fs::read_to_string(format!("/proc/{python}/maps")).unwrap_or_default();
+    let path = format!("/v1/sandboxes/{id}/snapshot");
+    let request =
+        std::thread::spawn(move || Api::new(socket).call(Method::POST, &path, Some(json!({}))));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !maps().contains(CRIU_PARASITE_MAPPING) {
+        assert!(
+            !request.is_finished() && Instant::now() < deadline,
+            "CRIU's parasite was never seen in the python during its dump"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{python}/status")).unwrap();
+    let criu: i32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&pid| pid != 0)
+        .expect("CRIU traces the python while its parasite is there");
+    // SAFETY: kill(2) of the CRIU dumping this test's sandbox.
+    unsafe { libc::kill(criu, libc::SIGSTOP) };
+    if !maps().contains(CRIU_PARASITE_MAPPING) {
+        // SAFETY: as above; a groved stopping on the panic would wait for it forever.
+        unsafe { libc::kill(criu, libc::SIGCONT) };
+        panic!("CRIU cured the python before it stopped");
+    }
+    cut(criu);
+    request.join().unwrap()
+}
+
+/// The host pid of sandbox `id`'s `HEAP_APP` python.
+fn python_of(node: &Node, id: &str) -> i32 {
+    let cgroup = format!("/{}/{id}", node.cgroup_root);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("heap.py") && cg.contains(&cgroup)
+        })
+        .unwrap_or_else(|| panic!("no heap.py python in {id}"))
+}
+
+/// The node, everything deleted through the API, has no residue, leaves nothing behind once
+/// stopped (no files, cgroups, CRIU or lazy-pages processes, grove-fsd), and its dir goes.
+fn end_clean(mut node: Node, api: &Api) {
     let (_, residue) = api.must(Method::GET, "/v1/node/residue", None);
     assert_eq!(residue["items"], json!([]), "residue: {residue}");
     node.stop();
@@ -932,6 +1077,38 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{}", node.cgroup_root));
     }
     std::fs::remove_dir_all(&node.dir).unwrap();
+}
+
+/// A sandbox running `HEAP_APP`, once its heap is hashed: its id and the hash.
+fn heap_sandbox(api: &Api) -> (String, String) {
+    let limits = json!({"memory_mb": 400, "pids": 64});
+    let (s, v) = api.must(
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"image": IMAGE, "limits": limits})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let src = v["id"].as_str().unwrap().to_string();
+    let (s, v) = api.must(
+        Method::POST,
+        &format!("/v1/sandboxes/{src}/exec"),
+        Some(json!({"shell": format!("cat > /root/heap.py <<'EOF'\n{HEAP_APP}\nEOF")})),
+    );
+    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    let (s, v) = api.must(
+        Method::POST,
+        &format!("/v1/sandboxes/{src}/processes"),
+        Some(json!({"shell": "exec python3 /root/heap.py"})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = api.must(
+        Method::POST,
+        &format!("/v1/sandboxes/{src}/exec"),
+        Some(json!({"shell": "for i in $(seq 600); do [ -s /root/hash ] && break; sleep 0.1; done; cat /root/hash"})),
+    );
+    let hash = v["stdout"].as_str().unwrap_or("").trim().to_string();
+    assert!(s == 200 && hash.len() == 64, "the heap hash: {v}");
+    (src, hash)
 }
 
 /// Asks branch `id`'s workload to hash its heap again; "" if it died (a page read as zeros).

@@ -7,6 +7,7 @@ mod admission;
 pub mod cgroup;
 mod client;
 pub mod config;
+pub mod criu_leftovers;
 pub mod error;
 pub mod files;
 mod host;

@@ -11,10 +11,11 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::criu_leftovers::{self, Leftover};
 use crate::init_handle::{HandleError, InitHandle};
 use crate::mounts;
 use crate::network::host_if;
@@ -43,6 +44,11 @@ enum AdoptError {
     NoAnswer { pid: i32, why: String },
     #[error("its user namespace id range from {0} is not free in this instance's pool")]
     Ids(u32),
+    /// A dump's CRIU had to be killed part-way: its processes may hold CRIU's code and state.
+    #[error("a checkpoint of it was cut short while groved was down")]
+    DumpCutShort,
+    #[error("{0}, left by a checkpoint cut short")]
+    CriuLeftover(Leftover),
 }
 
 impl Runtime {
@@ -52,7 +58,7 @@ impl Runtime {
 
     /// Runs once in `Runtime::new`, before any create.
     pub(crate) fn recover(&self) {
-        self.stop_strays();
+        let cut_short = self.stop_strays();
         for lost in record::load_lost(&self.lost_dir()) {
             if let Err(e) = self.registry.lose(lost) {
                 tracing::warn!(error = %e, "a failed record listed twice");
@@ -64,7 +70,8 @@ impl Runtime {
         for name in dir_names(&sandboxes) {
             let dir = sandboxes.join(&name);
             let adopted = match (name.parse::<SandboxId>(), record::read(&dir)) {
-                (Ok(id), Ok(rec)) if rec.id == id => match self.adopt(rec.clone(), dir) {
+                (Ok(id), Ok(rec)) if rec.id == id => match self.adopt(rec.clone(), dir, &cut_short)
+                {
                     Ok(sb) => Some((sb, rec.state == SandboxState::Paused)),
                     Err(e) => {
                         let reason = e.to_string();
@@ -138,9 +145,16 @@ impl Runtime {
     /// they go first. Processes inside a sandbox cgroup are never touched here. A `criu
     /// lazy-pages` daemon is not stopped: the branch it serves reads zeros wherever it has not
     /// delivered a page yet; the snapshotter adopts it (or stops it if its branch is gone).
-    fn stop_strays(&self) {
+    ///
+    /// A dump is let finish rather than killed: CRIU writes its code into the processes it
+    /// seizes and takes it out only when it cures them (`criu_leftovers`). It needs nothing more
+    /// from groved once let go, and its images are discarded with the scratch dir. One still
+    /// running after [`PREDECESSOR_DUMP_WAIT`] is killed; the sandboxes it was dumping are
+    /// returned, to be reported failed rather than adopted.
+    fn stop_strays(&self) -> HashSet<SandboxId> {
         let run_dir = format!("{}/", self.config.run_dir.display());
         let mut killed = Vec::new();
+        let mut dumps = Vec::new();
         for (pid, cmd) in host_processes() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
             let criu_here = args.iter().any(|a| a.ends_with(b"/criu") || *a == b"criu")
@@ -159,29 +173,51 @@ impl Runtime {
             if sandbox_of_cgroup(&cgroup_of(pid), &self.config.cgroup_root).is_some() {
                 continue;
             }
+            if our_criu && args.iter().any(|a| *a == b"dump") {
+                tracing::warn!(pid, "letting a predecessor's dump finish");
+                dumps.push((pid, self.dumped_sandbox(&args)));
+                continue;
+            }
             tracing::warn!(pid, cmd = %String::from_utf8_lossy(&cmd).replace('\0', " "), "stopping a predecessor's helper");
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            kill9(pid);
             killed.push(pid);
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        for pid in killed {
-            let p = nix::unistd::Pid::from_raw(pid);
-            while std::time::Instant::now() < deadline {
-                let _ = nix::sys::wait::waitpid(p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-                if !record::running(pid) {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
+        let mut cut_short = HashSet::new();
+        let deadline = Instant::now() + PREDECESSOR_DUMP_WAIT;
+        for (pid, sandbox) in dumps {
+            if !wait_gone(pid, deadline) {
+                tracing::error!(pid, sandbox = ?sandbox, "a predecessor's dump did not finish: killed; its sandbox is failed");
+                kill9(pid);
+                killed.push(pid);
+                cut_short.extend(sandbox);
             }
         }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for pid in killed {
+            wait_gone(pid, deadline);
+        }
+        cut_short
+    }
+
+    /// The sandbox whose tree a dump's CRIU (its arguments) was dumping: `-t <its init>`.
+    fn dumped_sandbox(&self, args: &[&[u8]]) -> Option<SandboxId> {
+        let at = args.iter().position(|a| *a == b"-t")?;
+        let pid: i32 = std::str::from_utf8(args.get(at + 1)?).ok()?.parse().ok()?;
+        sandbox_of_cgroup(&cgroup_of(pid), &self.config.cgroup_root)
     }
 
     /// A sandbox from its record, if its init is the same process and answers, and its root is
     /// still served. The reason otherwise.
-    fn adopt(&self, rec: SandboxRecord, dir: PathBuf) -> Result<Arc<Sandbox>, AdoptError> {
+    /// `cut_short`: sandboxes a predecessor's dump was killed in (`stop_strays`).
+    fn adopt(
+        &self,
+        rec: SandboxRecord,
+        dir: PathBuf,
+        cut_short: &HashSet<SandboxId>,
+    ) -> Result<Arc<Sandbox>, AdoptError> {
+        if cut_short.contains(&rec.id) {
+            return Err(AdoptError::DumpCutShort);
+        }
         // The recorded pid must still be the process that started then (not a reused pid).
         let init = InitHandle::adopt(rec.init_pid, rec.init_start)?;
         // Run dirs made before they were private (0755) let host users reach the root's setuid files.
@@ -198,6 +234,11 @@ impl Runtime {
             if !self.net.link_exists(&net.host_if) {
                 return Err(AdoptError::LinkGone(net.host_if.clone()));
             }
+        }
+        // A CRIU killed part-way through a dump of it (not by us: by the OOM killer, say), looked
+        // for while the tree is still frozen: thawed, a process in CRIU's parasite dies of a trap.
+        if let Some(left) = criu_leftovers::find_in(grove_sys::proc::tree(rec.init_pid)) {
+            return Err(AdoptError::CriuLeftover(left));
         }
         if rec.state == SandboxState::Running {
             // Recorded running but frozen: a snapshot was interrupted between freeze and thaw.
@@ -316,5 +357,31 @@ impl Runtime {
         if dir.exists() && !still_mounted {
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+}
+
+/// How long a restarted groved lets a dump its predecessor let go run to its end. Dumps take
+/// well under a second per GiB of memory here; one still running this long is stuck.
+const PREDECESSOR_DUMP_WAIT: Duration = Duration::from_secs(30);
+
+fn kill9(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Waits until `pid` is gone (reaped if it is our child) or `deadline`; whether it is gone.
+fn wait_gone(pid: i32, deadline: Instant) -> bool {
+    let p = nix::unistd::Pid::from_raw(pid);
+    loop {
+        let _ = nix::sys::wait::waitpid(p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        if !record::running(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -239,7 +239,6 @@ pub(crate) fn host_processes() -> Vec<(i32, Vec<u8>)> {
         .collect()
 }
 
-/// A process's /proc/<pid>/cgroup (empty once it is gone).
 /// The sandbox of this runtime (cgroup root `root`) whose cgroup a `/proc/<pid>/cgroup` text
 /// names, if any. The daemons' own cgroups (`<root>/daemon/…`) name none: groved's helpers live
 /// there.
@@ -252,6 +251,7 @@ pub(crate) fn sandbox_of_cgroup(cg: &str, root: &str) -> Option<SandboxId> {
     })
 }
 
+/// A process's /proc/<pid>/cgroup (empty once it is gone).
 pub(crate) fn cgroup_of(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }

@@ -23,6 +23,14 @@ pub enum Error {
     /// `criu dump` exited non-zero.
     #[error("criu dump of pid {pid} failed: {log_tail:?}")]
     DumpFailed { pid: i32, log_tail: Vec<String> },
+    /// `criu dump` was killed by a signal (the OOM killer, a crash): it may have left its code
+    /// or parasite in the processes it had seized (`grove_runtime::criu_leftovers`).
+    #[error("criu dump of pid {pid} was killed by signal {signal} part-way: {log_tail:?}")]
+    DumpKilled {
+        pid: i32,
+        signal: i32,
+        log_tail: Vec<String>,
+    },
     /// The dump hit a socket connected to a process outside the tree (e.g. a control connection
     /// of an exec in flight); retrying after it closes succeeds.
     #[error("criu dump of pid {pid}: a socket is connected outside the sandbox: {log_tail:?}")]
@@ -55,6 +63,7 @@ impl Error {
         match self {
             Error::CheckFailed { log_tail, .. }
             | Error::DumpFailed { log_tail, .. }
+            | Error::DumpKilled { log_tail, .. }
             | Error::ExternalSocket { log_tail, .. }
             | Error::RestoreFailed { log_tail, .. } => log_tail,
             _ => &[],

@@ -623,7 +623,13 @@ fn dump_outcome(
     }
     let log_tail = read_log(&opts.work_dir.join(DUMP_LOG));
     remove_staging_dirs(&opts.work_dir.join(DUMP_LOG));
-    if log::is_external_socket(&log_tail) {
+    if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
+        Err(Error::DumpKilled {
+            pid: opts.pid,
+            signal,
+            log_tail,
+        })
+    } else if log::is_external_socket(&log_tail) {
         Err(Error::ExternalSocket {
             pid: opts.pid,
             log_tail,

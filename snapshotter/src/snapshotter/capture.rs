@@ -1,6 +1,8 @@
 //! Taking a snapshot: freeze, CRIU dump (leaving the tree running), commit of the root, thaw,
 //! the commit made durable, and the record that makes it forkable.
 
+use grove_runtime::criu_leftovers;
+
 use super::tracking;
 use super::*;
 
@@ -204,7 +206,16 @@ impl Snapshotter {
                 }
             };
             let dump_ms = t0.elapsed().as_millis() as u64;
+            let broken = match &frozen {
+                Err(e) => broken_by(e, view.init_pid),
+                Ok(_) => None,
+            };
+            if let (Err(e), Some(why)) = (&frozen, &broken) {
+                let _ = thaw(false);
+                self.fail_broken(sandbox, why, e);
+            }
             match frozen {
+                Err(e) if broken.is_some() => return Err(e),
                 Ok(fs_root) => {
                     thaw(true)?;
                     // Durable only now, with the sandbox running again: the sync may wait
@@ -295,6 +306,15 @@ impl Snapshotter {
             dumped?;
             Ok(nodefs::ObjectId(committed.map_err(Error::Commit)?))
         })
+    }
+
+    /// Marks a sandbox a failed dump left broken (`broken_by`) failed: its processes killed, an
+    /// event saying `why`; never left running.
+    fn fail_broken(&self, sandbox: &SandboxId, why: &str, dump: &Error) {
+        tracing::error!(%sandbox, reason = why, dump_error = %chain(dump), "marking the sandbox failed");
+        if let Err(e) = self.runtime.fail(sandbox, why) {
+            tracing::error!(%sandbox, error = %e, "mark a sandbox a failed dump left broken failed");
+        }
     }
 
     /// CRIU's dump and what follows it while still frozen.
@@ -418,4 +438,29 @@ fn chain(e: &dyn std::error::Error) -> String {
         at = c.source();
     }
     s
+}
+
+/// Why a failed dump left the tree under `init_pid` broken, if it did. A CRIU that exits with an
+/// error has cured every process it seized; one killed part-way (by the OOM killer, a crash)
+/// has not: a process may hold its code (the next snapshots would carry it, and where it sits
+/// in the vDSO they do not restore) or run on into its parasite and die of a trap once thawed
+/// (`grove_runtime::criu_leftovers`). Which processes it had reached is not known, so the whole
+/// sandbox counts as broken; CRIU's code found after any other failure is proof as well.
+fn broken_by(dump: &Error, init_pid: i32) -> Option<String> {
+    let left = criu_leftovers::find_in(grove_sys::proc::tree(init_pid));
+    let killed = match dump {
+        Error::Criu(criu::Error::DumpKilled { signal, .. }) => Some(*signal),
+        _ => None,
+    };
+    match (killed, left) {
+        (Some(signal), Some(left)) => Some(format!(
+            "its checkpoint's CRIU was killed part-way (signal {signal}) and left {left}"
+        )),
+        (Some(signal), None) => Some(format!(
+            "its checkpoint's CRIU was killed part-way (signal {signal}): its processes may hold \
+             CRIU's code"
+        )),
+        (None, Some(left)) => Some(format!("a checkpoint that failed part-way left {left}")),
+        (None, None) => None,
+    }
 }
