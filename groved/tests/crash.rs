@@ -11,7 +11,8 @@
 //! ENOSPC, and its execs read image files through the passthrough cache (`ls`, `python3 -c
 //! 'import json'` open cached whole-file copies): no answer about space may be a 500.
 //!
-//! GROVE_CRASH_KILLS overrides the number of kills (default 200).
+//! GROVE_CRASH_KILLS overrides the number of kills (default 200), GROVE_CRASH_LOG groved's log
+//! filter (default `warn`; the log is kept in the test's dir when a test fails).
 
 mod common;
 
@@ -153,7 +154,10 @@ disk_mb = {disk_mb}
             .arg("--config")
             .arg(self.dir.join("groved.toml"))
             .env("GROVE_INIT_BINARY", init_binary())
-            .env("GROVE_LOG", "warn")
+            .env(
+                "GROVE_LOG",
+                std::env::var("GROVE_CRASH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(log)

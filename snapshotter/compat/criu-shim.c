@@ -154,9 +154,10 @@
  * 15. Pages written beside CRIU (page-writer.c; GROVE_ASYNC_PAGE_WRITES=1, tracked dumps, with
  *    part 7). The pipe part 7 moves into an image in one splice is moved instead, by reference,
  *    into a pipe of a writer thread's, and CRIU's file position past it; the thread copies the
- *    pages into the image at their offset while CRIU dumps on (the pages cannot change: the
- *    sandbox stays frozen until CRIU has exited), and CRIU's exit waits for it. A failed write
- *    fails the dump.
+ *    pages into the image at their offset while CRIU dumps on (the sandbox cannot change them:
+ *    it stays frozen until CRIU has exited), and CRIU's exit waits for it. CRIU's own writes
+ *    into the pages (ptrace pokes) wait until the pages taken before are written. A failed
+ *    write fails the dump.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -179,6 +180,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/ptrace.h>
 #include <sys/syscall.h>
 
 #include "page-writer.h"
@@ -593,6 +595,24 @@ int setns(int fd, int nstype)
 		return 0;
 	}
 	return r;
+}
+
+/* Part 15: CRIU's pokes into a dumped process's memory wait for the pages taken before them
+ * (page-writer.c). */
+long ptrace(enum __ptrace_request request, ...)
+{
+	static long (*real)(enum __ptrace_request, pid_t, void *, void *);
+	if (!real)
+		real = (long (*)(enum __ptrace_request, pid_t, void *, void *))dlsym(RTLD_NEXT, "ptrace");
+	va_list ap;
+	va_start(ap, request);
+	pid_t pid = va_arg(ap, pid_t);
+	void *addr = va_arg(ap, void *);
+	void *data = va_arg(ap, void *);
+	va_end(ap);
+	if (request == PTRACE_POKETEXT || request == PTRACE_POKEDATA)
+		page_writer_drain();
+	return real(request, pid, addr, data);
 }
 
 /* ---- 10: lazy pages copied in the background once the tree is quiet ---- */

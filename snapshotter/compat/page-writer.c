@@ -5,11 +5,16 @@
  * Part 7 moves each pipe of pages CRIU filled into its pages image with one splice: a copy of
  * every page into the page cache, about 1.1 us a page here (3.7 ms for 5 % of a 256 MiB heap),
  * on CRIU's thread, while the sandbox is frozen and the other core mostly waits. The pipe holds
- * references to the process's own pages, which cannot change while the sandbox is frozen, and
- * the sandbox stays frozen until this CRIU has exited (Grove thaws it then). So the pages are
- * moved, still by reference, into a pipe of the writer's (no copy), CRIU's file position is
- * moved past them, and a thread splices them into the image at their offset while CRIU dumps on;
- * CRIU's exit waits until every page is written. A failed write makes CRIU exit with 1, so the
+ * references to the process's own pages, which the sandbox cannot change while it is frozen
+ * (until this CRIU has exited: Grove thaws it then). So the pages are moved, still by reference,
+ * into a pipe of the writer's (no copy), CRIU's file position is moved past them, and a thread
+ * splices them into the image at their offset while CRIU dumps on; CRIU's exit waits until
+ * every page is written. CRIU itself does write into those pages: compel pokes a syscall
+ * instruction over the start of a process's lowest executable mapping (the vDSO, where that
+ * comes first) for every call it makes the process run, and puts the bytes back after it. Such
+ * a page, taken before and written while poked, reached the image with compel's code in it
+ * (found by the crash test: no restore of that snapshot passed the vDSO check). So every poke
+ * waits until the pages taken before it are written (page_writer_drain, from the shim's ptrace). A failed write makes CRIU exit with 1, so the
  * dump fails and Grove dumps again in full. The image is byte for byte the one part 7 writes.
  * A process forked from CRIU (its tar children, part 12) writes its own pages, if any. The
  * kernel lets only a single-threaded process enter another mount or user namespace, so before
@@ -125,6 +130,16 @@ int page_writer_stop(void)
 	pthread_join(thread, NULL);
 	running = 0;
 	return 1;
+}
+
+void page_writer_drain(void)
+{
+	if (!running || owner != getpid())
+		return;
+	pthread_mutex_lock(&lock);
+	while (pending)
+		pthread_cond_wait(&drained, &lock);
+	pthread_mutex_unlock(&lock);
 }
 
 ssize_t page_writer_take(int pipe, int image, size_t len)

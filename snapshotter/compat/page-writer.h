@@ -15,4 +15,10 @@ ssize_t page_writer_take(int pipe, int image, size_t len);
  * ran. The next take starts it again. */
 int page_writer_stop(void);
 
+/* Waits until every page taken is written (the writer runs on). CRIU writes into the memory of
+ * the processes it dumps (ptrace pokes: compel's syscall instruction over a process's lowest
+ * executable mapping, for each call it makes there, put back after it); the pages taken before
+ * must reach their image as they were. */
+void page_writer_drain(void);
+
 #endif

@@ -627,6 +627,97 @@ print(threads)
         );
     }
 
+    /// CRIU's page writes of a child's own pages (vmspliced by the child, as CRIU's parasite
+    /// does: the pipe holds references to them) into the image named by the first argument,
+    /// under the directory of the second; then, as compel does, a word of every page poked with
+    /// ptrace and, 50 ms later, put back. Prints how many pages reached the image otherwise
+    /// than they were when taken, and how many pages it holds.
+    const POKED_PAGES: &str = r#"
+import ctypes, fcntl, mmap, os, sys, termios, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.ptrace.restype = ctypes.c_long
+N, CHUNK = 2048, 256
+d = os.open(sys.argv[2], os.O_RDONLY)
+# Synchronous writes: the writer thread takes a while over each batch, as on a busy host.
+img = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_SYNC, 0o600, dir_fd=d)
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, CHUNK * 4096)
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    m = mmap.mmap(-1, N * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for i in range(N):
+        m[i * 4096:(i + 1) * 4096] = bytes([65 + i % 26]) * 4096
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    os.write(ready_w, addr.to_bytes(8, "little"))
+    for c in range(0, N, CHUNK):
+        iov = (ctypes.c_size_t * 2)(addr + c * 4096, CHUNK * 4096)
+        assert libc.vmsplice(w, iov, 1, 0) == CHUNK * 4096, ctypes.get_errno()
+    time.sleep(60)
+    os._exit(0)
+addr = int.from_bytes(os.read(ready_r, 8), "little")
+done = 0
+while done < N * 4096:
+    q = ctypes.c_int(0)
+    while q.value < CHUNK * 4096:
+        fcntl.ioctl(r, termios.FIONREAD, q)
+    # As CRIU: a page asked for while the pipe holds more takes all it holds.
+    assert os.splice(r, img, 4096) == 4096
+    for _ in range(CHUNK - 1):
+        assert os.splice(r, img, 4096) == 4096
+    done += CHUNK * 4096
+assert libc.ptrace(0x4206, pid, None, None) == 0, ctypes.get_errno()  # PTRACE_SEIZE
+assert libc.ptrace(0x4207, pid, None, None) == 0, ctypes.get_errno()  # PTRACE_INTERRUPT
+os.waitpid(pid, 0)
+for poke in (b"XXXXXXXX", None):
+    for i in range(N):
+        word = poke or bytes([65 + i % 26]) * 8
+        at = ctypes.c_void_p(addr + i * 4096)
+        assert libc.ptrace(5, pid, at, int.from_bytes(word, "little")) == 0  # PTRACE_POKEDATA
+    time.sleep(0.05)
+libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+os.close(img)
+image = open(os.path.join(sys.argv[2], sys.argv[1]), "rb").read()
+bad = sum(image[i * 4096] != 65 + i % 26 for i in range(N))
+print(bad, len(image) // 4096)
+"#;
+
+    /// Pages taken by the writer thread (part 15) and then poked by ptrace, as compel pokes its
+    /// syscall instruction into a frozen process: the image holds them as they were when taken.
+    /// (Without the shim's ptrace waiting for the writer, the pokes land in the pages the writer
+    /// still holds, and the image shows them.) Not asked, the same.
+    #[test]
+    fn pages_taken_are_written_as_they_were_before_criu_pokes_them() {
+        let Some((_dir, shim)) = shim_in_temp_dir(SHIM_UFFD, "criu-shim-uffd.so") else {
+            return;
+        };
+        if !nix::unistd::geteuid().is_root() {
+            grove_testkit::capability_missing("needs root to ptrace");
+            return;
+        }
+        for asked in ["1", "0"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new(python_itself())
+                .args(["-c", POKED_PAGES, "pages-3.img"])
+                .arg(dir.path())
+                .env("LD_PRELOAD", &shim)
+                .env(COALESCE_PAGE_WRITES_ENV, "1")
+                .env(ASYNC_PAGE_WRITES_ENV, asked)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "asked {asked}: {err}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "0 2048",
+                "asked {asked}: pages poked after they were taken reached the image poked"
+            );
+        }
+    }
+
     /// CRIU-shaped TCP sock_diag dumps (IPv4, then IPv6) from a process with the shim preloaded;
     /// prints each dump's entry count and the port id its NLMSG_DONE came from (0: not the
     /// kernel, which answers from our socket's). Arguments: `listen`, a TCP listener in the

@@ -23,10 +23,22 @@
 //!
 //! All ptrace requests of one injection come from one thread spawned for it (a tracee belongs
 //! to the thread that seized it), so `register` may be called from any thread.
+//!
+//! That thread runs in a process of its own, forked from groved for the injection, which hands
+//! the uffd back over a socket. While the target's registers point at the gadget, its tracer's
+//! death would let it run on from there (the kernel detaches a dead tracer's tracees as they
+//! are), into the vDSO with our registers. The crash test SIGKILLs groved at random moments:
+//! two of three 600-kill runs of it ended with a sandbox whose init had died while groved was
+//! down; with the injection in a process of its own, none did (docs/crash-promises.md).
+//! That process is not killed with groved: it finishes the injection, puts the registers back
+//! and exits. Between fork and exit it only makes system calls, reads /proc and allocates
+//! (glibc's malloc is usable in the child of a multithreaded fork); it takes no lock another
+//! groved thread could have held.
 
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -490,8 +502,126 @@ fn open_uffd_here(pid: i32, pidfd: BorrowedFd<'_>) -> Result<OwnedFd, TrackError
         });
     }
     let gadget = gadget(pid, &maps)?;
-    let parent = info.ppid == std::process::id() as i32;
+    in_own_process(pid, || inject(pid, tid, info.ppid, gadget, pidfd))
+}
 
+/// Runs `injection` in a process forked for it (see the module doc) and returns its outcome,
+/// the uffd passed back with SCM_RIGHTS.
+fn in_own_process(
+    pid: i32,
+    injection: impl FnOnce() -> Result<OwnedFd, TrackError>,
+) -> Result<OwnedFd, TrackError> {
+    let local = |what, source| TrackError::Proc { pid, what, source };
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| local("(a socket to the injecting process)", e))?;
+    match sys::fork().map_err(|e| local("(a process to inject from)", e))? {
+        0 => {
+            drop(ours);
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(injection))
+                .unwrap_or_else(|_| {
+                    Err(TrackError::Unexpected {
+                        pid,
+                        what: "the injecting process panicked".into(),
+                    })
+                });
+            let _ = report(&theirs, outcome);
+            sys::exit_now()
+        }
+        child => {
+            drop(theirs);
+            let outcome = hear(&ours, pid);
+            sys::reap(child);
+            outcome
+        }
+    }
+}
+
+/// What the injecting process sends: `O` with the uffd, `X` (the target exited) or `E` and the
+/// error's text.
+fn report(to: &UnixStream, outcome: Result<OwnedFd, TrackError>) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let (text, fd) = match &outcome {
+        Ok(fd) => (b"O".to_vec(), Some(fd.as_raw_fd())),
+        Err(TrackError::Exited { .. }) => (b"X".to_vec(), None),
+        Err(e) => (format!("E{}", chain(e)).into_bytes(), None),
+    };
+    let fds = fd.map(|f| [f]);
+    let cmsgs: Vec<ControlMessage<'_>> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    let iov = [std::io::IoSlice::new(&text)];
+    sendmsg::<()>(to.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// The injecting process's outcome (see [`report`]); its death without one is `Unexpected`.
+fn hear(from: &UnixStream, pid: i32) -> Result<OwnedFd, TrackError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 4096];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (n, fd) = {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = loop {
+            match recvmsg::<()>(
+                from.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        }
+        .map_err(|e| TrackError::Unexpected {
+            pid,
+            what: format!("no word from the injecting process: {e}"),
+        })?;
+        let fd = msg
+            .cmsgs()
+            .ok()
+            .into_iter()
+            .flatten()
+            .find_map(|c| match c {
+                ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+                _ => None,
+            });
+        (msg.bytes, fd)
+    };
+    // SAFETY: SCM_RIGHTS installed this descriptor in this process just now; nothing else owns it.
+    let fd = fd.map(|f| unsafe { OwnedFd::from_raw_fd(f) });
+    match (buf[..n].first(), fd) {
+        (Some(b'O'), Some(fd)) => Ok(fd),
+        (Some(b'X'), _) => Err(TrackError::Exited { pid }),
+        (Some(b'E'), _) => Err(TrackError::Unexpected {
+            pid,
+            what: String::from_utf8_lossy(&buf[1..n]).into_owned(),
+        }),
+        _ => Err(TrackError::Unexpected {
+            pid,
+            what: "the injecting process ended without a word".into(),
+        }),
+    }
+}
+
+/// An error with its sources, for the text the injecting process sends.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s = format!("{s}: {c}");
+        cur = c.source();
+    }
+    s
+}
+
+/// The injection proper, in the injecting process: seize, run userfaultfd(2) in the target, take
+/// the fd, close it there, put everything back, detach.
+fn inject(
+    pid: i32,
+    tid: i32,
+    ppid: i32,
+    gadget: u64,
+    pidfd: BorrowedFd<'_>,
+) -> Result<OwnedFd, TrackError> {
+    let parent = ppid == std::process::id() as i32;
     let mut t = Tracee::seize(pid, tid, parent)?;
     if !super::pidfd_alive(pidfd) {
         // The pid was reused between pidfd_open and the seize: not our process.

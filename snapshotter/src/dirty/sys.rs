@@ -1,5 +1,6 @@
 //! The raw system calls of dirty-page tracking, one place for their unsafe blocks: the ptrace
-//! requests (the workspace builds `nix` without its `ptrace` feature), waitid(2), pidfd_getfd(2),
+//! requests (the workspace builds `nix` without its `ptrace` feature), the injecting process's
+//! fork(2), _exit(2) and waitpid(2), waitid(2), pidfd_getfd(2),
 //! userfaultfd(2) and its ioctls, and the PAGEMAP_SCAN ioctl. The uffd and PAGEMAP_SCAN structs
 //! are declared here by hand: Debian 12's headers and the `libc` crate (0.2.191) predate
 //! PAGEMAP_SCAN (Linux 6.7) and have no userfaultfd types.
@@ -201,6 +202,37 @@ pub(super) fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: i32) -> io::Result<OwnedFd>
 pub(super) fn own_vdso_base() -> u64 {
     // SAFETY: getauxval(3) reads this process's auxiliary vector; it takes and returns integers.
     unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) }
+}
+
+// ---- the injecting process ----
+
+/// fork(2): 0 in the child, the child's pid in the parent. The child of this multithreaded
+/// process has only the calling thread: it must take no lock another thread may have held (see
+/// `inject`'s module doc for what it does) and leave with [`exit_now`].
+pub(super) fn fork() -> io::Result<i32> {
+    // SAFETY: fork(2) takes no arguments; the child's restrictions are its caller's to keep.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
+}
+
+/// _exit(2) from a forked child: no atexit handlers, no destructors of the parent's state.
+pub(super) fn exit_now() -> ! {
+    // SAFETY: _exit(2) ends the process at once; nothing runs after it.
+    unsafe { libc::_exit(0) }
+}
+
+/// Waits for child `pid` to end (EINTR retried; a child someone else reaped is fine).
+pub(super) fn reap(pid: i32) {
+    loop {
+        // SAFETY: waitpid(2) of our own child, status not wanted (a null pointer is allowed).
+        let r = unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        if r >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
 }
 
 // ---- ptrace(2) ----

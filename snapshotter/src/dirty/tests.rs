@@ -943,6 +943,25 @@ fn a_frozen_process_times_out_and_is_let_go() {
         took < super::inject::INJECT_TIMEOUT + Duration::from_secs(1),
         "{took:?}"
     );
+    // The injection waits in a process of its own, which a SIGKILL of its caller (groved) would
+    // not take with it: the target's tracer is not a thread of this process but a child of it.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap();
+    let field = |text: &str, name: &str| -> i32 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let tracer = field(&status, "TracerPid:");
+    assert_ne!(tracer, 0, "the target is traced while the injection waits");
+    let tracer_status = std::fs::read_to_string(format!("/proc/{tracer}/status")).unwrap();
+    let me = std::process::id() as i32;
+    assert_ne!(
+        field(&tracer_status, "Tgid:"),
+        me,
+        "the injection runs in this process"
+    );
+    assert_eq!(field(&tracer_status, "PPid:"), me, "{tracer_status}");
     cg.set("THAWED");
     // The injection finishes by itself: the child is let go, holds no userfaultfd, and works.
     let deadline = Instant::now() + Duration::from_secs(5);
