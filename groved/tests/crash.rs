@@ -783,15 +783,7 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
     if !runnable() {
         return;
     }
-    let mut node = Node::new(Roots::Nodefs, None);
-    node.start();
-    let api = Api::new(node.socket());
-    let (s, v) = api.must(
-        Method::POST,
-        "/v1/images",
-        Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
-    );
-    assert_eq!(s, 201, "importing the base image: {v}");
+    let (mut node, api) = nodefs_node_with_image();
     let (src, hash) = heap_sandbox(&api);
     let (s, v) = api.must(
         Method::POST,
@@ -898,7 +890,8 @@ fn a_fork_reported_done_is_complete_after_a_crash() {
 /// sandbox's python (CRIU writes a `syscall` over the start of a process's lowest executable
 /// mapping while its parasite runs there, and takes it out when it cures the process), and the
 /// dump's CRIU itself SIGKILLed at that moment. The sandbox must never be left running with
-/// that code in it (once it was, and every later snapshot of it failed to restore). A restart
+/// that code in it (every later snapshot would carry it; where it sits in the vDSO, none of
+/// them restores). A restart
 /// lets the predecessor's dump finish: the sandbox stays running, clean, and snapshots and
 /// forks with its heap whole. A CRIU killed outright leaves its parasite (the python, thawed,
 /// would run on into it and die of a trap): the sandbox is failed.
@@ -907,15 +900,7 @@ fn a_dump_cut_short_leaves_no_criu_code_in_a_running_sandbox() {
     if !runnable() {
         return;
     }
-    let mut node = Node::new(Roots::Nodefs, None);
-    node.start();
-    let api = Api::new(node.socket());
-    let (s, v) = api.must(
-        Method::POST,
-        "/v1/images",
-        Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
-    );
-    assert_eq!(s, 201, "importing the base image: {v}");
+    let (mut node, api) = nodefs_node_with_image();
 
     // groved killed mid-dump.
     let (id, hash) = heap_sandbox(&api);
@@ -1081,6 +1066,20 @@ fn end_clean(mut node: Node, api: &Api) {
         let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/{}", node.cgroup_root));
     }
     std::fs::remove_dir_all(&node.dir).unwrap();
+}
+
+/// A started groved on nodefs roots with the base image imported, and its API.
+fn nodefs_node_with_image() -> (Node, Api) {
+    let mut node = Node::new(Roots::Nodefs, None);
+    node.start();
+    let api = Api::new(node.socket());
+    let (s, v) = api.must(
+        Method::POST,
+        "/v1/images",
+        Some(json!({"name": IMAGE, "source": "dir", "path": BASE_IMAGE_DIR})),
+    );
+    assert_eq!(s, 201, "importing the base image: {v}");
+    (node, api)
 }
 
 /// A sandbox running `HEAP_APP`, once its heap is hashed: its id and the hash.

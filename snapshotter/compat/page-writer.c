@@ -14,8 +14,9 @@
  * comes first) for every call it makes the process run, and puts the bytes back after it. Such
  * a page, taken before and written while poked, reached the image with compel's code in it
  * (found by the crash test: no restore of that snapshot passed the vDSO check). So every poke
- * waits until the pages taken before it are written (page_writer_drain, from the shim's ptrace). A failed write makes CRIU exit with 1, so the
- * dump fails and Grove dumps again in full. The image is byte for byte the one part 7 writes.
+ * waits until the pages taken before it are written (page_writer_drain, from the shim's
+ * ptrace). A failed write makes CRIU exit with 1, so the dump fails and Grove dumps again in
+ * full. The image is byte for byte the one part 7 writes.
  * A process forked from CRIU (its tar children, part 12) writes its own pages, if any. The
  * kernel lets only a single-threaded process enter another mount or user namespace, so before
  * CRIU does, the writer finishes what it has and stops (page_writer_stop, from the shim's

@@ -502,13 +502,17 @@ fn open_uffd_here(pid: i32, pidfd: BorrowedFd<'_>) -> Result<OwnedFd, TrackError
         });
     }
     let gadget = gadget(pid, &maps)?;
-    in_own_process(pid, || inject(pid, tid, info.ppid, gadget, pidfd))
+    in_own_process(pid, pidfd.as_raw_fd(), || {
+        inject(pid, tid, info.ppid, gadget, pidfd)
+    })
 }
 
-/// Runs `injection` in a process forked for it (see the module doc) and returns its outcome,
-/// the uffd passed back with SCM_RIGHTS.
+/// Runs `injection` in a process forked for it (see the module doc), which keeps only the
+/// socket back and `pidfd` of groved's descriptors, and returns its outcome, the uffd passed
+/// back with SCM_RIGHTS.
 fn in_own_process(
     pid: i32,
+    pidfd: RawFd,
     injection: impl FnOnce() -> Result<OwnedFd, TrackError>,
 ) -> Result<OwnedFd, TrackError> {
     let local = |what, source| TrackError::Proc { pid, what, source };
@@ -516,7 +520,8 @@ fn in_own_process(
         UnixStream::pair().map_err(|e| local("(a socket to the injecting process)", e))?;
     match sys::fork().map_err(|e| local("(a process to inject from)", e))? {
         0 => {
-            drop(ours);
+            sys::close_all_but(&[theirs.as_raw_fd(), pidfd]);
+            std::mem::forget(ours);
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(injection))
                 .unwrap_or_else(|_| {
                     Err(TrackError::Unexpected {

@@ -218,6 +218,27 @@ pub(super) fn fork() -> io::Result<i32> {
     Ok(pid)
 }
 
+/// Closes every descriptor from 3 up but those in `keep` (close_range(2)): a forked child
+/// keeps none of groved's (its instance lock, its listening sockets, other processes' uffds).
+pub(super) fn close_all_but(keep: &[RawFd]) {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter(|&&f| f >= 3)
+        .map(|&f| f as u32)
+        .collect();
+    keep.sort_unstable();
+    let mut from = 3u32;
+    for k in keep {
+        if k > from {
+            // SAFETY: close_range(2) takes integers; descriptors in the range are closed.
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = k + 1;
+    }
+    // SAFETY: as above, up to the highest descriptor.
+    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+}
+
 /// _exit(2) from a forked child: no atexit handlers, no destructors of the parent's state.
 pub(super) fn exit_now() -> ! {
     // SAFETY: _exit(2) ends the process at once; nothing runs after it.
